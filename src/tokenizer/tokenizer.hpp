@@ -1,0 +1,63 @@
+// Byte-level BPE tokenizer loaded from GGUF metadata (tokenizer.ggml.*), with
+// the qwen2 and llama-bpe pre-tokenizers, special/added tokens and streaming-
+// safe detokenization. Chat formatting lives in tokenizer/chat.hpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvq {
+namespace gguf { class File; }
+
+using TokenId = int32_t;
+
+class Tokenizer {
+ public:
+  // Throws kvq::Error naming the key when tokenizer metadata is missing or unsupported.
+  static Tokenizer from_gguf(const gguf::File& f);
+  // From a Hugging Face tokenizer.json (used by `kvq synth --vocab` and tests).
+  static Tokenizer from_hf_json(const std::string& path);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // parse_special: recognise special/added tokens written literally in text.
+  std::vector<TokenId> encode(std::string_view text, bool parse_special = false) const;
+  // Concatenated bytes of the tokens; control tokens omitted when !show_special.
+  std::string decode(const std::vector<TokenId>& ids, bool show_special = false) const;
+  std::string piece(TokenId id) const;  // raw bytes of one token
+  int vocab_size() const;
+  bool is_control(TokenId id) const;
+  bool is_eog(TokenId id) const;        // end of generation (eos, eot, im_end, ...)
+  TokenId bos() const;                   // -1 when none
+  TokenId eos() const;                   // -1 when none
+  bool add_bos() const;                  // tokenizer.ggml.add_bos_token
+  TokenId find_token(std::string_view text) const;  // -1 when absent
+  const std::string& pre() const;        // pre-tokenizer name ("qwen2", "llama-bpe")
+  const std::string& chat_template() const;  // may be empty
+
+ private:
+  Tokenizer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Streaming detokenizer: feed ids one at a time, get back only complete UTF-8
+// (a multi-byte character split across tokens is held until complete).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok, bool show_special = false);
+  std::string push(TokenId id);
+  std::string flush();  // whatever is left (invalid trailing bytes as U+FFFD)
+
+ private:
+  const Tokenizer* tok_;
+  bool show_special_;
+  std::string pending_;
+};
+
+}  // namespace kvq
