@@ -638,6 +638,32 @@ void Writer::set(const std::string& key, Value v) {
   kv_.emplace_back(key, std::move(v));
 }
 
+const Value* Writer::find(const std::string& key) const {
+  for (const auto& kv : kv_)
+    if (kv.first == key) return &kv.second;
+  return nullptr;
+}
+
+std::vector<TensorInfo> Writer::tensor_infos() const {
+  std::vector<TensorInfo> out;
+  for (const auto& t : tensors_) {
+    TensorInfo ti;
+    ti.name = t.name;
+    ti.ne = t.ne;
+    ti.type = t.type;
+    ti.n_elements = t.n_bytes / tensor_type_info(t.type).block_bytes * tensor_type_info(t.type).block_size;
+    ti.n_bytes = t.n_bytes;
+    out.push_back(std::move(ti));
+  }
+  return out;
+}
+
+uint64_t Writer::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : tensors_) n += t.n_bytes;
+  return n;
+}
+
 void Writer::add_tensor(const std::string& name, TensorType type, std::vector<uint64_t> ne, Fill fill) {
   if (name.empty()) fail(Errc::invalid_argument, "gguf writer: empty tensor name");
   for (const auto& t : tensors_)
