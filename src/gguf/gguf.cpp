@@ -782,10 +782,14 @@ struct FileSink {
   }
   uint8_t* at(uint64_t off, uint64_t) { return map + off; }
   void done(uint64_t off, uint64_t n) {
-    // Start writeback of what was just filled so dirty pages do not pile up.
+    // Start writeback of what was just filled, and drop it from this process's
+    // mapping (the data stays in the page cache), so neither dirty pages nor
+    // resident memory grow with the model size.
+    if (n == 0) return;
     const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
     const uint64_t lo = off / page * page;
-    msync(map + lo, size_t(off + n - lo), MS_ASYNC);
+    sync_file_range(fd, off64_t(lo), off64_t(off + n - lo), SYNC_FILE_RANGE_WRITE);
+    madvise(map + lo, size_t(off + n - lo), MADV_DONTNEED);
   }
   void finish() {
     if (munmap(map, total) != 0) fail(Errc::io, path, ": munmap failed: ", std::strerror(errno));
