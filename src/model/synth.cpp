@@ -94,7 +94,20 @@ const char* kMergeCorpus =
     "Hello, world! How are you today? I am fine, thank you. What are you working on? "
     "I am writing a program that reads a model from a file and generates text with it. "
     "import numpy as np\nimport torch\n\nx = np.zeros((4, 4))\ny = torch.tensor(x)\n"
-    "print(\"hello world\")\nprint(\"the answer is\", 42)\n";
+    "print(\"hello world\")\nprint(\"the answer is\", 42)\n"
+    "Once upon a time there was a little program that wanted to be fast. It read its weights "
+    "from a file, and every time it wrote a word it had to look back at all the words it had "
+    "written before. The longer the story, the slower it became, until one day it learned to "
+    "keep its memory small. Then it could tell stories that were very long, and it was still "
+    "fast at the end. The other programs asked how it did that, and it said: read less, and "
+    "read it once. The lesson is simple, but the work is hard, because every number that is "
+    "smaller is also a little less exact, and the story must still make sense. "
+    "Questions people often ask: How long is the context? How many tokens per second? How much "
+    "memory does the cache need? Which format should I use? The answers depend on the model, "
+    "the length of the prompt, and the number of tokens that are generated after it. "
+    "if (x == nullptr) {\n    return false;\n}\nwhile (n > 0) {\n    n = n - 1;\n}\n"
+    "const value = items.filter((item) => item.length > 0).map((item) => item.trim());\n"
+    "SELECT name, value FROM settings WHERE name = 'model' ORDER BY name;\n";
 
 // GPT-2 byte-to-unicode: printable bytes map to themselves, the rest to U+0100+n.
 // Returns, in vocabulary order (printable ranges first, then the others), the

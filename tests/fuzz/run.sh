@@ -30,6 +30,8 @@ rm -rf "$OUT/seeds" && mkdir -p "$OUT/seeds" "$OUT/corpus"
 "$OUT/make_corpus" "$OUT/seeds"
 echo "fuzz: $(ls "$OUT/seeds" | wc -l) seed files; fuzzing for ${SECONDS_TO_RUN}s"
 # -rss_limit_mb: a "huge allocation" is a finding. -timeout: a hang is a finding.
-"$OUT/fuzz_gguf" -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+# libFuzzer reads -max_total_time=0 as "no limit"; 0 here means "seeds only".
+if [ "$SECONDS_TO_RUN" -gt 0 ]; then LIMIT="-max_total_time=$SECONDS_TO_RUN"; else LIMIT="-runs=0"; fi
+"$OUT/fuzz_gguf" $LIMIT -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
   -max_len=65536 -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" "$OUT/seeds"
 echo "fuzz: no findings in ${SECONDS_TO_RUN}s"
