@@ -99,10 +99,15 @@ static RowLayout base_layout(const BlockSpec& b, int d) {
 RowLayout block_layout(const BlockSpec& b, int d) {
   KVQ_CHECK(d > 0 && d <= kMaxHeadDim, Errc::unsupported, "head_dim ", d,
             " is not supported by the KV blocks (1..", kMaxHeadDim, ")");
-  RowLayout l = base_layout(b, d);
-  if (b.qjl) {
+  RowLayout l;
+  if (b.qjl) {  // the base row as stored on its own, then the sketch and its norm
+    BlockSpec base = b;
+    base.qjl = false;
+    l = block_layout(base, d);
     l.code_bytes += plane_bytes(d, 1);  // sign sketch, D projections
     l.side_bytes += 2;                  // fp16 residual norm
+  } else {
+    l = base_layout(b, d);
   }
   // Pad the code row to 16 bytes (one vector load per lane on the GPU) where
   // the budget allows; otherwise to 8, else 4 (e.g. 3-bit rows at D=64 are 24 bytes).
