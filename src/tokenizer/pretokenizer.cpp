@@ -41,6 +41,41 @@ const Spec& find_spec(const std::string& name) {
        known);
 }
 
+// The reference regex engines (Oniguruma in HF tokenizers) read \s as Unicode
+// White_Space. PCRE2's UCP \s also matches U+180E MONGOLIAN VOWEL SEPARATOR
+// (no longer a space since Unicode 6.3), so \s and \S are spelled out as
+// White_Space = Z categories + TAB..CR + NEL before compiling.
+std::string with_unicode_white_space(const std::string& re) {
+  static const std::string ws = R"(\t-\r\x{85}\p{Z})";
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    if (c == '\\' && i + 1 < re.size()) {
+      const char n = re[++i];
+      if (n == 's') out += in_class ? ws : "[" + ws + "]";
+      else if (n == 'S') {
+        KVQ_CHECK(!in_class, Errc::internal, "\\S inside a character class is not supported");
+        out += "[^" + ws + "]";
+      } else {
+        out += c;
+        out += n;
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      if (i + 1 < re.size() && re[i + 1] == '^') out += re[++i];
+      if (i + 1 < re.size() && re[i + 1] == ']') out += re[++i];  // literal ] first in a class
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 struct PreTokenizer::Regex {
@@ -61,7 +96,8 @@ PreTokenizer::PreTokenizer(const std::string& name) : re_(std::make_unique<Regex
   // UTF: patterns and subjects are UTF-8 code points, not bytes. UCP: \s, \d,
   // \w and case folding follow Unicode properties, as in the reference (Rust
   // regex / Oniguruma / JavaScript /u).
-  re_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec.pattern.data()), spec.pattern.size(),
+  const std::string pattern = with_unicode_white_space(spec.pattern);
+  re_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                             PCRE2_UTF | PCRE2_UCP, &err, &err_off, nullptr);
   if (!re_->code) {
     PCRE2_UCHAR msg[256];
