@@ -2,6 +2,10 @@
 
 #include <omp.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,9 +14,129 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 
+// Hot loops are compiled twice on x86-64: for AVX2/FMA/F16C (x86-64-v3) and
+// for the baseline, chosen once at load time. Same arithmetic, so results
+// differ between the two only by fp32 rounding (FMA), never in meaning.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVQ_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KVQ_SIMD_CLONES
+#endif
+
 namespace kvq::cpu {
 
 using gguf::TensorType;
+
+namespace {
+
+// fp16 -> fp32 for every bit pattern: a table lookup vectorizes (gather),
+// the bit-twiddling conversion does not.
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16_to_f32(uint16_t(h));
+    return t;
+  }();
+  return table.data();
+}
+
+// The eight signs (+1 / -1) encoded by one byte of Q1_0 bits, LSB first.
+struct SignTable {
+  alignas(32) float s[256][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) s[b][k] = ((b >> k) & 1) ? 1.0f : -1.0f;
+  }
+};
+const SignTable& sign_table() {
+  static const SignTable t;
+  return t;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void f16_to_f32_row_f16c(const uint16_t* h, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// Q8_0 row . x: per block, 4 x 8 int8 -> fp32 lanes times x, scaled by d.
+__attribute__((target("avx2,fma"))) float dot_q8_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b, row += 34, x += 32) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)), _mm256_loadu_ps(x + 16), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), _mm256_loadu_ps(x + 24), s);
+    acc = _mm256_fmadd_ps(d, s, acc);
+  }
+  return hsum256(acc);
+}
+
+// Q4_0 row . x: low nibbles are weights 0..15, high nibbles 16..31, minus 8.
+__attribute__((target("avx2,fma"))) float dot_q4_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i eight = _mm_set1_epi8(8);
+  for (int64_t b = 0; b < n / 32; ++b, row += 18, x += 32) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
+    acc = _mm256_fmadd_ps(d, s, acc);
+  }
+  return hsum256(acc);
+}
+
+// Q1_0 row . x: each byte's 8 bits select +x or -x (sign flip where the bit is 0).
+__attribute__((target("avx2,fma"))) float dot_q1_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
+  for (int64_t b = 0; b < n / 128; ++b, row += 18, x += 128) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (int j = 0; j < 16; j += 2) {
+      const __m256i m0 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(row[2 + j]), bit), _mm256_setzero_si256());
+      const __m256i m1 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(row[3 + j]), bit), _mm256_setzero_si256());
+      s0 = _mm256_add_ps(s0, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * j), _mm256_castsi256_ps(_mm256_and_si256(m0, sign))));
+      s1 = _mm256_add_ps(s1, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * j + 8), _mm256_castsi256_ps(_mm256_and_si256(m1, sign))));
+    }
+    acc = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc);
+  }
+  return hsum256(acc);
+}
+#endif
+
+void f16_to_f32_row(const uint16_t* h, float* dst, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveF16c) return f16_to_f32_row_f16c(h, dst, n);
+#endif
+  const float* tab = f16_table();
+  for (int64_t i = 0; i < n; ++i) dst[i] = tab[h[i]];
+}
+
+}  // namespace
 
 bool supports_weight_type(TensorType t) {
   switch (t) {
@@ -81,38 +205,45 @@ inline void dequant_q4_0(const uint8_t* b, float* dst) {
     dst[j + 16] = d * float(int(q[j] >> 4) - 8);
   }
 }
-inline void dequant_q1_0(const uint8_t* b, float* dst) {
-  const float d = load_f16(b);
-  const uint8_t* bits = b + 2;
-  for (int i = 0; i < 128; ++i) dst[i] = ((bits[i >> 3] >> (i & 7)) & 1) ? d : -d;
-}
 
 }  // namespace
 
+KVQ_SIMD_CLONES
 void dequantize_row(TensorType t, const uint8_t* src, float* dst, int64_t n) {
   switch (t) {
     case TensorType::F32:
       std::copy_n(reinterpret_cast<const float*>(src), n, dst);
       return;
     case TensorType::F16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = load_f16(src + 2 * i);
+      f16_to_f32_row(reinterpret_cast<const uint16_t*>(src), dst, n);
       return;
-    case TensorType::BF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(src + 2 * i));
+    case TensorType::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bits_f32(uint32_t(h[i]) << 16);
       return;
+    }
     case TensorType::Q8_0:
       for (int64_t b = 0; b < n / 32; ++b) dequant_q8_0(src + 34 * b, dst + 32 * b);
       return;
     case TensorType::Q4_0:
       for (int64_t b = 0; b < n / 32; ++b) dequant_q4_0(src + 18 * b, dst + 32 * b);
       return;
-    case TensorType::Q1_0:
-      for (int64_t b = 0; b < n / 128; ++b) dequant_q1_0(src + 18 * b, dst + 128 * b);
+    case TensorType::Q1_0: {
+      const SignTable& st = sign_table();
+      for (int64_t b = 0; b < n / 128; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_f16(blk);
+        float* o = dst + 128 * b;
+        for (int j = 0; j < 16; ++j)
+          for (int k = 0; k < 8; ++k) o[8 * j + k] = d * st.s[blk[2 + j]][k];
+      }
       return;
+    }
   }
   block_size(t);  // throws the "unsupported" error
 }
 
+KVQ_SIMD_CLONES
 float dot_f32(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -120,16 +251,35 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+namespace {
+// Dequantizing a few blocks into an L1-resident buffer and then running the
+// fp32 dot keeps both loops vectorizable (a fused int8/nibble/fp16 loop is not,
+// for want of cheap conversions inside a reduction).
+float dot_via_dequant(TensorType t, const uint8_t* row, const float* x, int64_t n) {
+  constexpr int64_t kChunk = 256;  // a multiple of every block size
+  alignas(64) float tmp[kChunk];
+  const size_t chunk_bytes = row_bytes(t, kChunk);
+  float s = 0.0f;
+  int64_t off = 0;
+  for (; off + kChunk <= n; off += kChunk, row += chunk_bytes) {
+    dequantize_row(t, row, tmp, kChunk);
+    s += dot_f32(tmp, x + off, kChunk);
+  }
+  if (off < n) {
+    dequantize_row(t, row, tmp, n - off);
+    s += dot_f32(tmp, x + off, n - off);
+  }
+  return s;
+}
+}  // namespace
+
+KVQ_SIMD_CLONES
 float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
   switch (t) {
     case TensorType::F32:
       return dot_f32(reinterpret_cast<const float*>(row), x, n);
-    case TensorType::F16: {
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < n; ++i) s += f16_to_f32(load_u16(row + 2 * i)) * x[i];
-      return s;
-    }
+    case TensorType::F16:
+      return dot_via_dequant(t, row, x, n);
     case TensorType::BF16: {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
       float s = 0.0f;
@@ -137,43 +287,34 @@ float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
       for (int64_t i = 0; i < n; ++i) s += bits_f32(uint32_t(h[i]) << 16) * x[i];
       return s;
     }
-    case TensorType::Q8_0: {
-      float s = 0.0f;
-      for (int64_t b = 0; b < n / 32; ++b) {
-        const uint8_t* blk = row + 34 * b;
-        const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
-        const float* xb = x + 32 * b;
-        float sb = 0.0f;
-#pragma omp simd reduction(+ : sb)
-        for (int i = 0; i < 32; ++i) sb += float(q[i]) * xb[i];
-        s += load_f16(blk) * sb;
-      }
-      return s;
-    }
-    case TensorType::Q4_0: {
-      float s = 0.0f;
-      for (int64_t b = 0; b < n / 32; ++b) {
-        const uint8_t* blk = row + 18 * b;
-        const uint8_t* q = blk + 2;
-        const float* xb = x + 32 * b;
-        float sb = 0.0f;
-#pragma omp simd reduction(+ : sb)
-        for (int j = 0; j < 16; ++j)
-          sb += float(int(q[j] & 15) - 8) * xb[j] + float(int(q[j] >> 4) - 8) * xb[j + 16];
-        s += load_f16(blk) * sb;
-      }
-      return s;
-    }
+    case TensorType::Q8_0:
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q8_0_avx2(row, x, n);
+#endif
+      return dot_via_dequant(t, row, x, n);
+    case TensorType::Q4_0:
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q4_0_avx2(row, x, n);
+#endif
+      return dot_via_dequant(t, row, x, n);
     case TensorType::Q1_0: {
-      // sum_i (bit ? x : -x) = 2 * sum_{bit set} x - sum x
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q1_0_avx2(row, x, n);
+#endif
       float s = 0.0f;
       for (int64_t b = 0; b < n / 128; ++b) {
         const uint8_t* blk = row + 18 * b;
         const uint8_t* bits = blk + 2;
         const float* xb = x + 128 * b;
+        const SignTable& st = sign_table();
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < 16; ++j) {
+          const float* sg = st.s[bits[j]];
+#pragma omp simd
+          for (int k = 0; k < 8; ++k) acc[k] += sg[k] * xb[8 * j + k];
+        }
         float sb = 0.0f;
-#pragma omp simd reduction(+ : sb)
-        for (int i = 0; i < 128; ++i) sb += ((bits[i >> 3] >> (i & 7)) & 1) ? xb[i] : -xb[i];
+        for (int k = 0; k < 8; ++k) sb += acc[k];
         s += load_f16(blk) * sb;
       }
       return s;
@@ -186,7 +327,8 @@ float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
 namespace {
 
 // Four rows against one vector: x is loaded once for four outputs.
-inline void dot4_f32(const float* w, int64_t stride, const float* x, int64_t n, float* out) {
+KVQ_SIMD_CLONES
+void dot4_f32(const float* w, int64_t stride, const float* x, int64_t n, float* out) {
   const float* w0 = w;
   const float* w1 = w + stride;
   const float* w2 = w + 2 * stride;
