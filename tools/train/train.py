@@ -55,9 +55,11 @@ QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-TEXT_EXTS = {".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".cuh", ".md", ".rst", ".txt", ".toml",
-             ".cfg", ".ini", ".sh", ".cmake", ".json", ".yaml", ".yml", ".html", ".js", ".css"}
-MAX_FILE_BYTES = 256 * 1024   # larger files are mostly generated tables and data
+TEXT_EXTS = {".py", ".pyi", ".pyx", ".pxd", ".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".inl", ".inc", ".cu",
+             ".cuh", ".md", ".rst", ".txt", ".toml", ".cfg", ".ini", ".sh", ".cmake", ".json", ".yaml", ".yml",
+             ".html", ".js", ".css", ".pl", ".pm", ".el", ".rs", ".go", ".java", ".tcl", ".lua", ".m4", ".mk",
+             ".texi", ".tex", ".xml", ".proto", ".f90", ".rb"}
+MAX_FILE_BYTES = 512 * 1024   # larger files are mostly generated tables and data
 MIN_FILE_BYTES = 64
 MAX_LINE_CHARS = 1000         # minified/encoded content is not the text we want
 
@@ -98,7 +100,7 @@ def corpus_roots() -> list[str]:
         p = sysconfig.get_paths().get(key)
         if p:
             roots.add(os.path.realpath(p))
-    for p in ("/usr/lib/python3", "/usr/include", "/usr/share/doc"):
+    for p in ("/usr/lib/python3", "/usr/include", "/usr/share", "/usr/local", "/opt"):
         if os.path.isdir(p):
             roots.add(os.path.realpath(p))
     # drop roots nested in another root
@@ -383,7 +385,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="kvq-tiny-code")
-    ap.add_argument("--corpus-mb", type=float, default=400)
+    ap.add_argument("--corpus-mb", type=float, default=1200)
     ap.add_argument("--tok-sample-mb", type=float, default=24)
     ap.add_argument("--heldout-permille", type=int, default=10)
     ap.add_argument("--vocab", type=int, default=8192)
@@ -397,12 +399,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32, help="sequences of --ctx tokens per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup-steps", type=int, default=60)
+    ap.add_argument("--warmup-steps", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--train-end-s", type=float, default=480, help="stop training this many s after the script started")
+    ap.add_argument("--train-end-s", type=float, default=470, help="stop training this many s after the script started")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--bench-eager-steps", type=int, default=0, help="time this many eager steps before compiling")
-    ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--eval-windows", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--max-gguf-mib", type=float, default=32)
     args = ap.parse_args()
