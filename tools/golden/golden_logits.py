@@ -2,7 +2,7 @@
 """Reference logits for a GGUF model, computed by Hugging Face transformers.
 
     python3 tools/golden/golden_logits.py --gguf FILE --ids 1,2,3 [--ids ...] --out DIR
-        [--gguf-ref models/x.gguf] [--device cuda|cpu]
+        [--gguf-ref models/x.gguf] [--device cuda|cpu] [--set KEY=JSON ...]
 
 Reads the GGUF with tools/gguf_py (pure Python + numpy, independent of kvq's
 C++ reader), dequantizes every tensor (F32, F16, BF16, Q8_0, Q4_0, Q1_0) to
@@ -118,7 +118,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gguf-ref", help="path recorded in golden.json (default: --gguf as given)")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help='extra top-level golden.json entry, e.g. --set \'synth={"shape": "tiny", "seed": 1}\'')
     args = ap.parse_args(argv)
+    extra = {}
+    for kv in args.set:
+        key, sep, val = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {kv!r}: expected KEY=JSON")
+        try:
+            extra[key] = json.loads(val)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--set {key}: value is not JSON ({e})")
 
     import torch
     import transformers
@@ -149,6 +160,7 @@ def main(argv=None) -> int:
                      f"{device}, float32, eager attention, TF32 off",
         "cases": cases,
     }
+    doc.update(extra)
     with open(os.path.join(args.out, "golden.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
     print(f"golden: {len(cases)} cases -> {args.out}")
