@@ -1,0 +1,73 @@
+// Shared base of the blocks that quantize in a rotated basis: owns the
+// Rotation and provides the generic attention primitives (decode the row in
+// the rotated basis, then dot / axpy). Families override them where a faster
+// path exists; either way the result equals the decoded-row arithmetic.
+#pragma once
+
+#include <cmath>
+
+#include "kv/blocks/families.hpp"
+#include "kv/rotation.hpp"
+
+namespace kvq::kv {
+
+class RotatedBlock : public Block {
+ public:
+  void rotate(const float* x, float* y) const override { rot_->apply(x, y); }
+  void unrotate(const float* y, float* x) const override { rot_->apply_inverse(y, x); }
+  const Rotation& rotation() const { return *rot_; }
+
+  void dot_rows(const float* q, const uint8_t* code, size_t cs, const uint8_t* side, size_t ss, int n,
+                float* out) const override {
+    float y[kMaxHeadDim];
+    for (int t = 0; t < n; ++t) {
+      decode_rotated(code + size_t(t) * cs, side + size_t(t) * ss, y);
+      float s = 0;
+      for (int i = 0; i < dim_; ++i) s += q[i] * y[i];
+      out[t] = s;
+    }
+  }
+  void accumulate_rows(const float* p, const uint8_t* code, size_t cs, const uint8_t* side, size_t ss, int n,
+                       float* acc) const override {
+    float y[kMaxHeadDim];
+    for (int t = 0; t < n; ++t) {
+      decode_rotated(code + size_t(t) * cs, side + size_t(t) * ss, y);
+      const float w = p[t];
+      for (int i = 0; i < dim_; ++i) acc[i] += w * y[i];
+    }
+  }
+
+ protected:
+  RotatedBlock(const BlockSpec& s, int d, RowLayout l, std::unique_ptr<Rotation> rot)
+      : Block(s, d, l), rot_(std::move(rot)) {}
+  // y = R sanitize(x)
+  void sanitized_rotate(const float* x, float* y) const {
+    float xs[kMaxHeadDim];
+    for (int i = 0; i < dim_; ++i) xs[i] = sanitize_value(x[i]);
+    rot_->apply(xs, y);
+  }
+  std::unique_ptr<Rotation> rot_;
+};
+
+// fp16 with the overflow clamped to the largest finite fp16 (65504): side
+// information is always finite.
+inline uint16_t f32_to_f16_clamped(float x);
+
+}  // namespace kvq::kv
+
+#include "core/half.hpp"
+
+namespace kvq::kv {
+inline uint16_t f32_to_f16_clamped(float x) {
+  if (!(x == x)) x = 0;
+  if (x > 65504.0f) x = 65504.0f;
+  if (x < -65504.0f) x = -65504.0f;
+  return f32_to_f16(x);
+}
+inline void store_f16(uint8_t* p, float x) {
+  const uint16_t h = f32_to_f16_clamped(x);
+  p[0] = uint8_t(h & 0xff);
+  p[1] = uint8_t(h >> 8);
+}
+inline float load_f16(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
+}  // namespace kvq::kv

@@ -1,0 +1,60 @@
+// Blocks turbo2 / turbo3 / turbo4 (TurboQuant-MSE).
+//
+// Encode: n = ||x||; u = x / n; y = H(s * u)/sqrt(D) (random-sign normalised
+// Walsh-Hadamard, so every y_i ~ N(0, 1/D)); code_i = the nearest centroid of
+// the N-bit Lloyd-Max codebook for N(0,1) to sqrt(D) * y_i.
+// Decode (rotated basis): y_i = n / sqrt(D) * centroid[code_i].
+//
+// Layout per row:
+//   code: N-bit indices, LSB-first in little-endian 32-bit words (kv/bitpack.hpp):
+//         N=2: one 2-bit plane (D/4 bytes); N=4: one 4-bit plane (D/2 bytes);
+//         N=3: a 2-bit plane of the low bits (D/4 bytes) then a 1-bit plane
+//         of the high bits (D/8 bytes). Index order = ascending centroid.
+//         Bytes per row: turbo2 16/32/64, turbo3 24/48/96, turbo4 32/64/128
+//         for D = 64/128/256.
+//   side: fp16 row norm n (2 bytes), clamped to 65504 (rows with a larger
+//         norm keep their direction and are stored with norm 65504).
+// Bits per value: N + 16/D (N + 0.125 at D = 128).
+#include "kv/bitpack.hpp"
+#include "kv/blocks/rotated_block.hpp"
+#include "kv/codebook.hpp"
+
+namespace kvq::kv {
+namespace {
+
+class TurboBlock final : public RotatedBlock {
+ public:
+  TurboBlock(const BlockSpec& s, int d, RowLayout l, uint64_t seed)
+      : RotatedBlock(s, d, l, make_hadamard_rotation(d, seed)), cb_(lloyd_max_gaussian(s.bits)) {}
+
+  void encode(const float* x, uint8_t* code, uint8_t* side) const override {
+    float y[kMaxHeadDim];
+    sanitized_rotate(x, y);  // rotating first is the same as normalising first: R is orthogonal
+    double nn = 0;
+    for (int i = 0; i < dim_; ++i) nn += double(y[i]) * y[i];
+    const double n = std::sqrt(nn);
+    const float to_unit = n > 0 ? float(std::sqrt(double(dim_)) / n) : 0.0f;
+    uint8_t idx[kMaxHeadDim];
+    const int levels = 1 << spec_.bits;
+    for (int i = 0; i < dim_; ++i) idx[i] = uint8_t(nearest_index(cb_.thresholds_f.data(), levels, y[i] * to_unit));
+    pack_codes(idx, dim_, spec_.bits, code);
+    store_f16(side, float(n));
+  }
+  void decode_rotated(const uint8_t* code, const uint8_t* side, float* y) const override {
+    uint8_t idx[kMaxHeadDim];
+    unpack_codes(code, dim_, spec_.bits, idx);
+    const float s = load_f16(side) / std::sqrt(float(dim_));
+    for (int i = 0; i < dim_; ++i) y[i] = s * cb_.centroids_f[idx[i]];
+  }
+
+ private:
+  const LloydMax& cb_;
+};
+
+}  // namespace
+
+std::unique_ptr<Block> make_turbo_block(const BlockSpec& s, int d, RowLayout l, uint64_t seed) {
+  return std::make_unique<TurboBlock>(s, d, l, seed);
+}
+
+}  // namespace kvq::kv
