@@ -466,6 +466,7 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+KVQ_SIMD_CLONES
 void attention_f32(const float* q, const float* k, const float* v, int pos, int n, int n_heads,
                    int n_kv_heads, int head_dim, float scale, float* out) {
   KVQ_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, Errc::internal, "attention: ", n_heads,
@@ -483,7 +484,13 @@ void attention_f32(const float* q, const float* k, const float* v, int pos, int 
         const int kvh = h / group;
         const int n_ctx = pos + t + 1;
         const float* qh = q + (size_t(t) * n_heads + h) * head_dim;
-        for (int j = 0; j < n_ctx; ++j) p[j] = dot_f32(qh, k + j * kv_stride + size_t(kvh) * head_dim, head_dim) * scale;
+        for (int j = 0; j < n_ctx; ++j) {
+          const float* kj = k + j * kv_stride + size_t(kvh) * head_dim;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int d = 0; d < head_dim; ++d) dot += qh[d] * kj[d];
+          p[j] = dot * scale;
+        }
         softmax(p.data(), n_ctx);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int j = 0; j < n_ctx; ++j) {
