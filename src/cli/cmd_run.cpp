@@ -7,6 +7,7 @@
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "engine/token_healing.hpp"
 
 namespace kvq::cli {
 namespace {
@@ -18,6 +19,7 @@ struct RunArgs {
   std::string prompt;
   std::string prompt_file;
   bool chat = false;
+  bool no_heal = false;
   std::string dump_logits;
 };
 
@@ -53,6 +55,10 @@ int run(RunArgs& a) {
   } else {
     ids = encode_prompt(tok, text);
   }
+  // Raw prompts end wherever the user stopped typing, often inside what would
+  // be one token ("def " ends in a lone space token); heal that boundary.
+  TokenHealing healing;
+  if (!a.chat && !a.no_heal) healing = heal_prompt_end(tok, ids);
   const int wanted = int(ids.size()) + std::max(a.sampling.n_predict, 0) + 1;
   const int ctx = resolve_ctx(a.model, l.model->config(), wanted);
   auto session = make_session(a.model, l, ctx);
@@ -71,6 +77,7 @@ int run(RunArgs& a) {
   g.n_predict = a.sampling.n_predict;
   g.stop = a.sampling.stop;
   g.sampling = a.sampling.params;
+  g.healing = healing;
   const GenerateResult r = session->generate(ids, g, [](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -97,6 +104,9 @@ KVQ_REGISTER_COMMAND(
       app.add_option("-p,--prompt", a->prompt, "Prompt text");
       app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file");
       app.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+      app.add_flag("--no-heal", a->no_heal,
+                   "Keep the prompt's last token as typed (default: token healing lets the first generated "
+                   "token re-choose it, e.g. a trailing space becomes part of the next word)");
       app.add_option("--dump-logits", a->dump_logits,
                      "Write the logits of every prompt position and generated token to FILE.npy "
                      "(float32 [tokens, vocab]) and their token ids to FILE.tokens.npy (int32 [tokens])");

@@ -1,6 +1,7 @@
 #include "engine/session.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
@@ -81,6 +82,15 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   std::unique_ptr<StreamDecoder> detok;
   if (tok_) detok = std::make_unique<StreamDecoder>(*tok_);
   StopMatcher stops(g.stop);
+  // Bytes of the healed prefix still to swallow from the stream (they are
+  // the start of the first generated token and were part of the prompt).
+  size_t swallow = g.healing.prefix.size();
+  auto unhealed = [&](std::string s) {
+    const size_t drop = std::min(swallow, s.size());
+    s.erase(0, drop);
+    swallow -= drop;
+    return s;
+  };
   auto emit = [&](const std::string& s) {
     if (s.empty()) return;
     r.text += s;
@@ -94,7 +104,16 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   r.stop_reason = "max tokens";
   bool last_fed = true;
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
-    const TokenId id = sampler.sample(logits->data(), vocab);
+    TokenId id;
+    if (i == 0 && g.healing.active()) {
+      // Constrain the first token to those that start with the healed text.
+      std::vector<float> masked(size_t(vocab), -std::numeric_limits<float>::infinity());
+      for (TokenId a : g.healing.first_allowed)
+        if (a >= 0 && a < vocab) masked[a] = (*logits)[a];
+      id = sampler.sample(masked.data(), vocab);
+    } else {
+      id = sampler.sample(logits->data(), vocab);
+    }
     sampler.accept(id);
     r.tokens.push_back(id);
     last_fed = false;
@@ -104,7 +123,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
     }
     if (detok) {
       bool stopped = false;
-      emit(stops.push(detok->push(id), &stopped));
+      emit(stops.push(unhealed(detok->push(id)), &stopped));
       if (stopped) {
         r.stop_reason = "stop string";
         break;
@@ -125,7 +144,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   if (sink_ && !last_fed && int(tokens_.size()) < opts_.ctx) feed({r.tokens.back()});
   if (detok && r.stop_reason != "stop string") {
     bool stopped = false;
-    emit(stops.push(detok->flush(), &stopped));
+    emit(stops.push(unhealed(detok->flush()), &stopped));
     if (!stopped) emit(stops.flush());
   }
   return r;

@@ -11,6 +11,7 @@
 
 #include "engine/sampler.hpp"
 #include "engine/stop.hpp"
+#include "engine/token_healing.hpp"
 #include "kv/cache.hpp"
 #include "model/forward.hpp"
 
@@ -30,6 +31,10 @@ struct GenerateOptions {
   std::vector<std::string> stop;      // stop strings (matched on the generated text, excluded from output)
   bool stop_at_eog = true;            // stop at the tokenizer's end-of-generation tokens
   SamplingParams sampling;
+  // From heal_prompt_end(): the first sampled token must be one of
+  // healing.first_allowed, and the healed prefix (already part of the
+  // user's prompt text) is not streamed again.
+  TokenHealing healing;
 };
 
 // Receives every logits row the model produces for this session, in order:
