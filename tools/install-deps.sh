@@ -4,9 +4,12 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev \
-  libsqlite3-dev libpcre2-dev libicu-dev libcpp-httplib-dev gnuplot-nox clang libclang-rt-14-dev nodejs npm"
+  libsqlite3-dev libpcre2-dev libicu-dev libcpp-httplib-dev gnuplot-nox clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# Node.js + npm (reference tokenizers in tools/tokref): any installation will do;
+# Debian's npm package conflicts with NodeSource's nodejs, so test for the commands.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then missing="$missing nodejs npm"; fi
 if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
