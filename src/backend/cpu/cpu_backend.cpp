@@ -82,8 +82,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
     return cuda::make_cuda_backend();
 #else
     fail(Errc::unsupported,
-         "this kvq was built without the CUDA backend (configure with -DKVQ_CUDA=ON where nvcc is installed); "
-         "use --device cpu");
+         "the CUDA backend is not available in this build (configure with -DKVQ_CUDA=ON where nvcc is "
+         "installed); use --device cpu");
 #endif
   }
   fail(Errc::invalid_argument, "unknown device '", device, "' (valid: cpu, cuda)");

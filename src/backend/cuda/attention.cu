@@ -231,6 +231,8 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  KVQ_CHECK(n <= 65535, Errc::out_of_range, "GPU attention: ", n,
+            " query tokens in one call; at most 65535 (lower --prefill-chunk)");
   const int G = n_heads / n_kv;
   const int Tq = std::max(1, std::min({n, kMaxTq, kMaxRowDim / (G * D)}));
   const int q_tiles = (n + Tq - 1) / Tq;

@@ -179,7 +179,8 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend() {
   KVQ_CHECK(device_available(), Errc::unsupported,
-            "--device cuda: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); use --device cpu");
+            "the CUDA backend is not available: no CUDA device is visible (check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES); use --device cpu");
   return std::make_unique<CudaBackend>();
 }
 
