@@ -64,7 +64,8 @@ class CudaBackend final : public Backend {
         GpuMatrix::upload(pack_matrix_for_gpu(host.type, host.rows, host.cols, host.data)));
     Matrix dev = host;
     dev.data = gm->codes.data();  // device address: only this backend dereferences it
-    by_device_[dev.data] = std::move(gm);
+    dev.handle = gm.get();
+    owned_.push_back(std::move(gm));
     by_host_[host.data] = dev;
     return dev;
   }
@@ -147,10 +148,10 @@ class CudaBackend final : public Backend {
 
  private:
   const GpuMatrix& find(const Matrix& w) const {
-    auto it = by_device_.find(w.data);
-    KVQ_CHECK(it != by_device_.end(), Errc::internal,
+    const auto* gm = static_cast<const GpuMatrix*>(w.handle);
+    KVQ_CHECK(gm && w.data == gm->codes.data(), Errc::internal,
               "CUDA backend: a matrix was used that this backend did not upload (call Backend::upload first)");
-    return *it->second;
+    return *gm;
   }
   static CudaLayerCache& gpu_layer(kv::LayerCache& layer) {
     auto* g = dynamic_cast<CudaLayerCache*>(&layer);
@@ -166,8 +167,8 @@ class CudaBackend final : public Backend {
   }
 
   cublasHandle_t cublas_ = nullptr;
-  std::unordered_map<const uint8_t*, std::unique_ptr<GpuMatrix>> by_device_;
-  std::unordered_map<const uint8_t*, Matrix> by_host_;
+  std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
+  std::unordered_map<const uint8_t*, Matrix> by_host_;  // host bytes -> upload (tied embeddings share one)
   GemvScratch gemv_scratch_;
   DeviceBuffer<int32_t> ids_;
   DeviceBuffer<uint16_t> xbf_, tile_;
