@@ -19,7 +19,12 @@
 #include "gguf/types.hpp"
 
 namespace kvq {
-namespace kv { class LayerCache; }
+namespace kv {
+class LayerCache;
+class Cache;
+struct CacheShape;
+struct CodecOptions;
+}  // namespace kv
 
 // A weight matrix W[rows][cols] in its stored type: rows = output features,
 // cols = input features (GGUF ne = {cols, rows}). Each row is row_bytes long.
@@ -85,10 +90,17 @@ class Backend {
   virtual void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) = 0;
   virtual void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads,
                          float scale, float* out) = 0;
+
+  // --- KV cache
+  // A cache this backend's write_kv/attention can use, preallocated for
+  // shape.max_tokens. Default: the CPU packed cache (kv::make_cpu_cache); the
+  // CUDA backend returns a device-resident one (and rejects codecs it has no
+  // GPU kernels for with Errc::unsupported).
+  virtual std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape);
 };
 
-// The backend for a --device name: "cpu" always; "cuda" once the CUDA backend
-// exists (until then a clear Errc::unsupported error). Unknown names throw
+// The backend for a --device name: "cpu" always; "cuda" in builds with CUDA
+// (KVQ_HAVE_CUDA) on a machine with a GPU, else a clear Errc::unsupported error. Unknown names throw
 // invalid_argument listing the valid ones.
 std::unique_ptr<Backend> make_backend(const std::string& device);
 

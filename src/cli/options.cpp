@@ -125,12 +125,16 @@ int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
   return int(std::min<uint64_t>(model_ctx, std::max(4096, wanted)));
 }
 
-std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, const Model& m, int ctx) {
+std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) {
   const kv::CacheShape shape = m.cache_shape(ctx);
-  if (o.f32_kv) return cpu::make_f32_cache(shape);
+  if (o.f32_kv) {
+    KVQ_CHECK(std::string(m.backend().name()) == "cpu", Errc::unsupported,
+              "--f32-kv is the CPU reference cache; drop it with --device ", m.backend().name());
+    return cpu::make_f32_cache(shape);
+  }
   kv::CodecOptions c = o.codec;
   c.rotor_qjl = o.rotor_qjl == "on";
-  return kv::make_cpu_cache(c, shape);
+  return m.backend().make_cache(c, shape);  // the backend's own cache (device memory on CUDA)
 }
 
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {

@@ -69,7 +69,7 @@ Loaded load(const ModelOptions& o);
 // min(model context, max(4096, wanted)).
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
 // The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
-std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, const Model& m, int ctx);
+std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
 // A Session over a fresh cache, with a prefill progress indicator on stderr
 // for long prompts.
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);

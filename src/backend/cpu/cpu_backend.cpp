@@ -7,6 +7,10 @@
 #include "core/error.hpp"
 #include "kv/cache.hpp"
 
+#ifdef KVQ_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#endif
+
 namespace kvq::cpu {
 
 namespace {
@@ -67,11 +71,20 @@ std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend
 
 namespace kvq {
 
+std::unique_ptr<kv::Cache> Backend::make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
+  return kv::make_cpu_cache(opts, shape);
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return cpu::make_cpu_backend();
   if (device == "cuda") {
-    // Not faked: the model code is ready for it, the kernels are a later issue.
-    fail(Errc::unsupported, "the CUDA backend is not available in this build yet; use --device cpu");
+#ifdef KVQ_HAVE_CUDA
+    return cuda::make_cuda_backend();
+#else
+    fail(Errc::unsupported,
+         "the CUDA backend is not available in this build (configure with -DKVQ_CUDA=ON where nvcc is "
+         "installed); use --device cpu");
+#endif
   }
   fail(Errc::invalid_argument, "unknown device '", device, "' (valid: cpu, cuda)");
 }

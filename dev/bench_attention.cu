@@ -1,0 +1,125 @@
+// Kernel lab: the production split-KV flash attention (backend/cuda/attention)
+// over one layer of a bf16 cache of the Qwen3-8B / Bonsai-8B shape (32 query
+// heads, 8 KV heads, head_dim 128), at contexts 4k..64k.
+//   kvq_bench_attention [iters]
+// decode: one query token at position L-1 (reads L * 4 KiB of K+V per layer);
+// prints time, GB/s and % of the device-to-device copy bandwidth.
+// prefill: a 512-token chunk at positions L-512..L-1 (causal); prints time and
+// the fp32 FLOP rate (4 * heads * D * visible keys per query), since prefill is
+// compute bound.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/attention.hpp"
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/device_buffer.hpp"
+
+using namespace kvq;
+
+namespace {
+
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // bf16 in [-2, 2): sign, exponent 126..127, random mantissa.
+    p[i] = uint16_t(((h & 1u) << 15) | ((126u + ((h >> 1) & 1u)) << 7) | ((h >> 2) & 0x7fu));
+  }
+}
+__global__ void fill_f32(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2246822519u ^ seed;
+    h ^= h >> 13;
+    h *= 2654435761u;
+    p[i] = float(h & 0xffff) / 32768.0f - 1.0f;
+  }
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t n = size_t(1) << 30;
+  cuda::DeviceBuffer<uint8_t> a(n), b(n);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaEventRecord(e0);
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms);
+  }
+  return 2.0 * n / (median(t) * 1e-3) / 1e9;
+}
+
+template <typename F>
+double time_ms(F&& f, int iters) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int i = 0; i < 2; ++i) f();  // warm-up
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(e0);
+    f();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    t.push_back(ms);
+  }
+  KVQ_CUDA_CHECK(cudaGetLastError());
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+    const int n_heads = 32, n_kv = 8, D = 128, max_tokens = 65536;
+    const double copy = copy_bandwidth_gbs();
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
+    cuda::DeviceBuffer<uint16_t> k(size_t(n_kv) * max_tokens * D), v(k.size());
+    fill_bf16<<<1024, 256>>>(k.data(), k.size(), 1);
+    fill_bf16<<<1024, 256>>>(v.data(), v.size(), 2);
+    const int chunk = 512;
+    cuda::DeviceBuffer<float> q(size_t(chunk) * n_heads * D), out(q.size());
+    fill_f32<<<1024, 256>>>(q.data(), q.size(), 3);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda::KvLayerView layer{k.data(), v.data(), n_kv, D, max_tokens};
+    cuda::AttentionScratch scratch;
+    const float scale = 0.08838834764831845f;
+    std::printf("%8s %12s %10s %8s %14s %12s\n", "context", "decode_us", "GB/s", "%copy", "prefill512_ms",
+                "TFLOP/s");
+    for (int L : {4096, 8192, 16384, 32768, 65536}) {
+      const double dec = time_ms([&] { cuda::flash_attention(layer, L - 1, 1, q.data(), n_heads, scale, out.data(),
+                                                              scratch, nullptr); }, iters);
+      const double bytes = double(L) * n_kv * D * 2 * 2;
+      const double pre = time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
+                                                              out.data(), scratch, nullptr); }, std::max(3, iters / 4));
+      double keys = 0;
+      for (int t = 0; t < chunk; ++t) keys += L - chunk + t + 1;
+      const double flops = 4.0 * n_heads * D * keys;
+      std::printf("%8d %12.1f %10.0f %7.1f%% %14.3f %12.2f\n", L, dec * 1e3, bytes / (dec * 1e-3) / 1e9,
+                  100.0 * bytes / (dec * 1e-3) / 1e9 / copy, pre, flops / (pre * 1e-3) / 1e12);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvq_bench_attention: %s\n", e.what());
+    return 1;
+  }
+}

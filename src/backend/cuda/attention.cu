@@ -1,0 +1,287 @@
+// Split-KV flash attention over the bf16 cache; see attention.hpp for the
+// work split. Shared memory per CTA (floats):
+//   q_s  [R][D]          the CTA's query rows (R = G * Tq)
+//   kv_s [64][D + 1]     the current K tile, then the V tile (padded: the
+//                        score loop reads one key row per thread)
+//   p_s  [R][64]         scores, then probabilities of the tile
+//   m_s, l_s, a_s [R]    running max, running sum, rescale factor of the tile
+#include "backend/cuda/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+
+namespace kvq::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 64;        // keys per shared-memory tile
+constexpr int kMaxRowDim = 8192;  // R * D limit: bounds q_s and the accumulators
+constexpr int kMaxItems = kMaxRowDim / kThreads;
+constexpr int kMaxTq = 16;
+constexpr size_t kPartialBudgetFloats = size_t(32) << 20;  // 128 MB of partial states at most
+
+struct Params {
+  const uint16_t* k;
+  const uint16_t* v;
+  const float* q;
+  float* part_m;
+  float* part_l;
+  float* part_o;
+  int pos, n, n_heads, n_kv, D, max_tokens, G, Tq, chunk_len, n_chunks;
+  float scale;
+};
+
+size_t smem_floats(int R, int D) { return size_t(R) * D + size_t(kTile) * (D + 1) + size_t(R) * kTile + 3 * size_t(R); }
+
+__global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
+  const int kvh = blockIdx.x, t0 = blockIdx.y * p.Tq, chunk = blockIdx.z;
+  const int D = p.D, G = p.G;
+  const int nt = min(p.Tq, p.n - t0);
+  const int R = G * p.Tq;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  extern __shared__ float smem[];
+  float* q_s = smem;
+  float* kv_s = q_s + R * D;
+  float* p_s = kv_s + kTile * (D + 1);
+  float* m_s = p_s + R * kTile;
+  float* l_s = m_s + R;
+  float* a_s = l_s + R;
+
+  for (int e = tid; e < R * D; e += kThreads) {
+    const int r = e / D, d = e % D, tq = r / G, g = r % G;
+    q_s[e] = tq < nt ? p.q[(size_t(t0 + tq) * p.n_heads + kvh * G + g) * D + d] : 0.0f;
+  }
+  for (int r = tid; r < R; r += kThreads) {
+    m_s[r] = -INFINITY;
+    l_s[r] = 0.0f;
+  }
+  float acc[kMaxItems];
+#pragma unroll
+  for (int i = 0; i < kMaxItems; ++i) acc[i] = 0.0f;
+
+  const size_t head_base = size_t(kvh) * p.max_tokens;
+  const int c0 = chunk * p.chunk_len;
+  const int c1 = min(c0 + p.chunk_len, p.pos + t0 + nt);  // keys past the last query's position are masked anyway
+  __syncthreads();
+
+  for (int kt = c0; kt < c1; kt += kTile) {
+    const int tl = min(kTile, c1 - kt);
+    for (int e = tid; e < tl * D; e += kThreads) {
+      const int j = e / D, d = e % D;
+      kv_s[j * (D + 1) + d] = bf16_to_f32(p.k[(head_base + kt + j) * D + d]);
+    }
+    __syncthreads();
+    // Scores: one (row, key) pair per thread and step.
+    for (int e = tid; e < R * kTile; e += kThreads) {
+      const int r = e / kTile, j = e % kTile, tq = r / G;
+      float s = -INFINITY;
+      if (j < tl && tq < nt && kt + j <= p.pos + t0 + tq) {
+        const float* qr = q_s + r * D;
+        const float* kr = kv_s + j * (D + 1);
+        float dot = 0.0f;
+        for (int d = 0; d < D; ++d) dot = fmaf(qr[d], kr[d], dot);
+        s = dot * p.scale;
+      }
+      p_s[e] = s;
+    }
+    __syncthreads();
+    // Online softmax: one warp per row, two keys per lane.
+    for (int r = warp; r < R; r += kWarps) {
+      const float s0 = p_s[r * kTile + lane], s1 = p_s[r * kTile + lane + 32];
+      float mt = fmaxf(s0, s1);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+      const float m_old = m_s[r];
+      const float m_new = fmaxf(m_old, mt);
+      float alpha = 1.0f, p0 = 0.0f, p1 = 0.0f;
+      if (m_new != -INFINITY) {
+        alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        p0 = s0 == -INFINITY ? 0.0f : expf(s0 - m_new);
+        p1 = s1 == -INFINITY ? 0.0f : expf(s1 - m_new);
+      }
+      float sum = p0 + p1;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      p_s[r * kTile + lane] = p0;
+      p_s[r * kTile + lane + 32] = p1;
+      __syncwarp();
+      if (lane == 0) {
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = m_new;
+        a_s[r] = alpha;
+      }
+    }
+    // V tile replaces the K tile (every score was computed before the sync above).
+    for (int e = tid; e < tl * D; e += kThreads) {
+      const int j = e / D, d = e % D;
+      kv_s[j * (D + 1) + d] = bf16_to_f32(p.v[(head_base + kt + j) * D + d]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kMaxItems; ++i) {
+      const int e = tid + i * kThreads;
+      if (e < R * D) {
+        const int r = e / D, d = e % D;
+        float a = acc[i] * a_s[r];
+        const float* pr = p_s + r * kTile;
+        for (int j = 0; j < tl; ++j) a = fmaf(pr[j], kv_s[j * (D + 1) + d], a);
+        acc[i] = a;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Partial state of this chunk (unnormalised o).
+#pragma unroll
+  for (int i = 0; i < kMaxItems; ++i) {
+    const int e = tid + i * kThreads;
+    if (e < R * D) {
+      const int r = e / D, d = e % D, tq = r / G, g = r % G;
+      if (tq < nt) {
+        const size_t idx = (size_t(t0 + tq) * p.n_heads + kvh * G + g) * p.n_chunks + chunk;
+        p.part_o[idx * D + d] = acc[i];
+        if (d == 0) {
+          p.part_m[idx] = m_s[r];
+          p.part_l[idx] = l_s[r];
+        }
+      }
+    }
+  }
+}
+
+// grid (n_heads, n): out[t][h][:] from the n_chunks partial states.
+__global__ void merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                             const float* __restrict__ part_o, int n_heads, int n_chunks, int D,
+                             float* __restrict__ out) {
+  const size_t base = (size_t(blockIdx.y) * n_heads + blockIdx.x) * n_chunks;
+  float M = -INFINITY;
+  for (int c = 0; c < n_chunks; ++c) M = fmaxf(M, part_m[base + c]);
+  float L = 0.0f;
+  for (int c = 0; c < n_chunks; ++c) {
+    const float m = part_m[base + c];
+    if (m != -INFINITY) L += part_l[base + c] * expf(m - M);
+  }
+  float* o = out + (size_t(blockIdx.y) * n_heads + blockIdx.x) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float s = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+      const float m = part_m[base + c];
+      if (m != -INFINITY) s += part_o[(base + c) * D + d] * expf(m - M);
+    }
+    o[d] = L > 0.0f ? s / L : 0.0f;
+  }
+}
+
+__global__ void write_kv_kernel(uint16_t* __restrict__ kc, uint16_t* __restrict__ vc, const float* __restrict__ k,
+                                const float* __restrict__ v, int pos, int n, int n_kv, int D, int max_tokens) {
+  const size_t total = size_t(n) * n_kv * D;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const int d = int(i % D);
+    const int h = int((i / D) % n_kv);
+    const int t = int(i / (size_t(D) * n_kv));
+    const size_t dst = (size_t(h) * max_tokens + pos + t) * D + d;
+    auto sanitize = [](float x) { return x != x ? 0.0f : fminf(fmaxf(x, -65504.0f), 65504.0f); };
+    kc[dst] = f32_to_bf16(sanitize(k[i]));
+    vc[dst] = f32_to_bf16(sanitize(v[i]));
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return count;
+  }();
+  return n;
+}
+
+}  // namespace
+
+bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why) {
+  const char* reason = nullptr;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) reason = "n_heads must be a multiple of n_kv_heads";
+  else if (head_dim % 32 != 0 || head_dim > 256) reason = "head_dim must be a multiple of 32 up to 256";
+  else if ((n_heads / n_kv_heads) * head_dim > kMaxRowDim) reason = "GQA group * head_dim exceeds 8192";
+  if (why) *why = reason;
+  return reason == nullptr;
+}
+
+void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream) {
+  KVQ_CHECK(pos >= 0 && n >= 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU KV cache: tokens [",
+            pos, ", ", int64_t(pos) + n, ") do not fit its capacity of ", layer.max_tokens, " tokens");
+  const size_t total = size_t(n) * layer.n_kv_heads * layer.head_dim;
+  if (total == 0) return;
+  const int grid = int(std::min<size_t>((total + 255) / 256, 65536));
+  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, pos, n, layer.n_kv_heads, layer.head_dim,
+                                           layer.max_tokens);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+                     AttentionScratch& scratch, cudaStream_t stream) {
+  const int D = layer.head_dim, n_kv = layer.n_kv_heads;
+  const char* why = nullptr;
+  KVQ_CHECK(flash_attention_supported(n_heads, n_kv, D, &why), Errc::unsupported, "GPU attention: ", why, " (",
+            n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
+  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
+            pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  KVQ_CHECK(n <= 65535, Errc::out_of_range, "GPU attention: ", n,
+            " query tokens in one call; at most 65535 (lower --prefill-chunk)");
+  const int G = n_heads / n_kv;
+  const int Tq = std::max(1, std::min({n, kMaxTq, kMaxRowDim / (G * D)}));
+  const int q_tiles = (n + Tq - 1) / Tq;
+  const int len = pos + n;  // keys 0..len-1 exist
+
+  // Enough CTAs to fill the GPU twice over, within the partial-state budget.
+  const int base = n_kv * q_tiles;
+  int chunks_wanted = std::max(1, (2 * sm_count() + base - 1) / base);
+  const size_t per_chunk = size_t(n) * n_heads * (D + 2);
+  chunks_wanted = int(std::max<size_t>(1, std::min<size_t>(chunks_wanted, kPartialBudgetFloats / per_chunk)));
+  int chunk_len = (len + chunks_wanted - 1) / chunks_wanted;
+  chunk_len = std::max(kTile, (chunk_len + kTile - 1) / kTile * kTile);
+  const int n_chunks = (len + chunk_len - 1) / chunk_len;
+
+  const size_t N = size_t(n) * n_heads * n_chunks;
+  const size_t need = N * (D + 2);
+  if (scratch.part.size() < need) scratch.part.resize(need);
+
+  Params p;
+  p.k = layer.k;
+  p.v = layer.v;
+  p.q = q;
+  p.part_m = scratch.part.data();
+  p.part_l = p.part_m + N;
+  p.part_o = p.part_l + N;
+  p.pos = pos;
+  p.n = n;
+  p.n_heads = n_heads;
+  p.n_kv = n_kv;
+  p.D = D;
+  p.max_tokens = layer.max_tokens;
+  p.G = G;
+  p.Tq = Tq;
+  p.chunk_len = chunk_len;
+  p.n_chunks = n_chunks;
+  p.scale = scale;
+
+  const size_t smem = smem_floats(G * Tq, D) * sizeof(float);
+  static size_t smem_configured = 0;
+  if (smem > 48 * 1024 && smem > smem_configured) {
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(flash_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_configured = smem;
+  }
+  const dim3 grid(n_kv, q_tiles, n_chunks);
+  flash_attn_kernel<<<grid, kThreads, smem, stream>>>(p);
+  KVQ_CUDA_CHECK_LAUNCH();
+  merge_kernel<<<dim3(n_heads, n), std::min(D, 256), 0, stream>>>(p.part_m, p.part_l, p.part_o, n_heads, n_chunks, D,
+                                                                out);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kvq::cuda

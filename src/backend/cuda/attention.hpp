@@ -1,0 +1,57 @@
+// Attention over the bf16 (`none`) GPU KV cache.
+//
+// Cache layout per layer: K and V separate, [kv_head][max_tokens][head_dim]
+// bf16, rows written at their position (no reallocation during decode).
+//
+// flash_attention(): causal grouped-query attention for n query tokens at
+// positions pos..pos+n-1 (query t sees keys 0..pos+t), prefill and decode in
+// one split-KV kernel:
+//   grid = (kv_head, query tile of Tq tokens, key chunk). A CTA holds the
+//   queries of all G = n_heads/n_kv_heads heads of its KV group for Tq
+//   tokens (R = G*Tq rows), streams its key chunk through shared memory in
+//   tiles of 64 keys (each K/V byte read once per CTA, shared by all R rows),
+//   and keeps an online-softmax state (m, l, o) per row. Decode (n == 1) is
+//   Tq = 1 with many chunks; prefill uses Tq up to 16.
+//   A merge kernel combines the chunks' partial states:
+//   M = max m_c, L = sum l_c e^(m_c-M), o = sum o_c e^(m_c-M) / L.
+// Scores and accumulation are fp32 on CUDA cores this session (no tensor
+// cores yet): correct first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/device_buffer.hpp"
+
+namespace kvq::cuda {
+
+struct KvLayerView {
+  uint16_t* k = nullptr;  // bf16 bits [n_kv_heads][max_tokens][head_dim]
+  uint16_t* v = nullptr;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int max_tokens = 0;
+};
+
+// Encodes k, v ([n][n_kv_heads][head_dim] fp32, device) for tokens
+// [pos, pos+n) into the cache as bf16 (NaN -> 0, clamped to +-65504 like the
+// CPU `none` block).
+void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream);
+
+// Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
+// given context reuses the same size, so it does not reallocate per step).
+struct AttentionScratch {
+  DeviceBuffer<float> part;
+};
+
+// True when the kernel supports this shape (head_dim a multiple of 32 up to
+// 256, GQA group <= 64); `why` gets the reason otherwise.
+bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why);
+
+// q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
+void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+                     AttentionScratch& scratch, cudaStream_t stream);
+
+}  // namespace kvq::cuda

@@ -1,0 +1,41 @@
+// Elementwise and row-wise CUDA kernels of the forward pass (everything but
+// GEMV and attention), each a launch wrapper over device pointers. Each one
+// has a CPU reference in backend/cpu/kernels.hpp and a test in tests/gpu/.
+// C++17-clean: included by .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/gemv.hpp"
+
+namespace kvq::cuda {
+
+// out[t][:] = row ids[t] of `table`, dequantized to fp32 (ids: device memory,
+// already range-checked by the caller).
+void embed_rows(const GpuMatrix& table, const int32_t* ids, int n, float* out, cudaStream_t stream);
+
+// Rows [r0, r0 + n_rows) of w dequantized to bf16 (bits), row-major [n_rows][cols]:
+// the tile fed to cuBLAS for prefill GEMMs.
+void dequantize_rows_bf16(const GpuMatrix& w, int64_t r0, int64_t n_rows, uint16_t* out, cudaStream_t stream);
+
+// fp32 -> bf16 bits (round to nearest even), n values.
+void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream);
+
+// Same arithmetic as cpu::rms_norm (sum of squares in double). In place allowed.
+void rms_norm(const float* x, const float* weight, int n_rows, int dim, float eps, float* y, cudaStream_t stream);
+
+// Same arithmetic as cpu::rope: angle (pos+t)*pos_scale*inv_freq[i] in double.
+// inv_freq: device, head_dim/2 floats. neox: pairs (i, i+d/2), else (2i, 2i+1).
+void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const float* inv_freq, bool neox,
+          double pos_scale, cudaStream_t stream);
+
+// out = silu(gate) * up; in place (out == gate) allowed.
+void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
+
+// x += y.
+void add(float* x, const float* y, size_t n, cudaStream_t stream);
+
+}  // namespace kvq::cuda

@@ -1,0 +1,143 @@
+// End to end: the synthetic tiny models through Model::forward on the CPU
+// backend (with its `none` cache) and on the CUDA backend (with its GPU
+// cache): a 40-token prefill, then 64 greedy decode steps fed with the CPU's
+// choice (teacher forcing, so one near-tie cannot derail the comparison).
+//
+// Why the logits differ at all, and the bound:
+//  - prefill GEMMs round activations and dequantized weights to bf16 (each
+//    <= 2^-9 relative) before the tensor-core product;
+//  - quantized-weight decode GEMVs round x to int8 per 32 values (<= half a
+//    step, ~0.4% of the group's max);
+//  - both caches store bf16 K/V, but a K/V value that differs slightly
+//    before rounding can round to a neighbouring bf16 value;
+//  - fp32 sums in a different order everywhere else.
+// These are relative errors of ~2^-8 on every matrix product, through 2
+// layers and the LM head; logits have std ~1 (synth.hpp scaling), so their
+// absolute error is a few 1e-2 at most. The bound is kAbs + kRel * |ref| per
+// logit. Top-1 must match wherever the CPU's top-1 margin exceeds the sum of
+// the bounds of its two best logits (then no error within the bound can flip it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+
+#include <unistd.h>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "core/rng.hpp"
+#include "gpu_test_util.hpp"
+#include "model/forward.hpp"
+#include "model/synth.hpp"
+
+using namespace kvq;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct E2eCase {
+  std::string shape;
+  std::optional<gguf::TensorType> weights;
+  double abs_bound;
+  double rel_bound;
+};
+
+class CudaForward : public ::testing::TestWithParam<E2eCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
+};
+
+std::pair<int, float> top2(const float* l, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (l[i] > l[best]) best = i;
+  float second = -INFINITY;
+  for (int i = 0; i < n; ++i)
+    if (i != best) second = std::max(second, l[i]);
+  return {best, l[best] - second};
+}
+
+TEST_P(CudaForward, MatchesCpuPrefillAndGreedyDecode) {
+  const E2eCase c = GetParam();
+  const fs::path path = fs::temp_directory_path() /
+                        ("kvq_gpu_e2e_" + c.shape + "_" + std::to_string(::getpid()) + ".gguf");
+  SynthOptions so;
+  so.shape = c.shape;
+  so.weights = c.weights;
+  so.seed = 7;
+  write_synthetic(so, path.string());
+  auto cpu_be = cpu::make_cpu_backend();
+  auto gpu_be = cuda::make_cuda_backend();
+  auto cpu_model = Model::open(path.string(), *cpu_be);
+  auto gpu_model = Model::open(path.string(), *gpu_be);
+  fs::remove(path);
+  const int vocab = cpu_model->config().vocab_size;
+  const int prompt = 40, steps = 64, ctx = prompt + steps + 1;
+  auto cpu_cache = cpu_be->make_cache(kv::CodecOptions{}, cpu_model->cache_shape(ctx));
+  auto gpu_cache = gpu_be->make_cache(kv::CodecOptions{}, gpu_model->cache_shape(ctx));
+
+  Rng rng(99);
+  std::vector<int32_t> ids(prompt);
+  for (auto& id : ids) id = int32_t(rng.below(uint64_t(vocab)));
+  std::vector<float> lc(size_t(prompt) * vocab), lg(lc.size());
+  cpu_model->forward(ids.data(), prompt, 0, *cpu_cache, lc.data(), true);
+  gpu_model->forward(ids.data(), prompt, 0, *gpu_cache, lg.data(), true);
+
+  double worst = 0, worst_rel_excess = 0;
+  auto check = [&](const float* ref, const float* got, const std::string& where) {
+    for (int i = 0; i < vocab; ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << where << " logit " << i;
+      const double err = std::fabs(double(got[i]) - ref[i]);
+      worst = std::max(worst, err);
+      const double bound = c.abs_bound + c.rel_bound * std::fabs(ref[i]);
+      worst_rel_excess = std::max(worst_rel_excess, err / bound);
+      ASSERT_LE(err, bound) << where << " logit " << i << " cpu " << ref[i] << " gpu " << got[i];
+    }
+  };
+  for (int t = 0; t < prompt; ++t)
+    check(lc.data() + size_t(t) * vocab, lg.data() + size_t(t) * vocab, "prefill token " + std::to_string(t));
+
+  int checked = 0, same = 0;
+  int32_t next = top2(lc.data() + size_t(prompt - 1) * vocab, vocab).first;
+  std::vector<float> sc(vocab), sg(vocab);
+  for (int s = 0; s < steps; ++s) {
+    cpu_model->forward(&next, 1, prompt + s, *cpu_cache, sc.data(), false);
+    gpu_model->forward(&next, 1, prompt + s, *gpu_cache, sg.data(), false);
+    check(sc.data(), sg.data(), "decode step " + std::to_string(s));
+    const auto [cpu_top, margin] = top2(sc.data(), vocab);
+    const int gpu_top = top2(sg.data(), vocab).first;
+    same += cpu_top == gpu_top;
+    // Both logits may move by their bound in opposite directions.
+    const float l1 = sc[cpu_top], l2 = l1 - margin;
+    if (margin > 2 * c.abs_bound + c.rel_bound * (std::fabs(l1) + std::fabs(l2))) {
+      ++checked;
+      EXPECT_EQ(gpu_top, cpu_top) << "decode step " << s << " (CPU margin " << margin << ")";
+    }
+    next = cpu_top;
+  }
+  std::printf("[ %s ] max |logit diff| %.4g (%.0f%% of the bound), top-1 identical %d/%d, checked %d\n",
+              c.shape.c_str(), worst, 100 * worst_rel_excess, same, steps, checked);
+  // A comparison that checks no step would be vacuous.
+  EXPECT_GE(checked, steps / 4) << "too few decode steps had a clear top-1 to compare";
+}
+
+const E2eCase kCases[] = {
+    {"tiny", std::nullopt, 0.05, 0.02},                  // qwen3: BF16 weights, q/k norm, NEOX RoPE
+    {"tiny-llama", std::nullopt, 0.05, 0.02},            // llama: tied embeddings, adjacent-pair RoPE
+    {"tiny", gguf::TensorType::Q1_0, 0.08, 0.03},        // Bonsai's type: int8-rounded x in the GEMVs
+    {"tiny-llama", gguf::TensorType::Q4_0, 0.08, 0.03},  // Q4_0
+    {"tiny", gguf::TensorType::Q8_0, 0.08, 0.03},
+};
+
+std::string e2e_name(const ::testing::TestParamInfo<E2eCase>& info) {
+  std::string n = info.param.shape + (info.param.weights ? std::string("_") + gguf::tensor_type_name(*info.param.weights) : "");
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Synthetic, CudaForward, ::testing::ValuesIn(kCases), e2e_name);
+
+}  // namespace

@@ -1,0 +1,216 @@
+// The CUDA backend's forward ops vs the CPU backend (backend/cpu/kernels.cpp,
+// the oracle) on random inputs of odd shapes, through the Backend interface
+// the forward pass uses. Outputs go to NaN-poisoned device buffers followed
+// by sentinels. Bounds are `tol + |ref| * eps` per element, with the reason
+// for each tolerance next to it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/kernels.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "gguf/quant.hpp"
+#include "gpu_test_util.hpp"
+
+using namespace kvq;
+using gguf::TensorType;
+using gputest::Guarded;
+
+namespace {
+
+std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(rng.normal()) * s;
+  return v;
+}
+
+// Quantized test matrix [rows][cols] of type t, values ~ N(0, 0.05^2).
+std::vector<uint8_t> random_matrix(Rng& rng, TensorType t, int rows, int cols) {
+  const uint64_t rb = gguf::tensor_row_bytes(t, cols);
+  std::vector<uint8_t> w(rb * rows);
+  std::vector<float> row(cols);
+  for (int r = 0; r < rows; ++r) {
+    for (auto& v : row) v = float(rng.normal()) * 0.05f;
+    gguf::quantize_row(t, row.data(), w.data() + r * rb, cols);
+  }
+  return w;
+}
+
+Matrix host_matrix(TensorType t, int rows, int cols, const std::vector<uint8_t>& bytes) {
+  Matrix m;
+  m.type = t;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = bytes.data();
+  m.row_bytes = gguf::tensor_row_bytes(t, cols);
+  return m;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVQ_SKIP_WITHOUT_GPU();
+    gpu = cuda::make_cuda_backend();
+  }
+  std::unique_ptr<Backend> gpu;
+  Rng rng{20261130};
+};
+
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  for (auto [rows, dim] : {std::pair{1, 256}, {3, 33}, {17, 128}, {5, 4096}, {2, 5000}}) {
+    const auto x = normal(rng, size_t(rows) * dim, 3.0f), w = normal(rng, dim);
+    std::vector<float> ref(x.size());
+    cpu::rms_norm(x.data(), w.data(), rows, dim, 1e-6f, ref.data());
+    Guarded dx(x.size(), &x), dw(w.size(), &w), dy(x.size());
+    gpu->rms_norm(dx.data(), dw.data(), rows, dim, 1e-6f, dy.data());
+    const auto y = dy.result();
+    // Same formula, sum of squares in double in another order: inv may differ by an ulp.
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_LE(std::fabs(y[i] - ref[i]), 1e-7 + 5e-7 * std::fabs(ref[i])) << rows << "x" << dim << " at " << i;
+    // In place.
+    gpu->rms_norm(dx.data(), dw.data(), rows, dim, 1e-6f, dx.data());
+    const auto yi = dx.result();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(yi[i], y[i]) << "in-place result differs at " << i;
+  }
+}
+
+TEST_F(CudaOps, RopeMatchesCpuBothStyles) {
+  for (bool neox : {true, false}) {
+    for (auto [n, heads, hd, pos, pscale] : {std::tuple{5, 3, 64, 0, 1.0}, {3, 7, 128, 40000, 1.0},
+                                             {9, 2, 256, 123, 0.25}, {1, 32, 128, 65535, 1.0}}) {
+      Rope r;
+      r.neox = neox;
+      r.pos_scale = pscale;
+      for (int i = 0; i < hd / 2; ++i) r.inv_freq.push_back(float(std::pow(1e6, -2.0 * i / hd)));
+      const auto x = normal(rng, size_t(n) * heads * hd);
+      auto ref = x;
+      cpu::rope(ref.data(), n, heads, hd, pos, r);
+      Guarded dx(x.size(), &x);
+      gpu->rope(dx.data(), n, heads, hd, pos, r);
+      const auto y = dx.result();
+      // cos/sin in double on both sides; the float rotation may be fused (fma)
+      // on the GPU: a few ulps of |x0| + |x1| (<= ~10 for N(0,1) inputs).
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_LE(std::fabs(y[i] - ref[i]), 4e-6 + 1e-6 * std::fabs(ref[i]))
+            << (neox ? "neox" : "normal") << " n=" << n << " hd=" << hd << " pos=" << pos << " at " << i;
+    }
+  }
+}
+
+TEST_F(CudaOps, SwigluAndAddMatchCpu) {
+  for (size_t n : {size_t(1), size_t(1000), size_t(12289), size_t(3 * 12288 + 7)}) {
+    const auto g = normal(rng, n, 4.0f), u = normal(rng, n);
+    std::vector<float> ref(n);
+    cpu::swiglu(g.data(), u.data(), ref.data(), n);
+    Guarded dg(n, &g), du(n, &u), dy(n);
+    gpu->swiglu(dg.data(), du.data(), dy.data(), n);
+    auto y = dy.result();
+    // expf (<= 2 ulp) vs std::exp, then one division and one product: a few ulps.
+    for (size_t i = 0; i < n; ++i) ASSERT_LE(std::fabs(y[i] - ref[i]), 1e-30 + 1e-6 * std::fabs(ref[i])) << i;
+    gpu->swiglu(dg.data(), du.data(), dg.data(), n);  // in place
+    const auto yi = dg.result();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(yi[i], y[i]) << "in-place swiglu differs at " << i;
+
+    auto sum = g;
+    cpu::add(sum.data(), u.data(), n);
+    Guarded da(n, &g);
+    gpu->add(da.data(), du.data(), n);
+    const auto s = da.result();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(s[i], sum[i]) << "add at " << i;  // one IEEE add: exact
+  }
+}
+
+const TensorType kTypes[] = {TensorType::F32, TensorType::F16, TensorType::BF16,
+                             TensorType::Q8_0, TensorType::Q4_0, TensorType::Q1_0};
+
+TEST_F(CudaOps, EmbedMatchesCpuExactly) {
+  auto cpu_be = cpu::make_cpu_backend();
+  for (TensorType t : kTypes) {
+    const int rows = 37, cols = 512;
+    const auto bytes = random_matrix(rng, t, rows, cols);
+    const Matrix host = host_matrix(t, rows, cols, bytes);
+    const Matrix dev = gpu->upload(host);
+    const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1, 30};
+    const int n = int(ids.size());
+    std::vector<float> ref(size_t(n) * cols);
+    cpu_be->embed(host, ids.data(), n, ref.data());
+    Guarded out(ref.size());
+    gpu->embed(dev, ids.data(), n, out.data());
+    const auto y = out.result();
+    // Same dequantization arithmetic (d * q in fp32): bit-identical.
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], ref[i]) << gguf::tensor_type_name(t) << " at " << i;
+    const int32_t bad = rows;
+    EXPECT_THROW(gpu->embed(dev, &bad, 1, out.data()), Error);
+  }
+}
+
+// Prefill GEMM (n > 1): bf16 weight tile x bf16 activations, fp32 accumulate.
+struct MatmulCase {
+  TensorType type;
+  int rows, cols, n;
+};
+
+class CudaMatmul : public ::testing::TestWithParam<MatmulCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(CudaMatmul, PrefillMatchesDoubleReference) {
+  const MatmulCase c = GetParam();
+  Rng rng(uint64_t(c.rows) * 7919 + c.cols * 31 + c.n + int(c.type));
+  auto gpu = cuda::make_cuda_backend();
+  const auto bytes = random_matrix(rng, c.type, c.rows, c.cols);
+  const Matrix host = host_matrix(c.type, c.rows, c.cols, bytes);
+  const auto x = normal(rng, size_t(c.n) * c.cols);
+  const Matrix dev = gpu->upload(host);
+  Guarded dx(x.size(), &x), dy(size_t(c.n) * c.rows);
+  gpu->matmul(dev, dx.data(), c.n, dy.data());
+  const auto y = dy.result();
+
+  // Each weight (dequantized in fp32) and each x value is rounded once to bf16
+  // (relative error <= 2^-9 each, so <= 2^-8 + 2^-18 for the product); the
+  // fp32 accumulation adds <= cols * 2^-24 relative. Both scale with
+  // sum_j |w_j x_j|, computed here in double from the stored weights.
+  std::vector<float> wrow(c.cols);
+  const uint64_t rb = gguf::tensor_row_bytes(c.type, c.cols);
+  for (int r = 0; r < c.rows; ++r) {
+    gguf::dequantize_row(c.type, bytes.data() + r * rb, wrow.data(), c.cols);
+    for (int t = 0; t < c.n; ++t) {
+      const float* xt = x.data() + size_t(t) * c.cols;
+      double s = 0, mag = 0;
+      for (int j = 0; j < c.cols; ++j) {
+        s += double(wrow[j]) * xt[j];
+        mag += std::fabs(double(wrow[j]) * xt[j]);
+      }
+      const double bound = 1e-6 + (std::ldexp(1.0, -8) * 1.01 + c.cols * 6e-8) * mag;
+      const float got = y[size_t(t) * c.rows + r];
+      ASSERT_TRUE(std::isfinite(got)) << "row " << r << " token " << t << " not written";
+      ASSERT_LE(std::fabs(got - s), bound) << "row " << r << " token " << t << " gpu " << got << " ref " << s;
+    }
+  }
+}
+
+std::vector<MatmulCase> matmul_cases() {
+  std::vector<MatmulCase> out;
+  for (TensorType t : kTypes) {
+    out.push_back({t, 37, 256, 2});
+    out.push_back({t, 131, 1024, 17});
+  }
+  // Larger than one 64 Mi-element tile: exercises the row-block loop.
+  out.push_back({TensorType::Q4_0, 16411, 4096, 3});
+  out.push_back({TensorType::BF16, 16411, 4096, 3});
+  return out;
+}
+
+std::string matmul_name(const ::testing::TestParamInfo<MatmulCase>& info) {
+  const auto& p = info.param;
+  return std::string(gguf::tensor_type_name(p.type)) + "_" + std::to_string(p.rows) + "x" +
+         std::to_string(p.cols) + "_n" + std::to_string(p.n);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, CudaMatmul, ::testing::ValuesIn(matmul_cases()), matmul_name);
+
+}  // namespace
