@@ -68,42 +68,47 @@ class CpuLayerCache final : public LayerCache {
     KVQ_CHECK(pos >= 0 && n >= 0 && pos + n <= filled_, Errc::invalid_argument, "attention over tokens [0, ",
               pos + n, ") but only ", filled_, " are written (write K/V before attending)");
     const int group = n_heads / H;
-    const int jobs = n * n_heads;
-#pragma omp parallel if (jobs >= 2 && size_t(jobs) * (pos + n) >= 4096)
+    const int jobs = n * H;  // one job per (query token, KV head): its GQA group shares each decoded row
+#pragma omp parallel if (jobs >= 2 && size_t(jobs) * group * (pos + n) >= 4096)
     {
-      std::vector<float> q_rot(D), qstate, scores, acc(D);
+      std::vector<float> q_rot(D), one, qstates, scores, acc;
 #pragma omp for schedule(dynamic, 1)
       for (int j = 0; j < jobs; ++j) {
-        const int t = j / n_heads, hq = j % n_heads, h = hq / group;
+        const int t = j / H, h = j % H;
         const int T = pos + t + 1;  // causal: rows [0, pos + t]
-        const float* qv = q + (size_t(t) * n_heads + hq) * D;
-        float* o = out + (size_t(t) * n_heads + hq) * D;
         const SideStore& ks = k_[h];
         const SideStore& vs = v_[h];
         const RowLayout& kl = ks.block->layout();
         const RowLayout& vl = vs.block->layout();
-
-        ks.block->rotate(qv, q_rot.data());
-        ks.block->prepare_query(q_rot.data(), qstate);
-        scores.resize(size_t(T));
-        ks.block->dot_rows(qstate.data(), ks.codes.data(), kl.code_bytes, ks.sides.data(), kl.side_bytes, T,
-                           scores.data());
-        float m = -std::numeric_limits<float>::infinity();
-        for (int i = 0; i < T; ++i) {
-          scores[i] *= scale;
-          m = std::max(m, scores[i]);
+        // rotate each query of the group once, build its state
+        size_t qs = 0;
+        for (int g = 0; g < group; ++g) {
+          const float* qv = q + (size_t(t) * n_heads + size_t(h) * group + g) * D;
+          ks.block->rotate(qv, q_rot.data());
+          ks.block->prepare_query(q_rot.data(), one);
+          if (g == 0) {
+            qs = one.size();
+            qstates.resize(qs * group);
+          }
+          std::copy(one.begin(), one.end(), qstates.begin() + ptrdiff_t(qs * g));
         }
-        double l = 0;
-        for (int i = 0; i < T; ++i) {
-          scores[i] = std::exp(scores[i] - m);
-          l += scores[i];
+        scores.resize(size_t(group) * T);
+        ks.block->dot_rows(qstates.data(), qs, group, ks.codes.data(), kl.code_bytes, ks.sides.data(),
+                           kl.side_bytes, T, scores.data());
+        for (int g = 0; g < group; ++g) {
+          float* sc = &scores[size_t(g) * T];
+          float m = -std::numeric_limits<float>::infinity();
+          for (int i = 0; i < T; ++i) m = std::max(m, sc[i] *= scale);
+          double l = 0;
+          for (int i = 0; i < T; ++i) l += (sc[i] = std::exp(sc[i] - m));
+          const float inv_l = float(1.0 / l);
+          for (int i = 0; i < T; ++i) sc[i] *= inv_l;
         }
-        const float inv_l = float(1.0 / l);
-        for (int i = 0; i < T; ++i) scores[i] *= inv_l;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        vs.block->accumulate_rows(scores.data(), vs.codes.data(), vl.code_bytes, vs.sides.data(), vl.side_bytes,
-                                  T, acc.data());
-        vs.block->unrotate(acc.data(), o);
+        acc.assign(size_t(group) * D, 0.0f);
+        vs.block->accumulate_rows(scores.data(), size_t(T), group, vs.codes.data(), vl.code_bytes,
+                                  vs.sides.data(), vl.side_bytes, T, acc.data());
+        for (int g = 0; g < group; ++g)
+          vs.block->unrotate(&acc[size_t(g) * D], out + (size_t(t) * n_heads + size_t(h) * group + g) * D);
       }
     }
   }
