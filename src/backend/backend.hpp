@@ -1,0 +1,88 @@
+// The small interface every compute backend implements (design.md): allocate,
+// upload, forward ops, attention over a cache. The forward pass
+// (model/forward.cpp) is written against this interface only, so the CUDA
+// backend plugs in without touching the model code.
+//
+// Conventions: every float* passed to an op points into the backend's own
+// memory (host memory for the CPU backend, device memory for CUDA) and was
+// obtained from alloc(); activations are row-major [tokens][features] fp32.
+// Weights stay in their stored GGUF type (Matrix) and are dequantized inside
+// the ops; upload() makes a Matrix visible to the backend (zero copy on CPU).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/types.hpp"
+
+namespace kvq {
+namespace kv { class LayerCache; }
+
+// A weight matrix W[rows][cols] in its stored type: rows = output features,
+// cols = input features (GGUF ne = {cols, rows}). Each row is row_bytes long.
+struct Matrix {
+  gguf::TensorType type = gguf::TensorType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  const uint8_t* row(int64_t r) const { return data + size_t(r) * row_bytes; }
+};
+
+// Rotary position embedding as the architecture defines it. inv_freq has
+// head_dim/2 entries (already divided by any llama3 / rope_freqs factors);
+// the angle of pair i at position p is (p * pos_scale) * inv_freq[i].
+struct Rope {
+  std::vector<float> inv_freq;
+  bool neox = true;        // true: rotate (i, i + d/2) (qwen3); false: (2i, 2i+1) (llama GGUF)
+  double pos_scale = 1.0;  // 1/factor for linear scaling
+};
+
+// Backend-owned float storage.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual float* data() = 0;
+  virtual size_t size() const = 0;  // in floats
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // --- memory
+  virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;
+  virtual Matrix upload(const Matrix& host) = 0;
+  virtual void upload(const float* host, float* dst, size_t n) = 0;
+  virtual void download(const float* src, float* host, size_t n) = 0;
+
+  // --- forward ops
+  // out[t] = row ids[t] of `table` (dequantized); ids are host memory.
+  virtual void embed(const Matrix& table, const int32_t* ids, int n, float* out) = 0;
+  // y[t][r] = sum_c W[r][c] * x[t][c] for t < n.
+  virtual void matmul(const Matrix& w, const float* x, int n, float* y) = 0;
+  // RMSNorm of n rows of length dim, scaled by weight (dim floats). In place allowed.
+  virtual void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) = 0;
+  // Rotates x [n][n_heads][head_dim] in place; token t has position pos + t.
+  virtual void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& rope) = 0;
+  // out = silu(gate) * up, elementwise over n values. In place (out == gate) allowed.
+  virtual void swiglu(const float* gate, const float* up, float* out, size_t n) = 0;
+  // x += y over n values.
+  virtual void add(float* x, const float* y, size_t n) = 0;
+  // Causal GQA attention of n query tokens at positions pos.. over the cache layer
+  // (after k and v of those tokens were written with write_kv).
+  virtual void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) = 0;
+  virtual void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads,
+                         float scale, float* out) = 0;
+};
+
+// The backend for a --device name: "cpu" always; "cuda" once the CUDA backend
+// exists (until then a clear Errc::unsupported error). Unknown names throw
+// invalid_argument listing the valid ones.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+
+}  // namespace kvq

@@ -1,0 +1,79 @@
+#include "backend/cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/kernels.hpp"
+#include "core/error.hpp"
+#include "kv/cache.hpp"
+
+namespace kvq::cpu {
+
+namespace {
+
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(size_t n) : v_(n, 0.0f) {}
+  float* data() override { return v_.data(); }
+  size_t size() const override { return v_.size(); }
+
+ private:
+  std::vector<float> v_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<HostBuffer>(n); }
+  Matrix upload(const Matrix& host) override {
+    KVQ_CHECK(supports_weight_type(host.type), Errc::unsupported, "weight type id ", uint32_t(host.type),
+              " is not supported by the CPU backend (supported: ", supported_weight_types(), ")");
+    return host;  // zero copy: the mmap'd GGUF bytes are used in place
+  }
+  void upload(const float* host, float* dst, size_t n) override { std::copy_n(host, n, dst); }
+  void download(const float* src, float* host, size_t n) override { std::copy_n(src, n, host); }
+
+  void embed(const Matrix& table, const int32_t* ids, int n, float* out) override {
+    for (int t = 0; t < n; ++t) {
+      KVQ_CHECK(ids[t] >= 0 && ids[t] < table.rows, Errc::out_of_range, "token id ", ids[t],
+                " is outside the model's vocabulary of ", table.rows, " tokens");
+      dequantize_row(table.type, table.row(ids[t]), out + size_t(t) * table.cols, table.cols);
+    }
+  }
+  void matmul(const Matrix& w, const float* x, int n, float* y) override { cpu::matmul(w, x, n, y); }
+  void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) override {
+    cpu::rms_norm(x, weight, n, dim, eps, y);
+  }
+  void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& r) override {
+    cpu::rope(x, n, n_heads, head_dim, pos, r);
+  }
+  void swiglu(const float* gate, const float* up, float* out, size_t n) override { cpu::swiglu(gate, up, out, n); }
+  void add(float* x, const float* y, size_t n) override { cpu::add(x, y, n); }
+  void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
+    layer.write(pos, n, k, v);
+  }
+  void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
+                 float* out) override {
+    layer.attend(pos, n, q, n_heads, scale, out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kvq::cpu
+
+namespace kvq {
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return cpu::make_cpu_backend();
+  if (device == "cuda") {
+    // Not faked: the model code is ready for it, the kernels are a later issue.
+    fail(Errc::unsupported, "the CUDA backend is not available in this build yet; use --device cpu");
+  }
+  fail(Errc::invalid_argument, "unknown device '", device, "' (valid: cpu, cuda)");
+}
+
+}  // namespace kvq

@@ -1,0 +1,493 @@
+#include "backend/cpu/kernels.hpp"
+
+#include <omp.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+
+// Hot loops are compiled twice on x86-64: for AVX2/FMA/F16C (x86-64-v3) and
+// for the baseline, chosen once at load time. Same arithmetic, so results
+// differ between the two only by fp32 rounding (FMA), never in meaning.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVQ_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KVQ_SIMD_CLONES
+#endif
+
+namespace kvq::cpu {
+
+using gguf::TensorType;
+
+namespace {
+
+// fp16 -> fp32 for every bit pattern: a table lookup vectorizes (gather),
+// the bit-twiddling conversion does not.
+const float* f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = f16_to_f32(uint16_t(h));
+    return t;
+  }();
+  return table.data();
+}
+
+// The eight signs (+1 / -1) encoded by one byte of Q1_0 bits, LSB first.
+struct SignTable {
+  alignas(32) float s[256][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) s[b][k] = ((b >> k) & 1) ? 1.0f : -1.0f;
+  }
+};
+const SignTable& sign_table() {
+  static const SignTable t;
+  return t;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void f16_to_f32_row_f16c(const uint16_t* h, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// Q8_0 row . x: per block, 4 x 8 int8 -> fp32 lanes times x, scaled by d.
+__attribute__((target("avx2,fma"))) float dot_q8_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b, row += 34, x += 32) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)), _mm256_loadu_ps(x + 16), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), _mm256_loadu_ps(x + 24), s);
+    acc = _mm256_fmadd_ps(d, s, acc);
+  }
+  return hsum256(acc);
+}
+
+// Q4_0 row . x: low nibbles are weights 0..15, high nibbles 16..31, minus 8.
+__attribute__((target("avx2,fma"))) float dot_q4_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i eight = _mm_set1_epi8(8);
+  for (int64_t b = 0; b < n / 32; ++b, row += 18, x += 32) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
+    acc = _mm256_fmadd_ps(d, s, acc);
+  }
+  return hsum256(acc);
+}
+
+// Q1_0 row . x: each byte's 8 bits select +x or -x (sign flip where the bit is 0).
+__attribute__((target("avx2,fma"))) float dot_q1_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
+  for (int64_t b = 0; b < n / 128; ++b, row += 18, x += 128) {
+    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (int j = 0; j < 16; j += 2) {
+      const __m256i m0 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(row[2 + j]), bit), _mm256_setzero_si256());
+      const __m256i m1 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(row[3 + j]), bit), _mm256_setzero_si256());
+      s0 = _mm256_add_ps(s0, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * j), _mm256_castsi256_ps(_mm256_and_si256(m0, sign))));
+      s1 = _mm256_add_ps(s1, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * j + 8), _mm256_castsi256_ps(_mm256_and_si256(m1, sign))));
+    }
+    acc = _mm256_fmadd_ps(d, _mm256_add_ps(s0, s1), acc);
+  }
+  return hsum256(acc);
+}
+#endif
+
+void f16_to_f32_row(const uint16_t* h, float* dst, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveF16c) return f16_to_f32_row_f16c(h, dst, n);
+#endif
+  const float* tab = f16_table();
+  for (int64_t i = 0; i < n; ++i) dst[i] = tab[h[i]];
+}
+
+}  // namespace
+
+bool supports_weight_type(TensorType t) {
+  switch (t) {
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16:
+    case TensorType::Q8_0:
+    case TensorType::Q4_0:
+    case TensorType::Q1_0:
+      return true;
+  }
+  return false;
+}
+
+const char* supported_weight_types() { return "F32, F16, BF16, Q8_0, Q4_0, Q1_0"; }
+
+int block_size(TensorType t) {
+  switch (t) {
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16: return 1;
+    case TensorType::Q8_0:
+    case TensorType::Q4_0: return 32;
+    case TensorType::Q1_0: return 128;
+  }
+  fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
+       supported_weight_types(), ")");
+}
+
+size_t block_bytes(TensorType t) {
+  switch (t) {
+    case TensorType::F32: return 4;
+    case TensorType::F16:
+    case TensorType::BF16: return 2;
+    case TensorType::Q8_0: return 34;
+    case TensorType::Q4_0: return 18;
+    case TensorType::Q1_0: return 18;
+  }
+  fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
+       supported_weight_types(), ")");
+}
+
+size_t row_bytes(TensorType t, int64_t n) {
+  const int bs = block_size(t);
+  KVQ_CHECK(n % bs == 0, Errc::format, "a row of ", n, " weights is not a whole number of ", bs,
+            "-weight blocks");
+  return size_t(n / bs) * block_bytes(t);
+}
+
+namespace {
+
+inline uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+inline float load_f16(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
+
+// Dequantizes one block of a quantized type into 32 / 128 floats.
+inline void dequant_q8_0(const uint8_t* b, float* dst) {
+  const float d = load_f16(b);
+  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+  for (int i = 0; i < 32; ++i) dst[i] = d * float(q[i]);
+}
+inline void dequant_q4_0(const uint8_t* b, float* dst) {
+  const float d = load_f16(b);
+  const uint8_t* q = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    dst[j] = d * float(int(q[j] & 15) - 8);
+    dst[j + 16] = d * float(int(q[j] >> 4) - 8);
+  }
+}
+
+}  // namespace
+
+KVQ_SIMD_CLONES
+void dequantize_row(TensorType t, const uint8_t* src, float* dst, int64_t n) {
+  switch (t) {
+    case TensorType::F32:
+      std::copy_n(reinterpret_cast<const float*>(src), n, dst);
+      return;
+    case TensorType::F16:
+      f16_to_f32_row(reinterpret_cast<const uint16_t*>(src), dst, n);
+      return;
+    case TensorType::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bits_f32(uint32_t(h[i]) << 16);
+      return;
+    }
+    case TensorType::Q8_0:
+      for (int64_t b = 0; b < n / 32; ++b) dequant_q8_0(src + 34 * b, dst + 32 * b);
+      return;
+    case TensorType::Q4_0:
+      for (int64_t b = 0; b < n / 32; ++b) dequant_q4_0(src + 18 * b, dst + 32 * b);
+      return;
+    case TensorType::Q1_0: {
+      const SignTable& st = sign_table();
+      for (int64_t b = 0; b < n / 128; ++b) {
+        const uint8_t* blk = src + 18 * b;
+        const float d = load_f16(blk);
+        float* o = dst + 128 * b;
+        for (int j = 0; j < 16; ++j)
+          for (int k = 0; k < 8; ++k) o[8 * j + k] = d * st.s[blk[2 + j]][k];
+      }
+      return;
+    }
+  }
+  block_size(t);  // throws the "unsupported" error
+}
+
+KVQ_SIMD_CLONES
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+namespace {
+// Dequantizing a few blocks into an L1-resident buffer and then running the
+// fp32 dot keeps both loops vectorizable (a fused int8/nibble/fp16 loop is not,
+// for want of cheap conversions inside a reduction).
+float dot_via_dequant(TensorType t, const uint8_t* row, const float* x, int64_t n) {
+  constexpr int64_t kChunk = 256;  // a multiple of every block size
+  alignas(64) float tmp[kChunk];
+  const size_t chunk_bytes = row_bytes(t, kChunk);
+  float s = 0.0f;
+  int64_t off = 0;
+  for (; off + kChunk <= n; off += kChunk, row += chunk_bytes) {
+    dequantize_row(t, row, tmp, kChunk);
+    s += dot_f32(tmp, x + off, kChunk);
+  }
+  if (off < n) {
+    dequantize_row(t, row, tmp, n - off);
+    s += dot_f32(tmp, x + off, n - off);
+  }
+  return s;
+}
+}  // namespace
+
+KVQ_SIMD_CLONES
+float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
+  switch (t) {
+    case TensorType::F32:
+      return dot_f32(reinterpret_cast<const float*>(row), x, n);
+    case TensorType::F16:
+      return dot_via_dequant(t, row, x, n);
+    case TensorType::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i) s += bits_f32(uint32_t(h[i]) << 16) * x[i];
+      return s;
+    }
+    case TensorType::Q8_0:
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q8_0_avx2(row, x, n);
+#endif
+      return dot_via_dequant(t, row, x, n);
+    case TensorType::Q4_0:
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q4_0_avx2(row, x, n);
+#endif
+      return dot_via_dequant(t, row, x, n);
+    case TensorType::Q1_0: {
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (kHaveAvx2) return dot_q1_0_avx2(row, x, n);
+#endif
+      float s = 0.0f;
+      for (int64_t b = 0; b < n / 128; ++b) {
+        const uint8_t* blk = row + 18 * b;
+        const uint8_t* bits = blk + 2;
+        const float* xb = x + 128 * b;
+        const SignTable& st = sign_table();
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < 16; ++j) {
+          const float* sg = st.s[bits[j]];
+#pragma omp simd
+          for (int k = 0; k < 8; ++k) acc[k] += sg[k] * xb[8 * j + k];
+        }
+        float sb = 0.0f;
+        for (int k = 0; k < 8; ++k) sb += acc[k];
+        s += load_f16(blk) * sb;
+      }
+      return s;
+    }
+  }
+  block_size(t);  // throws
+  return 0.0f;
+}
+
+namespace {
+
+// Four rows against one vector: x is loaded once for four outputs.
+KVQ_SIMD_CLONES
+void dot4_f32(const float* w, int64_t stride, const float* x, int64_t n, float* out) {
+  const float* w0 = w;
+  const float* w1 = w + stride;
+  const float* w2 = w + 2 * stride;
+  const float* w3 = w + 3 * stride;
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    s0 += w0[i] * xi;
+    s1 += w1[i] * xi;
+    s2 += w2[i] * xi;
+    s3 += w3[i] * xi;
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+// Below this many tokens a fused dot per stored row beats building a tile.
+constexpr int kTileMinTokens = 4;
+constexpr int64_t kTileRows = 16;  // multiple of 4
+
+}  // namespace
+
+void matmul(const Matrix& w, const float* x, int n_tokens, float* y) {
+  const int64_t rows = w.rows, cols = w.cols;
+  if (n_tokens <= 0 || rows == 0) return;
+  if (n_tokens < kTileMinTokens) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int t = 0; t < n_tokens; ++t) y[size_t(t) * rows + r] = dot_row(w.type, w.row(r), x + size_t(t) * cols, cols);
+    return;
+  }
+  const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows;
+  const bool is_f32 = w.type == TensorType::F32;
+#pragma omp parallel
+  {
+    std::vector<float> tile_store(is_f32 ? 0 : size_t(kTileRows * cols));
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int64_t r0 = tile * kTileRows;
+      const int64_t nr = std::min(kTileRows, rows - r0);
+      const float* tw;
+      if (is_f32) {
+        tw = reinterpret_cast<const float*>(w.row(r0));
+      } else {
+        for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), tile_store.data() + r * cols, cols);
+        tw = tile_store.data();
+      }
+      const int64_t stride = is_f32 ? int64_t(w.row_bytes / 4) : cols;
+      for (int t = 0; t < n_tokens; ++t) {
+        const float* xt = x + size_t(t) * cols;
+        float* yt = y + size_t(t) * rows + r0;
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) dot4_f32(tw + r * stride, stride, xt, cols, yt + r);
+        for (; r < nr; ++r) yt[r] = dot_f32(tw + r * stride, xt, cols);
+      }
+    }
+  }
+}
+
+void rms_norm(const float* x, const float* weight, int n_rows, int dim, float eps, float* y) {
+#pragma omp parallel for schedule(static) if (n_rows > 1)
+  for (int r = 0; r < n_rows; ++r) {
+    const float* xr = x + size_t(r) * dim;
+    float* yr = y + size_t(r) * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
+    for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * weight[i];
+  }
+}
+
+void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const Rope& rope) {
+  const int half = head_dim / 2;
+  KVQ_CHECK(int(rope.inv_freq.size()) == half, Errc::internal, "rope: ", rope.inv_freq.size(),
+            " frequencies for head_dim ", head_dim);
+#pragma omp parallel for schedule(static) if (n_tokens > 1)
+  for (int t = 0; t < n_tokens; ++t) {
+    std::vector<float> c(half), s(half);
+    const double p = double(pos + t) * rope.pos_scale;
+    for (int i = 0; i < half; ++i) {
+      const double a = p * double(rope.inv_freq[i]);
+      c[i] = float(std::cos(a));
+      s[i] = float(std::sin(a));
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (size_t(t) * n_heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const int i0 = rope.neox ? i : 2 * i;
+        const int i1 = rope.neox ? i + half : 2 * i + 1;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * c[i] - x1 * s[i];
+        v[i1] = x0 * s[i] + x1 * c[i];
+      }
+    }
+  }
+}
+
+void swiglu(const float* gate, const float* up, float* out, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add(float* x, const float* y, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  if (m == -std::numeric_limits<float>::infinity()) {  // nothing allowed: uniform is the only sane answer
+    for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / float(n);
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = float(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void attention_f32(const float* q, const float* k, const float* v, int pos, int n, int n_heads,
+                   int n_kv_heads, int head_dim, float scale, float* out) {
+  KVQ_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, Errc::internal, "attention: ", n_heads,
+            " query heads are not a multiple of ", n_kv_heads, " KV heads");
+  const int group = n_heads / n_kv_heads;
+  const size_t kv_stride = size_t(n_kv_heads) * head_dim;
+#pragma omp parallel
+  {
+    std::vector<float> p(size_t(pos + n));
+    std::vector<float> acc(head_dim);
+#pragma omp for collapse(2) schedule(static)
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < n_heads; ++h) {
+        const int kvh = h / group;
+        const int n_ctx = pos + t + 1;
+        const float* qh = q + (size_t(t) * n_heads + h) * head_dim;
+        for (int j = 0; j < n_ctx; ++j) p[j] = dot_f32(qh, k + j * kv_stride + size_t(kvh) * head_dim, head_dim) * scale;
+        softmax(p.data(), n_ctx);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int j = 0; j < n_ctx; ++j) {
+          const float* vj = v + j * kv_stride + size_t(kvh) * head_dim;
+          const float pj = p[j];
+#pragma omp simd
+          for (int d = 0; d < head_dim; ++d) acc[d] += pj * vj[d];
+        }
+        std::copy(acc.begin(), acc.end(), out + (size_t(t) * n_heads + h) * head_dim);
+      }
+    }
+  }
+}
+
+}  // namespace kvq::cpu

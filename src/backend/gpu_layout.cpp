@@ -1,0 +1,85 @@
+#include "backend/gpu_layout.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace kvq {
+
+using gguf::TensorType;
+
+namespace {
+
+// Bytes of codes per block after the fp16 scale is split off.
+uint32_t codes_per_block(TensorType t) {
+  const auto& info = gguf::tensor_type_info(t);
+  switch (t) {
+    case TensorType::Q8_0:
+    case TensorType::Q4_0:
+    case TensorType::Q1_0: return info.block_bytes - 2;
+    default: return info.block_bytes;
+  }
+}
+
+bool has_scales(TensorType t) {
+  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
+}
+
+}  // namespace
+
+bool gpu_gemv_supported(TensorType type, int64_t cols) {
+  switch (type) {
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16: return cols > 0 && cols % 8 == 0;
+    case TensorType::Q8_0:
+    case TensorType::Q4_0:
+    case TensorType::Q1_0: return cols > 0 && cols % 256 == 0;
+  }
+  return false;
+}
+
+GpuMatrixLayout pack_matrix_for_gpu(TensorType type, int64_t rows, int64_t cols, const uint8_t* data) {
+  KVQ_CHECK(rows > 0 && gpu_gemv_supported(type, cols), Errc::unsupported,
+            "the GPU GEMV does not support ", gguf::tensor_type_name(type), " matrices with ", cols,
+            " columns (quantized types need a multiple of 256, float types a multiple of 8)");
+  const auto& info = gguf::tensor_type_info(type);
+  const int64_t blocks_per_row = cols / info.block_size;
+  const uint32_t cpb = codes_per_block(type);
+  GpuMatrixLayout m;
+  m.type = type;
+  m.rows = rows;
+  m.cols = cols;
+  m.codes.resize(size_t(rows) * blocks_per_row * cpb);
+  if (!has_scales(type)) {
+    std::memcpy(m.codes.data(), data, m.codes.size());
+    return m;
+  }
+  m.scales.resize(size_t(rows) * blocks_per_row);
+  const size_t n_blocks = size_t(rows) * blocks_per_row;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* src = data + b * info.block_bytes;
+    std::memcpy(&m.scales[b], src, 2);
+    std::memcpy(m.codes.data() + b * cpb, src + 2, cpb);
+  }
+  return m;
+}
+
+std::vector<uint8_t> unpack_matrix_from_gpu(const GpuMatrixLayout& m) {
+  const auto& info = gguf::tensor_type_info(m.type);
+  const size_t n_blocks = size_t(m.rows) * (m.cols / info.block_size);
+  std::vector<uint8_t> out(n_blocks * info.block_bytes);
+  if (!has_scales(m.type)) {
+    std::memcpy(out.data(), m.codes.data(), out.size());
+    return out;
+  }
+  const uint32_t cpb = codes_per_block(m.type);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    uint8_t* dst = out.data() + b * info.block_bytes;
+    std::memcpy(dst, &m.scales[b], 2);
+    std::memcpy(dst + 2, m.codes.data() + b * cpb, cpb);
+  }
+  return out;
+}
+
+}  // namespace kvq

@@ -1,0 +1,44 @@
+// Weight layout for the GPU GEMV kernels: the same quantized values and scales
+// as the GGUF blocks (the stored type is kept; nothing is re-quantized), split
+// into two arrays so that every row of codes is 16-byte aligned and a warp's
+// lanes read consecutive 16-byte chunks:
+//
+//   F32 / F16 / BF16 : codes = the row-major matrix as stored; no scales.
+//   Q8_0  : codes int8  [rows][cols]        scales fp16 [rows][cols/32]
+//   Q4_0  : codes uint8 [rows][cols/2]      scales fp16 [rows][cols/32]
+//           each 16-byte chunk is one block's nibbles in ggml order
+//           (byte j: low nibble = weight j, high nibble = weight j+16), w = (q-8)*d
+//   Q1_0  : codes uint8 [rows][cols/8]      scales fp16 [rows][cols/128]
+//           bits LSB-first: weight j of a row is bit (j%8) of byte j/8, w = bit ? +d : -d
+//
+// This is plain CPU code (tested in CI); the CUDA backend uploads the result.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gguf/types.hpp"
+
+namespace kvq {
+
+struct GpuMatrixLayout {
+  gguf::TensorType type = gguf::TensorType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;  // fp16 bits; empty for float types
+};
+
+// True when the GPU GEMV supports this type and column count (cols must be a
+// multiple of 256 for quantized types and of 8 for float types).
+bool gpu_gemv_supported(gguf::TensorType type, int64_t cols);
+
+// `data` is a GGUF tensor with ne = {cols, rows}. Throws Errc::unsupported
+// naming the type and shape when gpu_gemv_supported() is false.
+GpuMatrixLayout pack_matrix_for_gpu(gguf::TensorType type, int64_t rows, int64_t cols,
+                                    const uint8_t* data);
+
+// Inverse of pack_matrix_for_gpu (tests): back to GGUF block bytes.
+std::vector<uint8_t> unpack_matrix_from_gpu(const GpuMatrixLayout& m);
+
+}  // namespace kvq

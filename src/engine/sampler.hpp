@@ -1,0 +1,67 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p and repetition
+// penalty, seeded with kvq::Rng so a fixed seed reproduces the same tokens.
+//
+// Order of operations (llama.cpp's default chain):
+//   1. repetition penalty over the distinct tokens among the last
+//      repeat_last_n accepted tokens: a positive logit is divided by the
+//      penalty, a negative one multiplied (so both move down);
+//   2. temperature <= 0: greedy argmax (lowest id on ties), done;
+//   3. top-k (keep the k largest logits), top-p (smallest set of tokens,
+//      in descending probability, whose probability sum reaches p), min-p
+//      (drop tokens whose probability is below min_p times the largest) --
+//      probabilities here are at temperature 1;
+//   4. divide the survivors' logits by the temperature, softmax, draw one.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "core/rng.hpp"
+
+namespace kvq {
+
+using TokenId = int32_t;
+
+struct SamplingParams {
+  float temperature = 0.8f;     // <= 0: greedy
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;       // window of past tokens the penalty looks at; 0: off
+  uint64_t seed = 0;
+
+  // Throws Errc::invalid_argument naming the bad value.
+  void validate() const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+
+  // Picks the next token from logits[0..vocab). Does not record it; call accept().
+  TokenId sample(const float* logits, int vocab);
+  // Records a token in the repetition-penalty window (prompt tokens too).
+  void accept(TokenId id);
+  void reset();  // forget history and re-seed
+  const SamplingParams& params() const { return p_; }
+
+  // The candidates that survived the last sample() call with their final
+  // probabilities (after temperature), descending. For tests and diagnostics.
+  struct Candidate {
+    TokenId id;
+    float logit;
+    float p;
+  };
+  const std::vector<Candidate>& last_candidates() const { return cand_; }
+
+ private:
+  SamplingParams p_;
+  Rng rng_;
+  std::deque<TokenId> history_;
+  std::vector<Candidate> cand_;
+  std::vector<float> work_;
+};
+
+}  // namespace kvq

@@ -1,0 +1,132 @@
+#include "engine/session.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace kvq {
+
+Session::Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer* tok, SessionOptions opts)
+    : model_(model), cache_(std::move(cache)), tok_(tok), opts_(std::move(opts)) {
+  KVQ_CHECK(cache_, Errc::internal, "Session needs a KV cache");
+  KVQ_CHECK(opts_.ctx > 0, Errc::invalid_argument, "--ctx must be positive");
+  KVQ_CHECK(opts_.prefill_chunk > 0, Errc::invalid_argument, "--prefill-chunk must be positive");
+  KVQ_CHECK(cache_->shape().max_tokens >= opts_.ctx, Errc::internal, "KV cache holds ",
+            cache_->shape().max_tokens, " tokens, fewer than the context of ", opts_.ctx);
+}
+
+void Session::truncate(int n) {
+  if (n < int(tokens_.size())) tokens_.resize(std::max(n, 0));
+}
+
+std::vector<TokenId> Session::tokenize(const std::string& text, bool add_bos, bool parse_special) const {
+  KVQ_CHECK(tok_, Errc::internal, "Session::tokenize without a tokenizer");
+  std::vector<TokenId> ids;
+  if (add_bos && tok_->add_bos() && tok_->bos() >= 0) ids.push_back(tok_->bos());
+  const auto body = tok_->encode(text, parse_special);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
+  const int vocab = model_.config().vocab_size;
+  const int total = int(ids.size());
+  if (total == 0) return last_logits_;
+  KVQ_CHECK(int(tokens_.size()) + total <= opts_.ctx, Errc::out_of_range, "feeding ", total,
+            " tokens after ", tokens_.size(), " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
+  last_logits_.resize(vocab);
+  for (int done = 0; done < total;) {
+    const int n = std::min(opts_.prefill_chunk, total - done);
+    const int pos = int(tokens_.size());
+    if (sink_) {
+      all_logits_.resize(size_t(n) * vocab);
+      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true);
+      for (int t = 0; t < n; ++t) sink_(ids[done + t], all_logits_.data() + size_t(t) * vocab, vocab);
+      std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, last_logits_.data());
+    } else {
+      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false);
+    }
+    tokens_.insert(tokens_.end(), ids.begin() + done, ids.begin() + done + n);
+    done += n;
+    if (opts_.on_prefill_progress && total > 1) opts_.on_prefill_progress(done, total);
+  }
+  return last_logits_;
+}
+
+GenerateResult Session::generate(const std::vector<TokenId>& prompt, const GenerateOptions& g,
+                                 const std::function<void(const std::string&)>& on_text) {
+  GenerateResult r;
+  KVQ_CHECK(!prompt.empty(), Errc::invalid_argument, "the prompt is empty (it tokenized to no tokens)");
+  KVQ_CHECK(int(prompt.size()) <= opts_.ctx, Errc::out_of_range, "the prompt has ", prompt.size(),
+            " tokens but the context holds ", opts_.ctx, "; shorten the prompt or raise --ctx (the model allows ",
+            model_.config().context_length, ")");
+  // Reuse the cached prefix; always recompute at least the last prompt token
+  // so there are logits to sample from.
+  size_t common = 0;
+  while (common < tokens_.size() && common < prompt.size() && tokens_[common] == prompt[common]) ++common;
+  if (common == prompt.size()) --common;
+  truncate(int(common));
+  const std::vector<TokenId> todo(prompt.begin() + common, prompt.end());
+
+  Sampler sampler(g.sampling);
+  for (TokenId id : prompt) sampler.accept(id);
+
+  Timer t_prefill;
+  const std::vector<float>* logits = &feed(todo);
+  r.prefill_s = t_prefill.seconds();
+  r.n_prompt = int(todo.size());
+
+  std::unique_ptr<StreamDecoder> detok;
+  if (tok_) detok = std::make_unique<StreamDecoder>(*tok_);
+  StopMatcher stops(g.stop);
+  auto emit = [&](const std::string& s) {
+    if (s.empty()) return;
+    r.text += s;
+    if (on_text) on_text(s);
+  };
+
+  Timer t_decode;
+  const int vocab = model_.config().vocab_size;
+  r.stop_reason = "max tokens";
+  bool last_fed = true;
+  for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
+    const TokenId id = sampler.sample(logits->data(), vocab);
+    sampler.accept(id);
+    r.tokens.push_back(id);
+    last_fed = false;
+    if (g.stop_at_eog && tok_ && tok_->is_eog(id)) {
+      r.stop_reason = "eog";
+      break;
+    }
+    if (detok) {
+      bool stopped = false;
+      emit(stops.push(detok->push(id), &stopped));
+      if (stopped) {
+        r.stop_reason = "stop string";
+        break;
+      }
+    }
+    if (g.n_predict >= 0 && i + 1 == g.n_predict) break;  // its logits are not needed
+    if (int(tokens_.size()) >= opts_.ctx) {
+      r.stop_reason = "context full";
+      break;
+    }
+    logits = &feed({id});
+    last_fed = true;
+    ++r.n_decoded;
+  }
+  r.decode_s = t_decode.seconds();
+  // A logits sink gets a row for every token, the final one included, so a
+  // dump lines up with its token list; this extra step is not timed.
+  if (sink_ && !last_fed && int(tokens_.size()) < opts_.ctx) feed({r.tokens.back()});
+  if (detok && r.stop_reason != "stop string") {
+    bool stopped = false;
+    emit(stops.push(detok->flush(), &stopped));
+    if (!stopped) emit(stops.flush());
+  }
+  return r;
+}
+
+}  // namespace kvq

@@ -1,0 +1,93 @@
+// A generation session: the tokens in the KV cache, chunked prefill, the
+// decode loop, sampling and stop conditions. One Session is one sequence;
+// its cache persists across generate() calls, so a chat keeps its context and
+// only the new suffix of a conversation is prefilled.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.hpp"
+#include "engine/stop.hpp"
+#include "kv/cache.hpp"
+#include "model/forward.hpp"
+
+namespace kvq {
+
+class Tokenizer;
+
+struct SessionOptions {
+  int ctx = 4096;            // KV capacity in tokens (prompt + generated)
+  int prefill_chunk = 512;   // tokens per forward call during prefill
+  // Called after each prefill chunk with (tokens done, tokens total); for progress display.
+  std::function<void(int, int)> on_prefill_progress;
+};
+
+struct GenerateOptions {
+  int n_predict = 128;                // max tokens to generate; 0: prefill only; <0: until stop/context end
+  std::vector<std::string> stop;      // stop strings (matched on the generated text, excluded from output)
+  bool stop_at_eog = true;            // stop at the tokenizer's end-of-generation tokens
+  SamplingParams sampling;
+};
+
+// Receives every logits row the model produces for this session, in order:
+// row i belongs to token tokens()[i] (the logits that predict the next token).
+using LogitsSink = std::function<void(TokenId token, const float* logits, int vocab)>;
+
+struct GenerateResult {
+  std::vector<TokenId> tokens;  // generated tokens, the stop token included when it ended generation
+  std::string text;             // streamed text (stop string removed)
+  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full"
+  int n_prompt = 0;             // tokens prefilled by this call
+  int n_decoded = 0;            // single-token forward steps
+  double prefill_s = 0;         // wall time of the prefill (forward passes over the new prompt tokens)
+  double decode_s = 0;          // wall time of the decode steps, sampling included
+  double prefill_tps() const { return prefill_s > 0 ? n_prompt / prefill_s : 0; }
+  double decode_tps() const { return decode_s > 0 ? n_decoded / decode_s : 0; }
+};
+
+class Session {
+ public:
+  // The cache must be shaped for the model (model.cache_shape(opts.ctx)); the
+  // tokenizer may be null for id-only use (no text, no EOG detection).
+  Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer* tok, SessionOptions opts = {});
+
+  Model& model() { return model_; }
+  kv::Cache& cache() { return *cache_; }
+  const std::vector<TokenId>& tokens() const { return tokens_; }  // tokens whose K/V are in the cache
+  int n_ctx() const { return opts_.ctx; }
+
+  // Logits of every token fed from now on go to `sink` (nullptr: none). With
+  // a sink set, prefill asks the model for all positions' logits.
+  void set_logits_sink(LogitsSink sink) { sink_ = std::move(sink); }
+
+  // Drops cached tokens after the first n (a later prefix that diverges).
+  void truncate(int n);
+  // Feeds tokens after the cached ones (chunked); returns the last token's logits.
+  const std::vector<float>& feed(const std::vector<TokenId>& ids);
+
+  // Makes the cache hold exactly `prompt` (reusing the longest common prefix
+  // with what it holds), then samples up to n_predict tokens, calling on_text
+  // with each complete piece of text. A prompt that does not fit the context
+  // is an Errc::out_of_range error.
+  GenerateResult generate(const std::vector<TokenId>& prompt, const GenerateOptions& gopts,
+                          const std::function<void(const std::string&)>& on_text = {});
+
+  // Tokenizes text (BOS per the tokenizer, special tokens parsed when
+  // parse_special) into ids; needs a tokenizer.
+  std::vector<TokenId> tokenize(const std::string& text, bool add_bos, bool parse_special) const;
+
+ private:
+  Model& model_;
+  std::unique_ptr<kv::Cache> cache_;
+  const Tokenizer* tok_;
+  SessionOptions opts_;
+  LogitsSink sink_;
+  std::vector<TokenId> tokens_;
+  std::vector<float> last_logits_;
+  std::vector<float> all_logits_;
+};
+
+}  // namespace kvq

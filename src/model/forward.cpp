@@ -1,0 +1,131 @@
+#include "model/forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace kvq {
+
+namespace {
+// The LM head runs over at most this many tokens at once, which bounds the
+// logits scratch (rows x vocab floats) when every position's logits are wanted.
+constexpr int kLogitRows = 32;
+}  // namespace
+
+Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
+    : cfg_(std::move(cfg)), w_(std::move(weights)), backend_(backend) {
+  KVQ_CHECK(int(w_.layers.size()) == cfg_.n_layers, Errc::internal, "model has ", w_.layers.size(),
+            " layer weight sets for ", cfg_.n_layers, " layers");
+  token_embd_ = backend_.upload(w_.token_embd);
+  output_ = backend_.upload(w_.output);
+  output_norm_ = upload_vector(w_.output_norm);
+  for (const LayerWeights& L : w_.layers) {
+    LayerDev d;
+    d.wq = backend_.upload(L.wq);
+    d.wk = backend_.upload(L.wk);
+    d.wv = backend_.upload(L.wv);
+    d.wo = backend_.upload(L.wo);
+    d.w_gate = backend_.upload(L.w_gate);
+    d.w_up = backend_.upload(L.w_up);
+    d.w_down = backend_.upload(L.w_down);
+    d.attn_norm = upload_vector(L.attn_norm);
+    d.ffn_norm = upload_vector(L.ffn_norm);
+    if (cfg_.qk_norm) {
+      d.q_norm = upload_vector(L.q_norm);
+      d.k_norm = upload_vector(L.k_norm);
+    }
+    layers_.push_back(d);
+  }
+}
+
+Model::~Model() = default;
+
+float* Model::upload_vector(const std::vector<float>& v) {
+  owned_.push_back(backend_.alloc(v.size()));
+  float* p = owned_.back()->data();
+  backend_.upload(v.data(), p, v.size());
+  return p;
+}
+
+kv::CacheShape Model::cache_shape(int max_tokens) const {
+  kv::CacheShape s;
+  s.n_layers = cfg_.n_layers;
+  s.n_kv_heads = cfg_.n_kv_heads;
+  s.head_dim = cfg_.head_dim;
+  s.max_tokens = max_tokens;
+  return s;
+}
+
+void Model::ensure_scratch(int n) {
+  if (n <= scratch_tokens_) return;
+  const size_t d = cfg_.d_model, q_dim = size_t(cfg_.n_heads) * cfg_.head_dim,
+               kv_dim = size_t(cfg_.n_kv_heads) * cfg_.head_dim, ff = cfg_.d_ff;
+  x_ = backend_.alloc(n * d);
+  h_ = backend_.alloc(n * d);
+  q_ = backend_.alloc(n * q_dim);
+  k_ = backend_.alloc(n * kv_dim);
+  v_ = backend_.alloc(n * kv_dim);
+  attn_ = backend_.alloc(n * q_dim);
+  gate_ = backend_.alloc(n * ff);
+  up_ = backend_.alloc(n * ff);
+  logits_ = backend_.alloc(size_t(std::min(n, kLogitRows)) * cfg_.vocab_size);
+  scratch_tokens_ = n;
+}
+
+void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits) {
+  KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
+  const kv::CacheShape& cs = cache.shape();
+  KVQ_CHECK(cs.n_layers == cfg_.n_layers && cs.n_kv_heads == cfg_.n_kv_heads && cs.head_dim == cfg_.head_dim,
+            Errc::internal, "KV cache shape does not match the model");
+  KVQ_CHECK(pos >= 0 && int64_t(pos) + n <= cs.max_tokens, Errc::out_of_range, "tokens [", pos, ", ", pos + n,
+            ") do not fit the context of ", cs.max_tokens, " tokens; raise --ctx or shorten the prompt");
+  ensure_scratch(n);
+  Backend& be = backend_;
+  const int d = cfg_.d_model, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const size_t ff = cfg_.d_ff;
+  const float eps = cfg_.norm_eps;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  float *x = x_->data(), *h = h_->data(), *q = q_->data(), *k = k_->data(), *v = v_->data(),
+        *attn = attn_->data(), *gate = gate_->data(), *up = up_->data();
+
+  be.embed(token_embd_, ids, n, x);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const LayerDev& L = layers_[l];
+    kv::LayerCache& lc = cache.layer(l);
+    // attention block
+    be.rms_norm(x, L.attn_norm, n, d, eps, h);
+    be.matmul(L.wq, h, n, q);
+    be.matmul(L.wk, h, n, k);
+    be.matmul(L.wv, h, n, v);
+    if (cfg_.qk_norm) {
+      be.rms_norm(q, L.q_norm, n * nh, hd, eps, q);
+      be.rms_norm(k, L.k_norm, n * nkv, hd, eps, k);
+    }
+    be.rope(q, n, nh, hd, pos, w_.rope);
+    be.rope(k, n, nkv, hd, pos, w_.rope);
+    be.write_kv(lc, pos, n, k, v);
+    be.attention(lc, pos, n, q, nh, scale, attn);
+    be.matmul(L.wo, attn, n, h);
+    be.add(x, h, size_t(n) * d);
+    // MLP block
+    be.rms_norm(x, L.ffn_norm, n, d, eps, h);
+    be.matmul(L.w_gate, h, n, gate);
+    be.matmul(L.w_up, h, n, up);
+    be.swiglu(gate, up, gate, size_t(n) * ff);
+    be.matmul(L.w_down, gate, n, h);
+    be.add(x, h, size_t(n) * d);
+  }
+
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  const int first = all_logits ? 0 : n - 1;
+  const size_t vocab = size_t(cfg_.vocab_size);
+  for (int t0 = first; t0 < n; t0 += kLogitRows) {
+    const int rows = std::min(kLogitRows, n - t0);
+    be.rms_norm(x + size_t(t0) * d, output_norm_, rows, d, eps, h);
+    be.matmul(output_, h, rows, logits_->data());
+    be.download(logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
+  }
+}
+
+}  // namespace kvq

@@ -1,0 +1,73 @@
+// The Qwen3 / Llama forward pass, written once against the Backend interface.
+//
+// Per layer (pre-norm residual blocks):
+//   h = RMSNorm(x) ; q,k,v = h Wq, h Wk, h Wv
+//   qwen3: q,k = per-head RMSNorm(q), RMSNorm(k)
+//   q,k = RoPE(q,k)   (NEOX halves for qwen3, adjacent pairs for llama GGUFs)
+//   cache <- k,v ; a = causal GQA attention(q, cache) ; x += a Wo
+//   h = RMSNorm(x) ; x += (silu(h Wgate) * (h Wup)) Wdown
+// then logits = RMSNorm(x) Woutput (Woutput = token_embd when tied).
+// Prefill of a chunk and single-token decode are the same call with n >= 1.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "kv/cache.hpp"
+#include "model/config.hpp"
+#include "model/weights.hpp"
+
+namespace kvq {
+namespace gguf { class File; }
+
+class Model {
+ public:
+  // Opens a GGUF file (kept mmap'd for the model's lifetime), reads its config
+  // and weights. A missing file, an unsupported architecture or weight type is
+  // a clear kvq::Error.
+  static std::unique_ptr<Model> open(const std::string& path, Backend& backend);
+  // From weights whose bytes the caller keeps alive (tests, synthetic models).
+  Model(ModelConfig cfg, ModelWeights weights, Backend& backend);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  Backend& backend() { return backend_; }
+  // The GGUF file this model was opened from; nullptr for in-memory models.
+  const gguf::File* file() const { return file_.get(); }
+
+  // Shape of a KV cache that can hold max_tokens tokens of this model.
+  kv::CacheShape cache_shape(int max_tokens) const;
+
+  // Runs tokens ids[0..n) at positions pos..pos+n-1: writes their K/V into the
+  // cache and writes logits to host memory: [n][vocab] when all_logits, else
+  // only the last token's [vocab]. Positions beyond the cache capacity are an
+  // Errc::out_of_range error.
+  void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits);
+
+ private:
+  void ensure_scratch(int n);
+  float* upload_vector(const std::vector<float>& v);
+
+  std::shared_ptr<const gguf::File> file_;  // shared_ptr: the deleter lives where the file is opened
+  ModelConfig cfg_;
+  ModelWeights w_;
+  Backend& backend_;
+
+  // Backend copies of the weights (zero copy on CPU) and fp32 norm vectors.
+  struct LayerDev {
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  };
+  std::vector<LayerDev> layers_;
+  Matrix token_embd_, output_;
+  float* output_norm_ = nullptr;
+  std::vector<std::unique_ptr<Buffer>> owned_;  // norm vectors
+
+  // Activation scratch for up to scratch_tokens_ tokens.
+  int scratch_tokens_ = 0;
+  std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+};
+
+}  // namespace kvq
