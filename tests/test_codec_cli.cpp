@@ -2,6 +2,7 @@
 // all within budget at D = 64, 128, 256.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -61,4 +62,24 @@ TEST(CodecCli, TextListing) {
   EXPECT_EQ(st, 0);
   EXPECT_NE(out.find("rot_k_tq4v"), std::string::npos);
   EXPECT_NE(out.find("k8vturbo2tcq"), std::string::npos);
+}
+
+// `kvq codecs --quality` runs the synthetic tiny model with every codec: `none`
+// matches itself exactly and every codec gives finite KL / agreement numbers.
+TEST(CodecCli, QualityRunsEveryCodecOnTinyModel) {
+  int st = -1;
+  const auto out = run("codecs --quality --tokens 8 --json", &st);
+  ASSERT_EQ(st, 0) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  int n = 0;
+  for (const auto& r : j["results"]) {
+    const double kl = r["mean_kl"].get<double>();
+    EXPECT_TRUE(std::isfinite(kl) && kl >= -1e-9) << r["codec"];
+    if (r["codec"] == "none") {
+      EXPECT_EQ(kl, 0.0);
+      EXPECT_EQ(r["top1_pct"].get<double>(), 100.0);
+    }
+    ++n;
+  }
+  EXPECT_EQ(n, 30);  // 26 named codecs + 4 rotor +qjl forms
 }
