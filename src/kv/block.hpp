@@ -60,6 +60,18 @@ RowLayout block_layout(const BlockSpec& b, int head_dim);
 // CPU code builds from the same seed).
 uint64_t derive_seed(uint64_t seed, int layer, int kv_head, Side side, uint64_t purpose);
 
+// Everything a GPU kernel needs besides the packed rows, for one (layer,
+// kv_head, side) block: upload these once and decode exactly as the CPU does.
+struct BlockTables {
+  std::string rotation_kind;          // "identity", "hadamard", "isoclinic", "rotor", "givens"
+  std::vector<float> rotation;        // Rotation::table() (format in kv/rotation.hpp)
+  std::vector<float> codebook;        // N-bit Lloyd-Max centroids (turbo, iso, rotor, planar), ascending
+  std::vector<float> tcq_levels;      // tcq: 2^(N+1) union levels, index 4m + subset
+  int tcq_memory = 0;                 // tcq: branch bits of state
+  uint32_t tcq_g0 = 0, tcq_g1 = 0;    // tcq: subset generators
+  std::vector<float> qjl_projection;  // +qjl: S, m x D row-major (m = D)
+};
+
 class Block {
  public:
   virtual ~Block() = default;
@@ -78,6 +90,8 @@ class Block {
   virtual void unrotate(const float* y, float* x) const = 0;
   // Reconstruction in the original basis: unrotate(decode_rotated(...)).
   void decode(const uint8_t* code, const uint8_t* side, float* x) const;
+  // Rotation, codebooks and sketch of this block (for the GPU upload).
+  virtual BlockTables tables() const = 0;
 
   // --- attention primitives (the algorithm the GPU runs) ---
   // K side: from the rotated query q_rot[D] build the per-query state used by

@@ -67,6 +67,8 @@ class GroupedBlock final : public RotatedBlock {
     }
   }
 
+  void add_tables(BlockTables& t) const override { t.codebook = cb_.centroids_f; }
+
  private:
   // Codes of y[g0, g1) at scale s; returns the squared error; yc = <y, c>, cc = <c, c>.
   double fit(const float* y, int g0, int g1, float s, uint8_t* idx, double& yc, double& cc) const {

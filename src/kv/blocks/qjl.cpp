@@ -107,8 +107,11 @@ class QjlBlock final : public Block {
     fail(Errc::internal, "+qjl blocks are K-side only; accumulate_rows must not be called");
   }
 
-  // The projection matrix S (m x D, row-major) for the GPU upload.
-  const std::vector<float>& projection() const { return proj_; }
+  BlockTables tables() const override {
+    BlockTables t = base_->tables();
+    t.qjl_projection = proj_;
+    return t;
+  }
 
  private:
   // The base block's query state is its rotated query (D floats) for every

@@ -27,6 +27,15 @@ class RotatedBlock : public Block {
   void rotate(const float* x, float* y) const override { rot_->apply(x, y); }
   void unrotate(const float* y, float* x) const override { rot_->apply_inverse(y, x); }
   const Rotation& rotation() const { return *rot_; }
+  BlockTables tables() const override {
+    BlockTables t;
+    t.rotation_kind = rot_->kind();
+    t.rotation = rot_->table();
+    add_tables(t);
+    return t;
+  }
+  // Families add their codebooks.
+  virtual void add_tables(BlockTables&) const {}
 
   using Block::accumulate_rows;
   using Block::dot_rows;
