@@ -88,6 +88,16 @@ void check_attention(const CodecOptions& o, int D) {
       worst = std::max(worst, std::fabs(out[i] - ref[i]) / (1e-4 + 1e-4 * std::fabs(ref[i])));
     }
     EXPECT_LE(worst, 1.0) << rc.name << " D=" << D << " layer " << layer;
+    // prefill form: every position at once (several query chunks, causal mask)
+    auto qa = gaussian(rng, size_t(T) * n_heads * D);
+    std::vector<float> outa(qa.size());
+    cache->layer(layer).attend(0, T, qa.data(), n_heads, scale, outa.data());
+    naive_attention(decoded(rc.k, k, T, H, D, o.seed, layer, Side::k),
+                    decoded(rc.v, v, T, H, D, o.seed, layer, Side::v), H, D, 0, T, qa.data(), n_heads, scale, ref);
+    worst = 0;
+    for (size_t i = 0; i < outa.size(); ++i)
+      worst = std::max(worst, std::fabs(outa[i] - ref[i]) / (1e-4 + 1e-4 * std::fabs(ref[i])));
+    EXPECT_LE(worst, 1.0) << rc.name << " D=" << D << " layer " << layer << " (all positions)";
   }
 }
 
