@@ -193,6 +193,8 @@ TEST(Config, MissingAndBadKeysAreNamed) {
                         w.set("qwen3.attention.layer_norm_rms_epsilon", Value::f32(-1.0f));
                       }),
                       "layer_norm_rms_epsilon' = -1 must be a positive");
+  expect_config_error(make_model(Shape{}, [](Writer& w) { w.set("qwen3.rope.dimension_count", Value::u32(16)); }),
+                      "qwen3.rope.dimension_count' = 16 differs from head_dim 32 (partial RoPE is not supported)");
 }
 
 TEST(Config, TensorShapesAreChecked) {

@@ -9,6 +9,7 @@
 #include "backend/cpu/kernels.hpp"
 #include "core/error.hpp"
 #include "forward_test_util.hpp"
+#include "gguf/quant.hpp"
 
 using namespace kvq;
 using gguf::TensorType;
@@ -258,5 +259,25 @@ TEST(ForwardKernels, UnsupportedTypeIsAClearError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::unsupported);
     EXPECT_NE(std::string(e.what()).find("Q1_0"), std::string::npos);
+  }
+}
+
+// The gguf layer's scalar reference (de)quantizers are the project's oracle
+// for the type table; the CPU kernels must agree with them exactly.
+TEST(ForwardKernels, AgreeWithTheGgufReferenceDequantizer) {
+  Rng rng(8);
+  for (TensorType t : kAllTypes) {
+    const int64_t n = 1024;
+    const auto x = testutil::randn(rng, n, 1.5f);
+    std::vector<uint8_t> q(cpu::row_bytes(t, n));
+    gguf::quantize_row(t, x.data(), q.data(), n);
+    std::vector<float> ref(n), got(n);
+    gguf::dequantize_row(t, q.data(), ref.data(), n);
+    cpu::dequantize_row(t, q.data(), got.data(), n);
+    EXPECT_EQ(got, ref) << "type " << int(t);
+    const auto v = testutil::randn(rng, n, 1.0f);
+    double dot = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) dot += double(ref[i]) * v[i], mag += std::fabs(double(ref[i]) * v[i]);
+    EXPECT_NEAR(cpu::dot_row(t, q.data(), v.data(), n), dot, 1e-5 * mag) << "type " << int(t);
   }
 }

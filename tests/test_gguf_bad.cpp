@@ -4,6 +4,7 @@
 // line on stderr, no crash signal). Files are built in code, not committed.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,6 +146,19 @@ TEST(GgufBad, MissingEmptyDirectory) {
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
   }
+  {
+    // A FIFO is refused at once, never waited on.
+    const std::string fifo = (std::filesystem::temp_directory_path() / ("kvq_fifo_" + std::to_string(getpid()))).string();
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    try {
+      File::open(fifo);
+      ADD_FAILURE() << "opened a fifo";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::io);
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+    std::filesystem::remove(fifo);
+  }
   const std::string empty = temp_file({});
   try {
     File::open(empty);
@@ -222,6 +236,7 @@ TEST(GgufBad, ValueTypes) {
   for (int i = 0; i < 5; ++i) deep.u32(9).u64(1);
   deep.u32(4).u64(0).zeros(32);
   expect_bad("nested too deep", deep.b, "arrays nested more than 4 deep");
+  expect_bad("empty key", G().header(0, 1).str("").u32(4).u32(1).b, "metadata key #0 is empty");
   // A key with a control character is printed escaped, keeping the message one line.
   expect_bad("escaped key", G().header(0, 1).str("a\nb").u32(13).zeros(8).b, "key 'a\\x0ab'");
 }
@@ -276,12 +291,12 @@ TEST(GgufBad, TensorInfos) {
 }
 
 TEST(GgufBad, MetadataElementCap) {
-  // 9M u8 elements: allowed by the file size but refused by the element cap
-  // (each parsed element is a Value), instead of a ~400 MB allocation.
+  // 4M+1 u8 elements: allowed by the file size but refused by the element cap
+  // (each parsed element is a ~48-byte Value), instead of a ~200 MB allocation.
   G g;
-  const uint64_t n = (uint64_t(1) << 23) + 1;
+  const uint64_t n = (uint64_t(1) << 22) + 1;
   g.header(0, 1).str("k").u32(9).u32(0).u64(n).zeros(size_t(n));
-  expect_bad("element cap", g.b, "metadata arrays hold more than 8388608 elements");
+  expect_bad("element cap", g.b, "metadata arrays hold more than 4194304 elements");
 }
 
 TEST(GgufBad, ConfigErrorsInInfoExitNonZero) {

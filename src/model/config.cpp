@@ -119,6 +119,13 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (c.head_dim % 2 != 0)
     fail(Errc::unsupported, f.path(), ": key '", keys.k("attention.key_length"), "' = ", c.head_dim,
          " must be even (RoPE rotates pairs)");
+  // Partial rotary embeddings (RoPE on fewer than head_dim dims) are not implemented.
+  if (f.has(keys.k("rope.dimension_count"))) {
+    const uint64_t rot = f.get_u64(keys.k("rope.dimension_count"));
+    if (rot != uint64_t(c.head_dim))
+      fail(Errc::unsupported, f.path(), ": key '", keys.k("rope.dimension_count"), "' = ", rot,
+           " differs from head_dim ", c.head_dim, " (partial RoPE is not supported)");
+  }
   c.head_dim_v = keys.get_int("attention.value_length", kMaxWidth, false, c.head_dim);
   c.context_length = uint64_t(keys.get_int("context_length", uint64_t(1) << 30, true));
   c.norm_eps = float(keys.get_positive("attention.layer_norm_rms_epsilon", 1e-6, true));

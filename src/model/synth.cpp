@@ -16,11 +16,8 @@
 #include "gguf/gguf.hpp"
 #include "gguf/quant.hpp"
 #include "model/tensor_names.hpp"
-
-#if __has_include("tokenizer/hf_import.hpp")
 #include "tokenizer/hf_import.hpp"
-#define KVQ_HAVE_HF_IMPORT 1
-#endif
+
 
 namespace kvq {
 
@@ -358,7 +355,6 @@ void build_synthetic(const SynthOptions& opt, gguf::Writer& w) {
 
   int vocab = 0;
   if (!opt.vocab_json.empty()) {
-#ifdef KVQ_HAVE_HF_IMPORT
     // Fixed-vocabulary shapes (the 8B ones) pad a smaller tokenizer with unused
     // tokens to the real embedding size (Qwen3: 151669 tokens, 151936 rows);
     // a larger tokenizer, or a tiny shape, uses the imported token count.
@@ -370,10 +366,6 @@ void build_synthetic(const SynthOptions& opt, gguf::Writer& w) {
     const Value* toks = w.find("tokenizer.ggml.tokens");
     KVQ_CHECK(toks != nullptr, Errc::internal, "import_hf_tokenizer wrote no tokenizer.ggml.tokens");
     vocab = int(toks->as_array().items.size());
-#else
-    fail(Errc::unsupported, "--vocab is not supported yet in this build (the Hugging Face tokenizer "
-                            "importer has not landed); omit --vocab to use the built-in vocabulary");
-#endif
   } else {
     vocab = add_builtin_vocab(w, s.vocab_size);
   }

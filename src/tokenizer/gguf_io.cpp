@@ -86,4 +86,14 @@ void import_hf_tokenizer(const std::string& path, gguf::Writer& w, int vocab_siz
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& f) { return from_data(read_tokenizer_data(f)); }
 
+// One loading path: a tokenizer.json goes through the same GGUF keys a model
+// file carries, so what tests check here is what `kvq synth --vocab` stores.
+Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+  gguf::Writer w;
+  import_hf_tokenizer(path, w);
+  const std::vector<uint8_t> bytes = w.to_bytes();
+  const gguf::File f = gguf::File::parse(bytes.data(), bytes.size(), path);
+  return from_gguf(f);
+}
+
 }  // namespace kvq

@@ -12,7 +12,6 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
-#include "tokenizer/hf_import.hpp"
 #include "tokenizer/pretokenizer.hpp"
 #include "tokenizer/unicode.hpp"
 #include "tokenizer/vocab.hpp"
@@ -349,8 +348,6 @@ TokenId Tokenizer::find_token(std::string_view text) const {
   auto it = impl_->any.find(std::string(text));
   return it == impl_->any.end() ? -1 : it->second;
 }
-
-Tokenizer Tokenizer::from_hf_json(const std::string& path) { return from_data(load_hf_tokenizer(path)); }
 
 // ---------------------------------------------------------------------------
 

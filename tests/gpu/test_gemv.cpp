@@ -48,10 +48,12 @@ TEST_P(GemvTest, MatchesCpuReference) {
   // Reference in double over the dequantized weights, plus the rigorous bound
   // for rounding x to int8 per 32 values (|error| <= step/2 per element).
   std::vector<double> ref(c.rows), bound(c.rows);
-  std::vector<float> step(c.cols / 32);
-  for (int g = 0; g < c.cols / 32; ++g) {
+  // (Only quantized types round x; float types have cols that need not be a
+  // multiple of 32, so the last group may be short.)
+  std::vector<float> step((c.cols + 31) / 32);
+  for (size_t g = 0; g < step.size(); ++g) {
     float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[g * 32 + j]));
+    for (int j = int(g) * 32; j < std::min(c.cols, int(g) * 32 + 32); ++j) amax = std::max(amax, std::fabs(x[j]));
     step[g] = amax / 127.0f;
   }
   for (int r = 0; r < c.rows; ++r) {

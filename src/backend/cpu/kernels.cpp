@@ -348,6 +348,11 @@ void dot4_f32(const float* w, int64_t stride, const float* x, int64_t n, float* 
   out[3] = s3;
 }
 
+// Below this much work (multiply-adds) a parallel region costs more than it
+// saves: thread wake-ups dominate, and on a busy machine a descheduled thread
+// stalls the whole barrier. Small models then run single-threaded.
+constexpr int64_t kParallelMinWork = int64_t(1) << 18;
+
 // Below this many tokens a fused dot per stored row beats building a tile.
 constexpr int kTileMinTokens = 4;
 constexpr int64_t kTileRows = 16;  // multiple of 4
@@ -357,15 +362,16 @@ constexpr int64_t kTileRows = 16;  // multiple of 4
 void matmul(const Matrix& w, const float* x, int n_tokens, float* y) {
   const int64_t rows = w.rows, cols = w.cols;
   if (n_tokens <= 0 || rows == 0) return;
+  const bool parallel = rows * cols * n_tokens >= kParallelMinWork;
   if (n_tokens < kTileMinTokens) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < rows; ++r)
       for (int t = 0; t < n_tokens; ++t) y[size_t(t) * rows + r] = dot_row(w.type, w.row(r), x + size_t(t) * cols, cols);
     return;
   }
   const int64_t n_tiles = (rows + kTileRows - 1) / kTileRows;
   const bool is_f32 = w.type == TensorType::F32;
-#pragma omp parallel
+#pragma omp parallel if (parallel)
   {
     std::vector<float> tile_store(is_f32 ? 0 : size_t(kTileRows * cols));
 #pragma omp for schedule(static)
@@ -392,7 +398,7 @@ void matmul(const Matrix& w, const float* x, int n_tokens, float* y) {
 }
 
 void rms_norm(const float* x, const float* weight, int n_rows, int dim, float eps, float* y) {
-#pragma omp parallel for schedule(static) if (n_rows > 1)
+#pragma omp parallel for schedule(static) if (int64_t(n_rows) * dim >= kParallelMinWork)
   for (int r = 0; r < n_rows; ++r) {
     const float* xr = x + size_t(r) * dim;
     float* yr = y + size_t(r) * dim;
@@ -407,7 +413,7 @@ void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const Rope
   const int half = head_dim / 2;
   KVQ_CHECK(int(rope.inv_freq.size()) == half, Errc::internal, "rope: ", rope.inv_freq.size(),
             " frequencies for head_dim ", head_dim);
-#pragma omp parallel for schedule(static) if (n_tokens > 1)
+#pragma omp parallel for schedule(static) if (int64_t(n_tokens) * n_heads * head_dim >= kParallelMinWork)
   for (int t = 0; t < n_tokens; ++t) {
     std::vector<float> c(half), s(half);
     const double p = double(pos + t) * rope.pos_scale;
@@ -430,7 +436,7 @@ void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const Rope
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (int64_t(n) >= kParallelMinWork)
   for (size_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -465,7 +471,8 @@ void attention_f32(const float* q, const float* k, const float* v, int pos, int 
             " query heads are not a multiple of ", n_kv_heads, " KV heads");
   const int group = n_heads / n_kv_heads;
   const size_t kv_stride = size_t(n_kv_heads) * head_dim;
-#pragma omp parallel
+  const int64_t work = int64_t(n) * (pos + n) * n_heads * head_dim * 2;
+#pragma omp parallel if (work >= kParallelMinWork)
   {
     std::vector<float> p(size_t(pos + n));
     std::vector<float> acc(head_dim);

@@ -1,0 +1,161 @@
+#include "cli/options.hpp"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "backend/cpu/f32_cache.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace kvq::cli {
+
+namespace fs = std::filesystem;
+
+void add_model_options(CLI::App& app, ModelOptions& o) {
+  app.add_option("-m,--model", o.model, "GGUF model file (default: $KVQ_MODEL or the embedded models/kvq-tiny-code.gguf)");
+  app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
+  app.add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass during prefill")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kv", o.codec.kv, "KV cache codec (see `kvq codecs`)")->capture_default_str();
+  app.add_option("--ctk", o.codec.ctk, "K-side block, overriding the codec's");
+  app.add_option("--ctv", o.codec.ctv, "V-side block, overriding the codec's");
+  app.add_option("--rotor-qjl", o.rotor_qjl, "Add a 1-bit QJL residual sketch to rotor K sides: on|off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_flag("--f32-kv", o.f32_kv,
+               "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 references");
+}
+
+void add_sampling_options(CLI::App& app, SamplingOptions& o) {
+  SamplingParams& p = o.params;
+  app.add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until end of generation or context)")
+      ->capture_default_str();
+  app.add_option("--temp", p.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  app.add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")->capture_default_str();
+  app.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability (0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over (0: off)")
+      ->capture_default_str();
+  app.add_option("-s,--seed", p.seed, "Sampling seed (same seed, same output)")->capture_default_str();
+  app.add_option("--stop", o.stop, "Stop when the generated text contains this string (repeatable)");
+}
+
+void add_chat_options(CLI::App& app, ChatOptions& o) {
+  app.add_option("--system", o.system, "System message for the chat template");
+  app.add_flag("--no-think", o.no_think, "Qwen3: answer without a reasoning block");
+  app.add_option("--chat-template", o.chat_template, "Override the model's chat template: chatml, llama3 or none");
+}
+
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text) {
+  std::vector<TokenId> ids;
+  if (tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
+  const auto body = tok.encode(text, /*parse_special=*/true);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages) {
+  const ChatTemplate t = resolve_chat_template(o.chat_template, tok.chat_template());
+  const std::string text = format_chat(t, messages, /*add_generation_prompt=*/true, /*enable_thinking=*/!o.no_think);
+  std::vector<TokenId> ids;
+  // Templates that render the BOS text themselves get no second BOS.
+  if (!chat_template_has_bos(t) && tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
+  const auto body = tok.encode(text, /*parse_special=*/true);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::string resolve_model_path(const std::string& flag) {
+  if (!flag.empty()) {
+    if (!fs::exists(flag)) fail(Errc::io, "model file '", flag, "' does not exist");
+    return flag;
+  }
+  if (const char* env = std::getenv("KVQ_MODEL"); env && *env) {
+    if (!fs::exists(env)) fail(Errc::io, "$KVQ_MODEL points to '", env, "', which does not exist");
+    return env;
+  }
+  const fs::path rel = fs::path("models") / "kvq-tiny-code.gguf";
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.parent_path() / rel);
+    candidates.push_back(exe.parent_path().parent_path() / rel);
+  }
+#ifdef KVQ_SOURCE_DIR
+  candidates.push_back(fs::path(KVQ_SOURCE_DIR) / rel);
+#endif
+  std::string looked;
+  for (const fs::path& c : candidates) {
+    if (fs::exists(c)) return c.string();
+    looked += (looked.empty() ? "" : ", ") + c.string();
+  }
+  fail(Errc::io, "no model given and the default model ", rel.string(), " was not found (looked in ", looked,
+       "); pass -m FILE.gguf or set $KVQ_MODEL");
+}
+
+Loaded load(const ModelOptions& o) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  Loaded l;
+  l.backend = make_backend(o.device);  // before touching the model: --device cuda fails fast
+  const std::string path = resolve_model_path(o.model);
+  l.model = Model::open(path, *l.backend);
+  l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*l.model->file()));
+  KVQ_CHECK(l.tokenizer->vocab_size() <= l.model->config().vocab_size, Errc::format, "'", path, "': the tokenizer has ",
+            l.tokenizer->vocab_size(), " tokens but the embedding only ", l.model->config().vocab_size);
+  return l;
+}
+
+int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
+  const uint64_t model_ctx = cfg.context_length ? cfg.context_length : 4096;
+  if (o.ctx > 0) {
+    if (uint64_t(o.ctx) > model_ctx)
+      log_warn("--ctx ", o.ctx, " exceeds the model's trained context of ", model_ctx, " tokens");
+    return o.ctx;
+  }
+  return int(std::min<uint64_t>(model_ctx, std::max(4096, wanted)));
+}
+
+std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, const Model& m, int ctx) {
+  const kv::CacheShape shape = m.cache_shape(ctx);
+  if (o.f32_kv) return cpu::make_f32_cache(shape);
+  kv::CodecOptions c = o.codec;
+  c.rotor_qjl = o.rotor_qjl == "on";
+  return kv::make_cpu_cache(c, shape);
+}
+
+std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
+  SessionOptions so;
+  so.ctx = ctx;
+  so.prefill_chunk = o.prefill_chunk;
+  // Progress only where someone watches it: a terminal, or a prompt long
+  // enough that silence would look like a hang.
+  const bool tty = ::isatty(2);
+  so.on_prefill_progress = [tty](int done, int total) {
+    if (!(tty || total >= 4096) || total < 256) return;
+    std::fprintf(stderr, "\rprefill %d/%d tokens (%d%%)%s", done, total, int(100.0 * done / total),
+                 done == total ? "\n" : "");
+    std::fflush(stderr);
+  };
+  return std::make_unique<Session>(*l.model, make_cache(o, *l.model, ctx), l.tokenizer.get(), std::move(so));
+}
+
+std::string speed_line(const GenerateResult& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "prefill %d tokens at %.1f tok/s (%.3f s); decode %d tokens at %.1f tok/s (%.3f s); generated %zu, stop: %s",
+                r.n_prompt, r.prefill_tps(), r.prefill_s, r.n_decoded, r.decode_tps(), r.decode_s, r.tokens.size(),
+                r.stop_reason.c_str());
+  return buf;
+}
+
+}  // namespace kvq::cli

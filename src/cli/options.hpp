@@ -1,0 +1,80 @@
+// Options shared by every command that loads a model and generates (run,
+// chat, and later bench and serve): declared once here, parsed by CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "engine/sampler.hpp"
+#include "engine/session.hpp"
+#include "kv/cache.hpp"
+#include "model/forward.hpp"
+#include "tokenizer/chat.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace kvq::cli {
+
+struct ModelOptions {
+  std::string model;          // -m; empty: the embedded default model
+  int ctx = 0;                // --ctx; 0: min(model context, max(4096, prompt + n_predict))
+  int threads = 0;            // --threads; 0: OpenMP default (all cores)
+  std::string device = "cpu"; // --device cpu|cuda
+  int prefill_chunk = 512;    // --prefill-chunk
+  kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
+  std::string rotor_qjl = "off";
+  bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
+};
+void add_model_options(CLI::App& app, ModelOptions& o);
+
+struct SamplingOptions {
+  SamplingParams params;
+  int n_predict = 128;
+  std::vector<std::string> stop;
+};
+void add_sampling_options(CLI::App& app, SamplingOptions& o);
+
+struct ChatOptions {
+  std::string system;         // --system
+  bool no_think = false;      // --no-think (Qwen3: skip the reasoning block)
+  std::string chat_template;  // --chat-template chatml|llama3|none (default: from the GGUF)
+};
+void add_chat_options(CLI::App& app, ChatOptions& o);
+
+// Token ids of a raw prompt: BOS as the tokenizer wants, special tokens written
+// literally in the text are recognised.
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text);
+// Token ids of a conversation rendered with the chat template (the model's,
+// or --chat-template), ending with an open assistant turn.
+std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages);
+
+// The model file to use: -m if given, else $KVQ_MODEL, else the embedded
+// default model models/kvq-tiny-code.gguf next to the executable or in the
+// source tree. Throws a clear error when none exists.
+std::string resolve_model_path(const std::string& flag);
+
+// Backend, model and tokenizer, loaded per the options (threads applied).
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+Loaded load(const ModelOptions& o);
+
+// The context to allocate: --ctx if given (capped by nothing but memory; a
+// value above the model's trained context is allowed with a warning), else
+// min(model context, max(4096, wanted)).
+int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
+// The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
+std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, const Model& m, int ctx);
+// A Session over a fresh cache, with a prefill progress indicator on stderr
+// for long prompts.
+std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);
+
+// "prefill 512 tokens at 123.4 tok/s (0.42 s), decode 63 tokens at 45.6 tok/s"
+std::string speed_line(const GenerateResult& r);
+
+}  // namespace kvq::cli
