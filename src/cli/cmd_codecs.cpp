@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,6 +21,7 @@
 #include "model/config.hpp"
 #include "model/forward.hpp"
 #include "model/synth.hpp"
+#include "tokenizer/tokenizer.hpp"
 #include "core/error.hpp"
 #include "kv/block.hpp"
 #include "kv/codebook.hpp"
@@ -39,6 +42,7 @@ struct CodecsArgs {
   bool quality = false;
   std::string synthetic = "tiny";  // --quality without -m: this synthetic shape
   int tokens = 512;
+  std::string text;  // --quality: teacher-force this file's tokens (default: seeded random ids)
   uint64_t seed = 1;
 };
 
@@ -86,8 +90,19 @@ int run_quality(const CodecsArgs& a) {
   const ModelConfig& cfg = model->config();
   KVQ_CHECK(a.tokens >= 2, Errc::invalid_argument, "--tokens must be at least 2");
   std::vector<int32_t> ids(size_t(a.tokens));
-  Rng rng(a.seed);
-  for (auto& id : ids) id = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+  if (a.text.empty()) {
+    Rng rng(a.seed);
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+  } else {
+    std::ifstream f(a.text, std::ios::binary);
+    KVQ_CHECK(f.good(), Errc::io, "cannot read --text file '", a.text, "'");
+    const std::string body((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    KVQ_CHECK(model->file(), Errc::invalid_argument, "--text needs a model with a tokenizer");
+    const auto all = Tokenizer::from_gguf(*model->file()).encode(body);
+    KVQ_CHECK(all.size() >= ids.size(), Errc::invalid_argument, "--text '", a.text, "' has ", all.size(),
+              " tokens, fewer than --tokens ", a.tokens);
+    std::copy(all.begin(), all.begin() + ptrdiff_t(ids.size()), ids.begin());
+  }
   const auto ref = model_logits(*model, kv::CodecOptions{}, ids);
   const int V = cfg.vocab_size;
   std::vector<std::pair<kv::CodecOptions, std::string>> runs;
@@ -104,10 +119,10 @@ int run_quality(const CodecsArgs& a) {
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!a.json)
-    std::printf("Teacher-forced KL(none || codec) and top-1 agreement over %d random tokens, model %s "
+    std::printf("Teacher-forced KL(none || codec) and top-1 agreement over %d %s tokens, model %s "
                 "(%d layers, %d KV heads, head_dim %d)\n| codec | K/V bits | mean KL | max KL | top-1 %% |\n"
                 "|---|---|---|---|---|\n",
-                a.tokens, a.model.empty() ? ("synthetic:" + a.synthetic).c_str() : a.model.c_str(), cfg.n_layers,
+                a.tokens, a.text.empty() ? "random" : ("'" + a.text + "'").c_str(), a.model.empty() ? ("synthetic:" + a.synthetic).c_str() : a.model.c_str(), cfg.n_layers,
                 cfg.n_kv_heads, cfg.head_dim);
   std::vector<double> lp, lq;
   for (const auto& [o, name] : runs) {
@@ -137,7 +152,7 @@ int run_quality(const CodecsArgs& a) {
   }
   if (a.json)
     std::printf("%s\n", nlohmann::ordered_json{{"model", a.model.empty() ? "synthetic:" + a.synthetic : a.model},
-                                                {"tokens", a.tokens}, {"seed", a.seed}, {"results", rows}}
+                                                {"tokens", a.tokens}, {"text", a.text}, {"seed", a.seed}, {"results", rows}}
                             .dump(2)
                             .c_str());
   return 0;
@@ -306,6 +321,7 @@ KVQ_REGISTER_COMMAND("codecs", "List the KV codecs: blocks, bits per value, byte
                            ->capture_default_str();
                        sub.add_option("--tokens", a->tokens, "--quality: sequence length")->capture_default_str();
                        sub.add_option("--seed", a->seed, "--quality: token seed")->capture_default_str();
+                       sub.add_option("--text", a->text, "--quality: teacher-force this file's first --tokens tokens");
                        sub.add_flag("--sqnr", a->sqnr, "Measure every block's round-trip SQNR (as the tests do)");
                        sub.add_flag("--design-tcq", a->design_tcq,
                                     "Rerun the TCQ union-codebook design (prints the table kv/tcq.cpp holds)");
