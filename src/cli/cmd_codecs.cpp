@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +43,7 @@ struct CodecsArgs {
   bool quality = false;
   std::string synthetic = "tiny";  // --quality without -m: this synthetic shape
   int tokens = 512;
+  std::string only;  // --quality: comma-separated codec names (default: all)
   std::string text;  // --quality: teacher-force this file's tokens (default: seeded random ids)
   uint64_t seed = 1;
 };
@@ -116,6 +118,20 @@ int run_quality(const CodecsArgs& a) {
     o.kv = n;
     o.rotor_qjl = true;
     runs.push_back({o, std::string(n) + "+qjl"});
+  }
+  if (!a.only.empty()) {  // keep the requested ones, in table order; unknown names are errors
+    std::vector<std::string> want;
+    std::stringstream ss(a.only);
+    for (std::string n; std::getline(ss, n, ',');) want.push_back(n);
+    std::vector<std::pair<kv::CodecOptions, std::string>> kept;
+    for (const auto& w : want) {
+      kv::CodecOptions o;
+      o.kv = w;
+      const std::string canon = kv::resolve_codec(o).name;  // throws listing the valid names
+      for (const auto& r : runs)
+        if (r.second == canon) kept.push_back(r);
+    }
+    runs = kept;
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!a.json)
@@ -321,6 +337,7 @@ KVQ_REGISTER_COMMAND("codecs", "List the KV codecs: blocks, bits per value, byte
                            ->capture_default_str();
                        sub.add_option("--tokens", a->tokens, "--quality: sequence length")->capture_default_str();
                        sub.add_option("--seed", a->seed, "--quality: token seed")->capture_default_str();
+                       sub.add_option("--codecs", a->only, "--quality: only these codecs (comma-separated)");
                        sub.add_option("--text", a->text, "--quality: teacher-force this file's first --tokens tokens");
                        sub.add_flag("--sqnr", a->sqnr, "Measure every block's round-trip SQNR (as the tests do)");
                        sub.add_flag("--design-tcq", a->design_tcq,
