@@ -244,3 +244,28 @@ TEST(KvAttention, BadInputsStayContained) {
     for (float x : out) ASSERT_TRUE(std::isfinite(x)) << c.name;
   }
 }
+
+// Head dims that are not powers of two: the blocks without a Walsh-Hadamard
+// rotation work (partial scale groups, rotor 2-tail, iso/planar tails); the
+// Hadamard ones refuse with a clear error.
+TEST(KvAttention, OddHeadDims) {
+  for (int D : {80, 66})
+    for (const char* n : {"none", "k8v8", "fp8", "iso3_sym", "rotor4_sym", "planar3", "k_rotor3"}) {
+      CodecOptions o;
+      o.kv = n;
+      check_attention(o, D);
+      // Budgets hold for head dims that are multiples of 32 (test CodecBudget);
+      // here a partial scale group and row padding to 4 bytes cost a little
+      // more (q8 at D=80: 8.6 bits), bounded by one scale + 3 bytes per code plane.
+      for (const BlockSpec& b : {resolve_codec(o).k, resolve_codec(o).v})
+        EXPECT_LE(block_bits_per_value(b, D), block_budget_bits(b) + (16.0 + 48.0) / D) << n << " D=" << D;
+    }
+  CodecOptions o;
+  o.kv = "tsym3";
+  try {
+    make_cpu_cache(o, CacheShape{1, 1, 96, 4});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos);
+  }
+}
