@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cctype>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -20,10 +22,18 @@ struct Out {
   std::string out, err;
 };
 
-Out sh(const std::string& args) {
+// Runs kvq with args (and `input` on stdin); captures stdout, stderr, exit status.
+Out sh(const std::string& args, const std::string& input = "") {
   static int n = 0;
-  const fs::path errf = fs::temp_directory_path() / ("kvq_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  const std::string cmd = std::string(KVQ_BIN) + " " + args + " 2>" + errf.string();
+  const std::string tag = std::to_string(::getpid()) + "_" + std::to_string(n++);
+  const fs::path errf = fs::temp_directory_path() / ("kvq_cli_err_" + tag);
+  const fs::path inf = fs::temp_directory_path() / ("kvq_cli_in_" + tag);
+  {
+    FILE* f = fopen(inf.c_str(), "w");
+    fwrite(input.data(), 1, input.size(), f);
+    fclose(f);
+  }
+  const std::string cmd = std::string(KVQ_BIN) + " " + args + " <" + inf.string() + " 2>" + errf.string();
   Out o{};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -35,6 +45,7 @@ Out sh(const std::string& args) {
   while (e && (k = fread(buf.data(), 1, buf.size(), e)) > 0) o.err.append(buf.data(), k);
   if (e) fclose(e);
   fs::remove(errf);
+  fs::remove(inf);
   return o;
 }
 
@@ -102,4 +113,31 @@ TEST(EngineCli, ClearErrors) {
   o = sh("run -m " + tiny_path("tiny") + " -p hi --kv nonsense-codec");
   EXPECT_NE(o.rc, 0);
   EXPECT_NE(o.err.find("nonsense-codec"), std::string::npos) << o.err;
+}
+
+TEST(EngineCli, PromptFileStopStringAndChatLoop) {
+  const fs::path pf = fs::temp_directory_path() / ("kvq_cli_prompt_" + std::to_string(::getpid()) + ".txt");
+  { FILE* f = fopen(pf.c_str(), "w"); fputs("def main():", f); fclose(f); }
+  const Out a = sh("run -m " + tiny_path("tiny") + " -f " + pf.string() + " -n 16 --temp 0");
+  const Out b = sh("run -m " + tiny_path("tiny") + " -p 'def main():' -n 16 --temp 0");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.out, b.out) << "-f and -p with the same text must generate the same";
+  fs::remove(pf);
+  // Stop at a piece of the greedy output: the output ends right before it.
+  ASSERT_GE(b.out.size(), 5u);
+  // (a window of plain ASCII letters, so the shell quoting below is trivial)
+  std::string stop;
+  for (size_t p = 1; p + 2 <= b.out.size() && stop.empty(); ++p)
+    if (std::isalpha(uint8_t(b.out[p])) && std::isalpha(uint8_t(b.out[p + 1]))) stop = b.out.substr(p, 2);
+  ASSERT_FALSE(stop.empty()) << "no two-letter window in the greedy output: " << b.out;
+  const Out c = sh("run -m " + tiny_path("tiny") + " -p 'def main():' -n 16 --temp 0 --stop '" + stop + "'");
+  ASSERT_EQ(c.rc, 0) << c.err;
+  EXPECT_EQ(c.out, b.out.substr(0, b.out.find(stop)) + "\n");
+  EXPECT_NE(c.err.find("stop: stop string"), std::string::npos) << c.err;
+  // Two chat turns and a reset on stdin; each turn prints one reply line ending.
+  const Out d = sh("chat -m " + tiny_path("tiny") + " --chat-template chatml -n 4 --temp 0 --speed", "hello\n/reset\nagain\n");
+  EXPECT_EQ(d.rc, 0) << d.err;
+  size_t turns = 0;
+  for (size_t p = d.err.find("prefill"); p != std::string::npos; p = d.err.find("prefill", p + 1)) ++turns;
+  EXPECT_EQ(turns, 2u) << d.err;
 }

@@ -1,10 +1,11 @@
 // kvq's CPU logits against golden logits from an independent implementation
 // (tools/golden/golden_logits.py: its own GGUF reader -> transformers
 // Qwen3/Llama in float32). Each tests/data/golden/<set>/ holds golden.json
-// {"synth": {"shape", "seed", "weights"} or "gguf": "models/x.gguf",
+// {"gguf": "path/in/repo.gguf" or "synth": {"shape", "seed", "weights"},
 //  "cases": [{"ids", "logits": "caseN.npy"}]} and caseN.npy (float32 [T, vocab]).
-// Synthetic models are regenerated here from their recipe, so the data stays
-// small; "gguf" names a model file in the repository (e.g. the default model).
+// "gguf" names a model file in the repository (the default model, or a small
+// model stored beside its logits); a "synth" object is a recipe the test
+// regenerates the model from.
 //
 // Bounds, per case, over every position and vocabulary entry:
 //  * exact fp32 K/V cache (both sides compute in fp32 over the same
@@ -70,7 +71,10 @@ TEST(Golden, CpuLogitsMatchIndependentReference) {
     nlohmann::json doc;
     std::ifstream(dir / "golden.json") >> doc;
     fs::path gguf_path;
-    if (doc.contains("synth")) {  // a synthetic model: rebuild it from its recipe
+    if (doc.contains("gguf") && fs::exists(fs::path(KVQ_SOURCE_DIR) / doc["gguf"].get<std::string>())) {
+      // a model file in the repository, path relative to its root
+      gguf_path = fs::path(KVQ_SOURCE_DIR) / doc["gguf"].get<std::string>();
+    } else if (doc.contains("synth") && doc["synth"].is_object()) {  // rebuild from the recipe
       const auto& sj = doc["synth"];
       SynthOptions so;
       so.shape = sj.at("shape").get<std::string>();
@@ -82,10 +86,8 @@ TEST(Golden, CpuLogitsMatchIndependentReference) {
       }
       gguf_path = tmp / (dir.filename().string() + ".gguf");
       write_synthetic(so, gguf_path.string());
-    } else {  // a model file in the repository, path relative to its root
-      ASSERT_TRUE(doc.contains("gguf")) << "golden.json needs a \"synth\" recipe or a \"gguf\" path";
-      gguf_path = fs::path(KVQ_SOURCE_DIR) / doc["gguf"].get<std::string>();
-      ASSERT_TRUE(fs::exists(gguf_path)) << gguf_path << " is missing";
+    } else {
+      FAIL() << "golden.json needs a \"gguf\" path to an existing model file or a \"synth\" recipe object";
     }
     auto model = Model::open(gguf_path.string(), *backend);
     const int V = model->config().vocab_size;

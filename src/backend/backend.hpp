@@ -29,6 +29,10 @@ struct Matrix {
   int64_t cols = 0;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
+  // What upload() made of it when the backend keeps its own representation
+  // (e.g. the CUDA backend's re-laid-out codes and scales); null on the CPU,
+  // which computes straight from `data`.
+  const void* handle = nullptr;
   const uint8_t* row(int64_t r) const { return data + size_t(r) * row_bytes; }
 };
 
@@ -56,6 +60,9 @@ class Backend {
 
   // --- memory
   virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;
+  // Makes a weight matrix usable by the ops. The backend owns whatever it
+  // creates (device copies, re-layouts) for its own lifetime and refers to it
+  // through the returned Matrix (data and/or handle).
   virtual Matrix upload(const Matrix& host) = 0;
   virtual void upload(const float* host, float* dst, size_t n) = 0;
   virtual void download(const float* src, float* host, size_t n) = 0;

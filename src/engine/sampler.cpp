@@ -60,34 +60,46 @@ TokenId Sampler::sample(const float* logits, int vocab) {
   cand_.reserve(vocab);
   for (int i = 0; i < vocab; ++i) cand_.push_back({TokenId(i), work_[i], 0.0f});
   // Descending logit, ascending id on ties: a total order, so results never
-  // depend on the sort implementation.
+  // depend on the sort implementation. Only top-k and top-p need an order;
+  // without them the candidates stay in id order (no sort of a 150k vocabulary
+  // per token).
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   if (p_.top_k > 0 && p_.top_k < vocab) {
     std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
     cand_.resize(p_.top_k);
-  } else {
+  } else if (p_.top_p < 1.0f) {
     std::sort(cand_.begin(), cand_.end(), by_logit);
   }
 
-  // Probabilities at temperature 1 for top-p and min-p.
+  // Softmax over the candidates at temperature `temp`; returns the largest probability.
   auto softmax = [&](float temp) {
-    const float m = cand_.front().logit;
+    float m = -INFINITY;
+    for (const Candidate& c : cand_) m = std::max(m, c.logit);
     double sum = 0.0;
     for (Candidate& c : cand_) {
       c.p = std::isinf(c.logit) ? 0.0f : float(std::exp(double(c.logit - m) / temp));
       sum += c.p;
     }
-    for (Candidate& c : cand_) c.p = float(c.p / sum);
+    float pmax = 0.0f;
+    for (Candidate& c : cand_) {
+      c.p = float(c.p / sum);
+      pmax = std::max(pmax, c.p);
+    }
+    return pmax;
   };
-  if (std::isinf(cand_.front().logit)) {  // every logit was -inf/NaN: nothing sensible to sample
-    cand_.resize(1);
-    cand_[0].p = 1.0f;
-    return cand_[0].id;
+  float best = -INFINITY;
+  for (const Candidate& c : cand_) best = std::max(best, c.logit);
+  if (std::isinf(best)) {  // every logit was -inf/NaN: nothing sensible to sample
+    auto it = std::min_element(cand_.begin(), cand_.end(), [](auto& a, auto& b) { return a.id < b.id; });
+    const TokenId id = it->id;
+    cand_.assign(1, {id, best, 1.0f});
+    return id;
   }
-  softmax(1.0f);
-  if (p_.top_p < 1.0f) {
+  // Probabilities at temperature 1 for top-p and min-p.
+  const float pmax = softmax(1.0f);
+  if (p_.top_p < 1.0f) {  // candidates are sorted here
     double cum = 0.0;
     size_t keep = cand_.size();
     for (size_t i = 0; i < cand_.size(); ++i) {
@@ -100,10 +112,9 @@ TokenId Sampler::sample(const float* logits, int vocab) {
     cand_.resize(keep);
   }
   if (p_.min_p > 0.0f) {
-    const float threshold = p_.min_p * cand_.front().p;
-    size_t keep = 1;
-    while (keep < cand_.size() && cand_[keep].p >= threshold) ++keep;
-    cand_.resize(keep);
+    const float threshold = p_.min_p * pmax;
+    cand_.erase(std::remove_if(cand_.begin(), cand_.end(), [&](const Candidate& c) { return c.p < threshold; }),
+                cand_.end());
   }
   softmax(p_.temperature);
 

@@ -48,7 +48,8 @@ class Sampler {
   const SamplingParams& params() const { return p_; }
 
   // The candidates that survived the last sample() call with their final
-  // probabilities (after temperature), descending. For tests and diagnostics.
+  // probabilities (after temperature): by descending logit when top-k or top-p
+  // ordered them, else in id order. For tests and diagnostics.
   struct Candidate {
     TokenId id;
     float logit;

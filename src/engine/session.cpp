@@ -88,7 +88,9 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   };
 
   Timer t_decode;
-  const int vocab = model_.config().vocab_size;
+  // Embedding tables are often padded past the tokenizer (Qwen3: 151936 rows,
+  // 151669 tokens); ids without a token are never sampled.
+  const int vocab = tok_ ? std::min(tok_->vocab_size(), model_.config().vocab_size) : model_.config().vocab_size;
   r.stop_reason = "max tokens";
   bool last_fed = true;
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {

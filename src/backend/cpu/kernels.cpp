@@ -64,9 +64,9 @@ const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports(
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+__attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -74,10 +74,11 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
 }
 
 // Q8_0 row . x: per block, 4 x 8 int8 -> fp32 lanes times x, scaled by d.
-__attribute__((target("avx2,fma"))) float dot_q8_0_avx2(const uint8_t* row, const float* x, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
+__attribute__((target("avx2,fma,f16c"))) float dot_q8_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 32; ++b, row += 34, x += 32) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    std::swap(acc, acc1);  // alternate accumulators: two FMA chains in flight
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(uint16_t(row[0] | (row[1] << 8))));
     const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
     __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)), _mm256_loadu_ps(x));
@@ -86,16 +87,16 @@ __attribute__((target("avx2,fma"))) float dot_q8_0_avx2(const uint8_t* row, cons
     s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), _mm256_loadu_ps(x + 24), s);
     acc = _mm256_fmadd_ps(d, s, acc);
   }
-  return hsum256(acc);
+  return hsum256(_mm256_add_ps(acc, acc1));
 }
 
 // Q4_0 row . x: low nibbles are weights 0..15, high nibbles 16..31, minus 8.
-__attribute__((target("avx2,fma"))) float dot_q4_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) float dot_q4_0_avx2(const uint8_t* row, const float* x, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   const __m128i mask = _mm_set1_epi8(15);
   const __m128i eight = _mm_set1_epi8(8);
   for (int64_t b = 0; b < n / 32; ++b, row += 18, x += 32) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(uint16_t(row[0] | (row[1] << 8))));
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
     const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
     const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
@@ -109,12 +110,12 @@ __attribute__((target("avx2,fma"))) float dot_q4_0_avx2(const uint8_t* row, cons
 }
 
 // Q1_0 row . x: each byte's 8 bits select +x or -x (sign flip where the bit is 0).
-__attribute__((target("avx2,fma"))) float dot_q1_0_avx2(const uint8_t* row, const float* x, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) float dot_q1_0_avx2(const uint8_t* row, const float* x, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i sign = _mm256_set1_epi32(int(0x80000000u));
   for (int64_t b = 0; b < n / 128; ++b, row += 18, x += 128) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(uint16_t(row[0] | (row[1] << 8))));
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(uint16_t(row[0] | (row[1] << 8))));
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     for (int j = 0; j < 16; j += 2) {
       const __m256i m0 = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(row[2 + j]), bit), _mm256_setzero_si256());
@@ -465,6 +466,7 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+KVQ_SIMD_CLONES
 void attention_f32(const float* q, const float* k, const float* v, int pos, int n, int n_heads,
                    int n_kv_heads, int head_dim, float scale, float* out) {
   KVQ_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, Errc::internal, "attention: ", n_heads,
@@ -482,7 +484,13 @@ void attention_f32(const float* q, const float* k, const float* v, int pos, int 
         const int kvh = h / group;
         const int n_ctx = pos + t + 1;
         const float* qh = q + (size_t(t) * n_heads + h) * head_dim;
-        for (int j = 0; j < n_ctx; ++j) p[j] = dot_f32(qh, k + j * kv_stride + size_t(kvh) * head_dim, head_dim) * scale;
+        for (int j = 0; j < n_ctx; ++j) {
+          const float* kj = k + j * kv_stride + size_t(kvh) * head_dim;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int d = 0; d < head_dim; ++d) dot += qh[d] * kj[d];
+          p[j] = dot * scale;
+        }
         softmax(p.data(), n_ctx);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int j = 0; j < n_ctx; ++j) {
