@@ -88,6 +88,16 @@ void check_attention(const CodecOptions& o, int D) {
       worst = std::max(worst, std::fabs(out[i] - ref[i]) / (1e-4 + 1e-4 * std::fabs(ref[i])));
     }
     EXPECT_LE(worst, 1.0) << rc.name << " D=" << D << " layer " << layer;
+    // prefill form: every position at once (several query chunks, causal mask)
+    auto qa = gaussian(rng, size_t(T) * n_heads * D);
+    std::vector<float> outa(qa.size());
+    cache->layer(layer).attend(0, T, qa.data(), n_heads, scale, outa.data());
+    naive_attention(decoded(rc.k, k, T, H, D, o.seed, layer, Side::k),
+                    decoded(rc.v, v, T, H, D, o.seed, layer, Side::v), H, D, 0, T, qa.data(), n_heads, scale, ref);
+    worst = 0;
+    for (size_t i = 0; i < outa.size(); ++i)
+      worst = std::max(worst, std::fabs(outa[i] - ref[i]) / (1e-4 + 1e-4 * std::fabs(ref[i])));
+    EXPECT_LE(worst, 1.0) << rc.name << " D=" << D << " layer " << layer << " (all positions)";
   }
 }
 
@@ -232,5 +242,30 @@ TEST(KvAttention, BadInputsStayContained) {
     std::vector<float> q = gaussian(rng, D), out(D);
     cache->layer(0).attend(T - 1, 1, q.data(), 1, 1.0f / std::sqrt(float(D)), out.data());
     for (float x : out) ASSERT_TRUE(std::isfinite(x)) << c.name;
+  }
+}
+
+// Head dims that are not powers of two: the blocks without a Walsh-Hadamard
+// rotation work (partial scale groups, rotor 2-tail, iso/planar tails); the
+// Hadamard ones refuse with a clear error.
+TEST(KvAttention, OddHeadDims) {
+  for (int D : {80, 66})
+    for (const char* n : {"none", "k8v8", "fp8", "iso3_sym", "rotor4_sym", "planar3", "k_rotor3"}) {
+      CodecOptions o;
+      o.kv = n;
+      check_attention(o, D);
+      // Budgets hold for head dims that are multiples of 32 (test CodecBudget);
+      // here a partial scale group and row padding to 4 bytes cost a little
+      // more (q8 at D=80: 8.6 bits), bounded by one scale + 3 bytes per code plane.
+      for (const BlockSpec& b : {resolve_codec(o).k, resolve_codec(o).v})
+        EXPECT_LE(block_bits_per_value(b, D), block_budget_bits(b) + (16.0 + 48.0) / D) << n << " D=" << D;
+    }
+  CodecOptions o;
+  o.kv = "tsym3";
+  try {
+    make_cpu_cache(o, CacheShape{1, 1, 96, 4});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos);
   }
 }

@@ -60,14 +60,29 @@ inline void pack_codes(const uint8_t* idx, int n, int bits, uint8_t* out) {
   pack_plane(tmp, n, 1, out + plane_bytes(n, 2));
 }
 
+// One plane into idx (overwrite) or OR-ed in at bit `shift` (accumulate).
+inline void unpack_plane(const uint8_t* plane, int n, int b, uint8_t* idx, bool accumulate, int shift) {
+  const int per_byte = 8 / b;
+  const unsigned mask = (1u << b) - 1u;
+  int i = 0;
+  for (; i + per_byte <= n; i += per_byte) {
+    unsigned byte = plane[i / per_byte];
+    for (int k = 0; k < per_byte; ++k, byte >>= b) {
+      const uint8_t v = uint8_t((byte & mask) << shift);
+      idx[i + k] = accumulate ? uint8_t(idx[i + k] | v) : v;
+    }
+  }
+  for (; i < n; ++i) {
+    const uint8_t v = uint8_t(plane_get(plane, i, b) << shift);
+    idx[i] = accumulate ? uint8_t(idx[i] | v) : v;
+  }
+}
+
 inline void unpack_codes(const uint8_t* in, int n, int bits, uint8_t* idx) {
   int a, b;
   code_planes(bits, a, b);
-  for (int i = 0; i < n; ++i) idx[i] = uint8_t(plane_get(in, i, a));
-  if (b) {
-    const uint8_t* hi = in + plane_bytes(n, a);
-    for (int i = 0; i < n; ++i) idx[i] |= uint8_t(plane_get(hi, i, 1) << 2);
-  }
+  unpack_plane(in, n, a, idx, false, 0);
+  if (b) unpack_plane(in + plane_bytes(n, a), n, 1, idx, true, 2);
 }
 
 }  // namespace kvq::kv

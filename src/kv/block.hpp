@@ -60,6 +60,18 @@ RowLayout block_layout(const BlockSpec& b, int head_dim);
 // CPU code builds from the same seed).
 uint64_t derive_seed(uint64_t seed, int layer, int kv_head, Side side, uint64_t purpose);
 
+// Everything a GPU kernel needs besides the packed rows, for one (layer,
+// kv_head, side) block: upload these once and decode exactly as the CPU does.
+struct BlockTables {
+  std::string rotation_kind;          // "identity", "hadamard", "isoclinic", "rotor", "givens"
+  std::vector<float> rotation;        // Rotation::table() (format in kv/rotation.hpp)
+  std::vector<float> codebook;        // N-bit Lloyd-Max centroids (turbo, iso, rotor, planar), ascending
+  std::vector<float> tcq_levels;      // tcq: 2^(N+1) union levels, index 4m + subset
+  int tcq_memory = 0;                 // tcq: branch bits of state
+  uint32_t tcq_g0 = 0, tcq_g1 = 0;    // tcq: subset generators
+  std::vector<float> qjl_projection;  // +qjl: S, m x D row-major (m = D)
+};
+
 class Block {
  public:
   virtual ~Block() = default;
@@ -78,19 +90,33 @@ class Block {
   virtual void unrotate(const float* y, float* x) const = 0;
   // Reconstruction in the original basis: unrotate(decode_rotated(...)).
   void decode(const uint8_t* code, const uint8_t* side, float* x) const;
+  // Rotation, codebooks and sketch of this block (for the GPU upload).
+  virtual BlockTables tables() const = 0;
 
   // --- attention primitives (the algorithm the GPU runs) ---
   // K side: from the rotated query q_rot[D] build the per-query state used by
   // dot_rows (q_rot itself, plus e.g. the QJL projection S q_rot).
   virtual void prepare_query(const float* q_rot, std::vector<float>& qstate) const;
-  // out[t] = <q, k_hat_t> for n consecutive rows (rows t at code + t*code_stride,
-  // side + t*side_stride). Must equal dot(q_rot, decode_rotated(row)) up to rounding.
-  virtual void dot_rows(const float* qstate, const uint8_t* code, size_t code_stride,
+  // For nq queries (query j's state at qstate + j*qstride) and n consecutive
+  // rows (row t at code + t*code_stride, side + t*side_stride):
+  // out[j*n + t] = <q_j, k_hat_t>, each row decoded once for all nq queries
+  // (a GQA group shares its KV head). Must equal dot(q_rot, decode_rotated(row))
+  // up to float rounding.
+  virtual void dot_rows(const float* qstate, size_t qstride, int nq, const uint8_t* code, size_t code_stride,
                         const uint8_t* side, size_t side_stride, int n, float* out) const = 0;
-  // V side: acc_rot[D] += sum_t p[t] * decode_rotated(row t).
-  virtual void accumulate_rows(const float* p, const uint8_t* code, size_t code_stride,
-                               const uint8_t* side, size_t side_stride, int n,
-                               float* acc_rot) const = 0;
+  // V side: acc_rot[j*D + i] += sum_t p[j*pstride + t] * decode_rotated(row t)[i].
+  virtual void accumulate_rows(const float* p, size_t pstride, int nq, const uint8_t* code, size_t code_stride,
+                               const uint8_t* side, size_t side_stride, int n, float* acc_rot) const = 0;
+
+  // Single-query conveniences.
+  void dot_rows(const float* qstate, const uint8_t* code, size_t code_stride, const uint8_t* side,
+                size_t side_stride, int n, float* out) const {
+    dot_rows(qstate, 0, 1, code, code_stride, side, side_stride, n, out);
+  }
+  void accumulate_rows(const float* p, const uint8_t* code, size_t code_stride, const uint8_t* side,
+                       size_t side_stride, int n, float* acc_rot) const {
+    accumulate_rows(p, 0, 1, code, code_stride, side, side_stride, n, acc_rot);
+  }
 
  protected:
   Block(BlockSpec spec, int dim, RowLayout layout)

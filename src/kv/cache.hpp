@@ -1,4 +1,4 @@
-// KV cache interface used by the forward pass. The codec table (kv/codec.hpp)
+// KV cache interface used by the forward pass. The codec table (kv/codec_table.hpp)
 // defines every storage format; this header is all the model code needs.
 //
 // Contract (CPU backend):

@@ -68,42 +68,60 @@ class CpuLayerCache final : public LayerCache {
     KVQ_CHECK(pos >= 0 && n >= 0 && pos + n <= filled_, Errc::invalid_argument, "attention over tokens [0, ",
               pos + n, ") but only ", filled_, " are written (write K/V before attending)");
     const int group = n_heads / H;
-    const int jobs = n * n_heads;
-#pragma omp parallel if (jobs >= 2 && size_t(jobs) * (pos + n) >= 4096)
+    // One job per (KV head, chunk of up to kQueryChunk query tokens): all the
+    // queries of the job (its tokens x the GQA group) share each decoded row,
+    // so a prefill chunk decodes the store once, not once per token. Rows past
+    // a query's causal limit get probability 0.
+    constexpr int kQueryChunk = 32;
+    const int n_chunks = (n + kQueryChunk - 1) / kQueryChunk;
+    const int jobs = H * n_chunks;
+#pragma omp parallel if (jobs >= 2 && size_t(n) * n_heads * (pos + n) >= 4096)
     {
-      std::vector<float> q_rot(D), qstate, scores, acc(D);
+      std::vector<float> q_rot(D), one, qstates, scores, acc;
 #pragma omp for schedule(dynamic, 1)
       for (int j = 0; j < jobs; ++j) {
-        const int t = j / n_heads, hq = j % n_heads, h = hq / group;
-        const int T = pos + t + 1;  // causal: rows [0, pos + t]
-        const float* qv = q + (size_t(t) * n_heads + hq) * D;
-        float* o = out + (size_t(t) * n_heads + hq) * D;
+        const int h = j % H, c = j / H;
+        const int t0 = c * kQueryChunk, t1 = std::min(n, t0 + kQueryChunk);
+        const int nq = (t1 - t0) * group;
+        const int T = pos + t1;  // rows any query of the chunk may see
         const SideStore& ks = k_[h];
         const SideStore& vs = v_[h];
         const RowLayout& kl = ks.block->layout();
         const RowLayout& vl = vs.block->layout();
-
-        ks.block->rotate(qv, q_rot.data());
-        ks.block->prepare_query(q_rot.data(), qstate);
-        scores.resize(size_t(T));
-        ks.block->dot_rows(qstate.data(), ks.codes.data(), kl.code_bytes, ks.sides.data(), kl.side_bytes, T,
-                           scores.data());
-        float m = -std::numeric_limits<float>::infinity();
-        for (int i = 0; i < T; ++i) {
-          scores[i] *= scale;
-          m = std::max(m, scores[i]);
+        // rotate each query once, build its state; query index qi = (t - t0) * group + g
+        size_t qs = 0;
+        for (int qi = 0; qi < nq; ++qi) {
+          const int t = t0 + qi / group, g = qi % group;
+          const float* qv = q + (size_t(t) * n_heads + size_t(h) * group + g) * D;
+          ks.block->rotate(qv, q_rot.data());
+          ks.block->prepare_query(q_rot.data(), one);
+          if (qi == 0) {
+            qs = one.size();
+            qstates.resize(qs * nq);
+          }
+          std::copy(one.begin(), one.end(), qstates.begin() + ptrdiff_t(qs * qi));
         }
-        double l = 0;
-        for (int i = 0; i < T; ++i) {
-          scores[i] = std::exp(scores[i] - m);
-          l += scores[i];
+        scores.resize(size_t(nq) * T);
+        ks.block->dot_rows(qstates.data(), qs, nq, ks.codes.data(), kl.code_bytes, ks.sides.data(),
+                           kl.side_bytes, T, scores.data());
+        for (int qi = 0; qi < nq; ++qi) {
+          const int visible = pos + t0 + qi / group + 1;  // causal: rows [0, pos + t]
+          float* sc = &scores[size_t(qi) * T];
+          float m = -std::numeric_limits<float>::infinity();
+          for (int i = 0; i < visible; ++i) m = std::max(m, sc[i] *= scale);
+          double l = 0;
+          for (int i = 0; i < visible; ++i) l += (sc[i] = std::exp(sc[i] - m));
+          const float inv_l = float(1.0 / l);
+          for (int i = 0; i < visible; ++i) sc[i] *= inv_l;
+          std::fill(sc + visible, sc + T, 0.0f);
         }
-        const float inv_l = float(1.0 / l);
-        for (int i = 0; i < T; ++i) scores[i] *= inv_l;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        vs.block->accumulate_rows(scores.data(), vs.codes.data(), vl.code_bytes, vs.sides.data(), vl.side_bytes,
-                                  T, acc.data());
-        vs.block->unrotate(acc.data(), o);
+        acc.assign(size_t(nq) * D, 0.0f);
+        vs.block->accumulate_rows(scores.data(), size_t(T), nq, vs.codes.data(), vl.code_bytes, vs.sides.data(),
+                                  vl.side_bytes, T, acc.data());
+        for (int qi = 0; qi < nq; ++qi) {
+          const int t = t0 + qi / group, g = qi % group;
+          vs.block->unrotate(&acc[size_t(qi) * D], out + (size_t(t) * n_heads + size_t(h) * group + g) * D);
+        }
       }
     }
   }

@@ -6,14 +6,14 @@
 #include <algorithm>
 
 #include "core/half.hpp"
-#include "kv/blocks/families.hpp"
+#include "kv/blocks/rotated_block.hpp"
 
 namespace kvq::kv {
 namespace {
 
-class Bf16Block final : public Block {
+class Bf16Block final : public RotatedBlock {
  public:
-  Bf16Block(const BlockSpec& s, int d, RowLayout l) : Block(s, d, l) {}
+  Bf16Block(const BlockSpec& s, int d, RowLayout l) : RotatedBlock(s, d, l, make_identity_rotation(d)) {}
 
   void encode(const float* x, uint8_t* code, uint8_t*) const override {
     auto* out = reinterpret_cast<uint16_t*>(code);
@@ -22,26 +22,6 @@ class Bf16Block final : public Block {
   void decode_rotated(const uint8_t* code, const uint8_t*, float* y) const override {
     const auto* in = reinterpret_cast<const uint16_t*>(code);
     for (int i = 0; i < dim_; ++i) y[i] = bf16_to_f32(in[i]);
-  }
-  void rotate(const float* x, float* y) const override { std::copy(x, x + dim_, y); }
-  void unrotate(const float* y, float* x) const override { std::copy(y, y + dim_, x); }
-
-  void dot_rows(const float* q, const uint8_t* code, size_t cs, const uint8_t*, size_t, int n,
-                float* out) const override {
-    for (int t = 0; t < n; ++t) {
-      const auto* r = reinterpret_cast<const uint16_t*>(code + size_t(t) * cs);
-      float s = 0;
-      for (int i = 0; i < dim_; ++i) s += q[i] * bf16_to_f32(r[i]);
-      out[t] = s;
-    }
-  }
-  void accumulate_rows(const float* p, const uint8_t* code, size_t cs, const uint8_t*, size_t, int n,
-                       float* acc) const override {
-    for (int t = 0; t < n; ++t) {
-      const auto* r = reinterpret_cast<const uint16_t*>(code + size_t(t) * cs);
-      const float w = p[t];
-      for (int i = 0; i < dim_; ++i) acc[i] += w * bf16_to_f32(r[i]);
-    }
   }
 };
 

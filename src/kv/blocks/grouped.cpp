@@ -60,8 +60,14 @@ class GroupedBlock final : public RotatedBlock {
   void decode_rotated(const uint8_t* code, const uint8_t* side, float* y) const override {
     uint8_t idx[kMaxHeadDim];
     unpack_codes(code, dim_, spec_.bits, idx);
-    for (int i = 0; i < dim_; ++i) y[i] = load_f16(side + 2 * (i / kScaleGroup)) * cb_.centroids_f[idx[i]];
+    for (int g0 = 0, g = 0; g0 < dim_; g0 += kScaleGroup, ++g) {
+      const float s = load_f16(side + 2 * g);
+      const int g1 = std::min(dim_, g0 + kScaleGroup);
+      for (int i = g0; i < g1; ++i) y[i] = s * cb_.centroids_f[idx[i]];
+    }
   }
+
+  void add_tables(BlockTables& t) const override { t.codebook = cb_.centroids_f; }
 
  private:
   // Codes of y[g0, g1) at scale s; returns the squared error; yc = <y, c>, cc = <c, c>.

@@ -37,7 +37,11 @@ class Q8Block final : public RotatedBlock {
   }
   void decode_rotated(const uint8_t* code, const uint8_t* side, float* y) const override {
     const auto* q = reinterpret_cast<const int8_t*>(code);
-    for (int i = 0; i < dim_; ++i) y[i] = load_f16(side + 2 * (i / kScaleGroup)) * float(q[i]);
+    for (int g0 = 0, g = 0; g0 < dim_; g0 += kScaleGroup, ++g) {
+      const float s = load_f16(side + 2 * g);
+      const int g1 = std::min(dim_, g0 + kScaleGroup);
+      for (int i = g0; i < g1; ++i) y[i] = s * float(q[i]);
+    }
   }
 };
 

@@ -84,25 +84,34 @@ class QjlBlock final : public Block {
     }
   }
 
-  void dot_rows(const float* qstate, const uint8_t* code, size_t cs, const uint8_t* side, size_t ss, int n,
-                float* out) const override {
-    base_->dot_rows(qstate, code, cs, side, ss, n, out);
-    const float* sq = qstate + base_qstate_size();
+  using Block::accumulate_rows;
+  using Block::dot_rows;
+  void dot_rows(const float* qstate, size_t qstride, int nq, const uint8_t* code, size_t cs, const uint8_t* side,
+                size_t ss, int n, float* out) const override {
+    base_->dot_rows(qstate, qstride, nq, code, cs, side, ss, n, out);
     const float c0 = float(kSqrtHalfPi / m_);
     for (int t = 0; t < n; ++t) {
       const uint8_t* bits = code + size_t(t) * cs + sketch_off_;
-      float acc = 0;
-      for (int j = 0; j < m_; ++j) acc += plane_get(bits, j, 1) ? sq[j] : -sq[j];
-      out[t] += c0 * load_f16(side + size_t(t) * ss + norm_off_) * acc;
+      const float rn = c0 * load_f16(side + size_t(t) * ss + norm_off_);
+      for (int j = 0; j < nq; ++j) {
+        const float* sq = qstate + size_t(j) * qstride + base_qstate_size();
+        float acc = 0;
+        for (int i = 0; i < m_; ++i) acc += plane_get(bits, i, 1) ? sq[i] : -sq[i];
+        out[size_t(j) * n + t] += rn * acc;
+      }
     }
   }
 
-  void accumulate_rows(const float*, const uint8_t*, size_t, const uint8_t*, size_t, int, float*) const override {
+  void accumulate_rows(const float*, size_t, int, const uint8_t*, size_t, const uint8_t*, size_t, int,
+                       float*) const override {
     fail(Errc::internal, "+qjl blocks are K-side only; accumulate_rows must not be called");
   }
 
-  // The projection matrix S (m x D, row-major) for the GPU upload.
-  const std::vector<float>& projection() const { return proj_; }
+  BlockTables tables() const override {
+    BlockTables t = base_->tables();
+    t.qjl_projection = proj_;
+    return t;
+  }
 
  private:
   // The base block's query state is its rotated query (D floats) for every

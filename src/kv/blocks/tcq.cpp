@@ -53,6 +53,13 @@ class TcqBlock final : public RotatedBlock {
     }
   }
 
+  void add_tables(BlockTables& t) const override {
+    t.tcq_levels = t_.levels;
+    t.tcq_memory = t_.memory;
+    t.tcq_g0 = t_.g0;
+    t.tcq_g1 = t_.g1;
+  }
+
  private:
   const TcqTrellis& t_;
 };

@@ -47,6 +47,8 @@ class TurboBlock final : public RotatedBlock {
     for (int i = 0; i < dim_; ++i) y[i] = s * cb_.centroids_f[idx[i]];
   }
 
+  void add_tables(BlockTables& t) const override { t.codebook = cb_.centroids_f; }
+
  private:
   const LloydMax& cb_;
 };
