@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
@@ -56,7 +57,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
 
   Matrix upload(const Matrix& host) override {
-    if (auto it = by_host_.find(host.data); it != by_host_.end()) return it->second;  // tied embeddings: one copy
+    // Tied embeddings upload the same host tensor twice: keep one copy. The key
+    // includes type and shape because a caller's freed buffer can be reused at
+    // the same address for another matrix (host weights must not change while
+    // the backend lives; mmap'd model files never do).
+    const HostKey key{host.data, host.type, host.rows, host.cols};
+    if (auto it = by_host_.find(key); it != by_host_.end()) return it->second;
     KVQ_CHECK(gpu_gemv_supported(host.type, host.cols), Errc::unsupported, "the CUDA backend does not support ",
               gguf::tensor_type_name(host.type), " weights with ", host.cols,
               " columns (quantized types need a multiple of 256 columns, float types a multiple of 8)");
@@ -66,7 +72,7 @@ class CudaBackend final : public Backend {
     dev.data = gm->codes.data();  // device address: only this backend dereferences it
     dev.handle = gm.get();
     owned_.push_back(std::move(gm));
-    by_host_[host.data] = dev;
+    by_host_[key] = dev;
     return dev;
   }
   void upload(const float* host, float* dst, size_t n) override {
@@ -168,7 +174,8 @@ class CudaBackend final : public Backend {
 
   cublasHandle_t cublas_ = nullptr;
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
-  std::unordered_map<const uint8_t*, Matrix> by_host_;  // host bytes -> upload (tied embeddings share one)
+  using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
+  std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)
   GemvScratch gemv_scratch_;
   DeviceBuffer<int32_t> ids_;
   DeviceBuffer<uint16_t> xbf_, tile_;
