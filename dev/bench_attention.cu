@@ -17,6 +17,7 @@
 #include "backend/cuda/attention.hpp"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/device_buffer.hpp"
+#include "lab_timing.cuh"
 
 using namespace kvq;
 
@@ -41,57 +42,13 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
   }
 }
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double copy_bandwidth_gbs() {
-  const size_t n = size_t(1) << 30;
-  cuda::DeviceBuffer<uint8_t> a(n), b(n);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 8; ++i) {
-    cudaEventRecord(e0);
-    KVQ_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (i >= 2) t.push_back(ms);
-  }
-  return 2.0 * n / (median(t) * 1e-3) / 1e9;
-}
-
-template <typename F>
-double time_ms(F&& f, int iters) {
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  for (int i = 0; i < 2; ++i) f();  // warm-up
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(e0);
-    f();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    t.push_back(ms);
-  }
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  return median(t);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
     const int n_heads = 32, n_kv = 8, D = 128, max_tokens = 65536;
-    const double copy = copy_bandwidth_gbs();
+    const double copy = lab::copy_bandwidth_gbs();
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
     cuda::DeviceBuffer<uint16_t> k(size_t(n_kv) * max_tokens * D), v(k.size());
     fill_bf16<<<1024, 256>>>(k.data(), k.size(), 1);
@@ -106,10 +63,10 @@ int main(int argc, char** argv) {
     std::printf("%8s %12s %10s %8s %14s %12s\n", "context", "decode_us", "GB/s", "%copy", "prefill512_ms",
                 "TFLOP/s");
     for (int L : {4096, 8192, 16384, 32768, 65536}) {
-      const double dec = time_ms([&] { cuda::flash_attention(layer, L - 1, 1, q.data(), n_heads, scale, out.data(),
+      const double dec = lab::time_ms([&] { cuda::flash_attention(layer, L - 1, 1, q.data(), n_heads, scale, out.data(),
                                                               scratch, nullptr); }, iters);
       const double bytes = double(L) * n_kv * D * 2 * 2;
-      const double pre = time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
+      const double pre = lab::time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
                                                               out.data(), scratch, nullptr); }, std::max(3, iters / 4));
       double keys = 0;
       for (int t = 0; t < chunk; ++t) keys += L - chunk + t + 1;

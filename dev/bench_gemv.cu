@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/gemv.hpp"
+#include "lab_timing.cuh"
 
 using namespace kvq;
 using gguf::TensorType;
@@ -54,30 +55,6 @@ cuda::GpuMatrix random_matrix(TensorType t, int64_t rows, int64_t cols, uint32_t
   return m;
 }
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double copy_bandwidth_gbs() {
-  const size_t n = size_t(2) << 30;  // 2 GiB
-  cuda::DeviceBuffer<uint8_t> a(n), b(n);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 8; ++i) {
-    cudaEventRecord(e0);
-    KVQ_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (i >= 2) t.push_back(ms);
-  }
-  return 2.0 * n / (median(t) * 1e-3) / 1e9;  // read + write
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,27 +79,17 @@ int main(int argc, char** argv) {
   x.upload(hx);
   cuda::GemvScratch scratch;
   scratch.reserve(ff);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-
-  const double copy_gbs = copy_bandwidth_gbs();
+  const double copy_gbs = lab::copy_bandwidth_gbs(size_t(2) << 30);
   std::printf("shape %s, weights %s, device-to-device copy %.0f GB/s (read+write)\n", shape.c_str(),
               gguf::tensor_type_name(t), copy_gbs);
   std::printf("%-12s %8s %8s %10s %8s %7s\n", "matrix", "rows", "cols", "us/layer", "GB/s", "%copy");
   double total_bytes = 0, total_ms = 0;
   for (int k = 0; k < 7; ++k) {
-    std::vector<float> times;
-    for (int it = 0; it < iters + 3; ++it) {
-      cudaEventRecord(e0);
-      for (int l = 0; l < layers; ++l) cuda::gemv(mats[k][l], x.data(), y.data(), scratch, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (it >= 3) times.push_back(ms);
-    }
-    const double ms = median(times);
+    const double ms = lab::time_ms(
+        [&] {
+          for (int l = 0; l < layers; ++l) cuda::gemv(mats[k][l], x.data(), y.data(), scratch, nullptr);
+        },
+        iters, 3);
     const double bytes = double(cuda::gemv_bytes(mats[k][0])) * layers;
     total_bytes += bytes;
     total_ms += ms;
@@ -130,17 +97,7 @@ int main(int argc, char** argv) {
                 ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
   }
   {
-    std::vector<float> times;
-    for (int it = 0; it < iters + 3; ++it) {
-      cudaEventRecord(e0);
-      cuda::gemv(out, x.data(), y.data(), scratch, nullptr);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (it >= 3) times.push_back(ms);
-    }
-    const double ms = median(times);
+    const double ms = lab::time_ms([&] { cuda::gemv(out, x.data(), y.data(), scratch, nullptr); }, iters, 3);
     const double bytes = double(cuda::gemv_bytes(out));
     total_bytes += bytes;
     total_ms += ms;
