@@ -206,7 +206,8 @@ TEST(CudaAttentionDecodeAt, MatchesLengthSizedGrid) {
   struct Case {
     int n_heads, n_kv, head_dim, max_tokens;
   };
-  for (const Case c : {Case{32, 8, 128, 3000}, Case{8, 8, 64, 700}, Case{16, 2, 256, 130}}) {
+  for (const Case c : {Case{32, 8, 128, 3000}, Case{8, 8, 64, 700}, Case{16, 2, 256, 130},
+                       Case{8, 2, 64, 40000}}) {  // chunk length capped: many chunks
     const kv::CacheShape shape{1, c.n_kv, c.head_dim, c.max_tokens};
     auto cache = cuda::make_cuda_kv_cache(kv::CodecOptions{}, shape);
     auto& layer = static_cast<cuda::CudaLayerCache&>(cache->layer(0));

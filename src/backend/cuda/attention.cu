@@ -23,6 +23,7 @@ constexpr int kTile = 64;        // keys per shared-memory tile
 constexpr int kMaxRowDim = 8192;  // R * D limit: bounds q_s and the accumulators
 constexpr int kMaxItems = kMaxRowDim / kThreads;
 constexpr int kMaxTq = 16;
+constexpr int kDecodeChunkCap = 512;  // keys per chunk at most in flash_attention_decode_at (multiple of kTile)
 constexpr size_t kPartialBudgetFloats = size_t(32) << 20;  // 128 MB of partial states at most
 
 struct Params {
@@ -239,9 +240,11 @@ void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, c
 namespace {
 
 // Launches attention for n queries at pos (or *pos_dev when set, n == 1) with
-// the keys split into chunks as if `len` keys existed.
-void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int n, int len, const float* q,
-                      int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream) {
+// the keys split into chunks as if `len` keys existed, each chunk at most
+// max_chunk_len keys (0: no limit).
+void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int n, int len, int max_chunk_len,
+                      const float* q, int n_heads, float scale, float* out, AttentionScratch& scratch,
+                      cudaStream_t stream) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   const char* why = nullptr;
   KVQ_CHECK(flash_attention_supported(n_heads, n_kv, D, &why), Errc::unsupported, "GPU attention: ", why, " (",
@@ -259,6 +262,7 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   chunks_wanted = int(std::max<size_t>(1, std::min<size_t>(chunks_wanted, kPartialBudgetFloats / per_chunk)));
   int chunk_len = (len + chunks_wanted - 1) / chunks_wanted;
   chunk_len = std::max(kTile, (chunk_len + kTile - 1) / kTile * kTile);
+  if (max_chunk_len > 0) chunk_len = std::min(chunk_len, max_chunk_len);
   const int n_chunks = (len + chunk_len - 1) / chunk_len;
 
   const size_t N = size_t(n) * n_heads * n_chunks;
@@ -305,13 +309,17 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
                      AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
-  launch_attention(layer, pos, nullptr, n, pos + n, q, n_heads, scale, out, scratch, stream);
+  launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
 }
 
 void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
-  launch_attention(layer, 0, pos_dev, 1, layer.max_tokens, q, n_heads, scale, out, scratch, stream);
+  // Split as for a full cache, but with chunks of at most kDecodeChunkCap keys:
+  // with a cache much larger than the current context (a big --ctx) the keys
+  // that exist still spread over enough CTAs; chunks past the position exit
+  // at once.
+  launch_attention(layer, 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out, scratch, stream);
 }
 
 }  // namespace kvq::cuda

@@ -62,8 +62,9 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
 // Decode attention (one query token) at the position *pos_dev (device memory,
 // already range-checked) with a work split that depends only on the cache's
 // max_tokens, not on the position, so one recorded launch (CUDA graph) serves
-// every step: chunks that start past the position write an empty partial
-// state (m = -inf, l = 0), which the merge skips. Same arithmetic per key as
+// every step (chunks sized as for a full cache, at most 512 keys each):
+// chunks that start past the position write an empty partial state
+// (m = -inf, l = 0), which the merge skips. Same arithmetic per key as
 // flash_attention(); only the chunk boundaries (summation order) differ.
 void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream);
