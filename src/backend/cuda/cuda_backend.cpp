@@ -84,7 +84,10 @@ class CudaBackend final : public Backend {
   }
   const char* name() const override { return "cuda"; }
 
-  std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
+  std::unique_ptr<Buffer> alloc(size_t n) override {
+    forget_quantized_x();  // a new buffer may reuse the address of a freed x
+    return std::make_unique<DeviceFloatBuffer>(n);
+  }
 
   Matrix upload(const Matrix& host) override {
     // Tied embeddings upload the same host tensor twice: keep one copy. The key
@@ -106,6 +109,7 @@ class CudaBackend final : public Backend {
     return dev;
   }
   void upload(const float* host, float* dst, size_t n) override {
+    forget_quantized_x();
     if (!n) return;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -117,6 +121,7 @@ class CudaBackend final : public Backend {
   }
 
   void embed(const Matrix& table, const int32_t* ids, int n, float* out) override {
+    forget_quantized_x();
     const GpuMatrix& t = find(table);
     for (int i = 0; i < n; ++i)
       KVQ_CHECK(ids[i] >= 0 && ids[i] < table.rows, Errc::out_of_range, "token id ", ids[i],
@@ -137,9 +142,18 @@ class CudaBackend final : public Backend {
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     const GpuMatrix& m = find(w);
     if (n == 1) {
-      gemv(m, x, y, gemv_scratch_, stream_);
+      // Q/K/V (and gate/up) multiply the same x back to back: quantize it once.
+      const bool reuse = gemv_quantizes_x(m.type) && x == xq_of_ && m.cols == xq_cols_;
+      gemv(m, x, y, gemv_scratch_, stream_, reuse);
+      if (gemv_quantizes_x(m.type)) {
+        xq_of_ = x;
+        xq_cols_ = m.cols;
+      }
+      // An output over the quantized input makes it stale.
+      if (xq_of_ && y < xq_of_ + xq_cols_ && xq_of_ < y + m.rows) forget_quantized_x();
       return;
     }
+    forget_quantized_x();
     if (n <= 0) return;
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
     // as the column-major cols x rows matrix it is in memory (op T).
@@ -165,9 +179,11 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) override {
+    forget_quantized_x();
     cuda::rms_norm(x, weight, n, dim, eps, y, stream_);
   }
   void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& r) override {
+    forget_quantized_x();
     KVQ_CHECK(int(r.inv_freq.size()) == head_dim / 2, Errc::internal, "rope: ", r.inv_freq.size(),
               " frequencies for head_dim ", head_dim);
     // The table is uploaded once and re-uploaded only if a different one is passed.
@@ -183,11 +199,16 @@ class CudaBackend final : public Backend {
     cuda::rope(x, n, n_heads, head_dim, pos, inv_freq_.data(), r.neox, r.pos_scale, stream_);
   }
   void swiglu(const float* gate, const float* up, float* out, size_t n) override {
+    forget_quantized_x();
     cuda::swiglu(gate, up, out, n, stream_);
   }
-  void add(float* x, const float* y, size_t n) override { cuda::add(x, y, n, stream_); }
+  void add(float* x, const float* y, size_t n) override {
+    forget_quantized_x();
+    cuda::add(x, y, n, stream_);
+  }
 
   void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
+    forget_quantized_x();
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "write_kv");
@@ -201,6 +222,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
                  float* out) override {
+    forget_quantized_x();
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
@@ -227,6 +249,7 @@ class CudaBackend final : public Backend {
   bool supports_step_graphs() const override { return true; }
   void begin_step(int32_t token, int pos) override {
     KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
+    forget_quantized_x();
     step_host_[0] = token;
     step_host_[1] = pos;
     // Pageable source: the call returns once the 8 bytes are staged, so
@@ -235,16 +258,21 @@ class CudaBackend final : public Backend {
     KVQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data(), step_host_, sizeof step_host_, cudaMemcpyHostToDevice, stream_));
     in_step_ = true;
   }
-  void end_step() override { in_step_ = false; }
+  void end_step() override {
+    forget_quantized_x();
+    in_step_ = false;
+  }
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
     recorded_addresses_.clear();
+    forget_quantized_x();  // the recording must contain every quantize launch it relies on
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
   std::unique_ptr<StepGraph> record_end() override {
     KVQ_CHECK(recording_, Errc::internal, "record_end without record_begin");
     recording_ = false;
+    forget_quantized_x();
     cudaGraph_t graph = nullptr;
     KVQ_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     cudaGraphExec_t exec = nullptr;
@@ -276,6 +304,7 @@ class CudaBackend final : public Backend {
     }
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
+    forget_quantized_x();  // the replay rewrites the scratch
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
     return true;
   }
@@ -304,6 +333,10 @@ class CudaBackend final : public Backend {
     return *g;
   }
 
+  void forget_quantized_x() {
+    xq_of_ = nullptr;
+    xq_cols_ = 0;
+  }
   void check_step_pos(int n, int pos, const char* op) const {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
               " inside a decode step must be one token at the step's position (begin_step)");
@@ -323,6 +356,10 @@ class CudaBackend final : public Backend {
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
   std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch
+  // The x whose int8 copy gemv_scratch_ holds (null: none). Every op but a
+  // decode GEMV forgets it: any of them may write x (conservatively).
+  const float* xq_of_ = nullptr;
+  int64_t xq_cols_ = 0;
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)
