@@ -24,7 +24,7 @@ namespace kvq {
 using TokenId = int32_t;
 
 struct SamplingParams {
-  float temperature = 0.8f;     // <= 0: greedy
+  float temperature = 0.6f;     // <= 0: greedy. 0.6 as Qwen3 recommends; small models ramble at 0.8
   int top_k = 40;               // <= 0: off
   float top_p = 0.95f;          // >= 1: off
   float min_p = 0.05f;          // <= 0: off

@@ -20,12 +20,23 @@ using gguf::TensorType;
 
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Reduces each row's per-lane partial sums over the warp; lane 0 writes the
+// rows that exist (the last warp of a matrix may own fewer than R rows).
+template <int R>
+__device__ __forceinline__ void store_rows(const float (&acc)[R], float* __restrict__ y, int row0, int rows,
+                                           int lane) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s = warp_sum(acc[r]);
+    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
+  }
 }
 
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) {
@@ -113,11 +124,7 @@ __global__ void gemv_float_kernel(const T* __restrict__ w, const float* __restri
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-  }
+  store_rows<kRows>(acc, y, row0, rows, lane);
 }
 
 // --- Q8_0: lane chunk = 16 weights (half a block) -----------------------------
@@ -147,11 +154,7 @@ __global__ void gemv_q8_0_kernel(const int8_t* __restrict__ codes, const uint16_
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-  }
+  store_rows<kRows>(acc, y, row0, rows, lane);
 }
 
 // --- Q4_0: lane chunk = one block (16 code bytes, 32 weights) -----------------
@@ -187,11 +190,7 @@ __global__ void gemv_q4_0_kernel(const uint8_t* __restrict__ codes, const uint16
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-  }
+  store_rows<kRows>(acc, y, row0, rows, lane);
 }
 
 // --- Q1_0: lane chunk = one block (16 bytes of signs = 128 weights) --------
@@ -261,11 +260,7 @@ __global__ void __launch_bounds__(kQ1Warps * 32)
       acc[r] = fmaf(d[r], part, acc[r]);
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-  }
+  store_rows<kRows>(acc, y, row0, rows, lane);
 }
 
 }  // namespace
