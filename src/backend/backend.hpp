@@ -50,6 +50,13 @@ struct Rope {
   double pos_scale = 1.0;  // 1/factor for linear scaling
 };
 
+// A recorded single-token decode step that the backend can replay (CUDA
+// graph); see Backend::record_begin.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+};
+
 // Backend-owned float storage.
 class Buffer {
  public:
@@ -97,6 +104,32 @@ class Backend {
   // CUDA backend returns a device-resident one (and rejects codecs it has no
   // GPU kernels for with Errc::unsupported).
   virtual std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape);
+
+  // --- greedy decoding without the logits round trip
+  // Index of the largest of x[0..n) (x: backend memory); NaN never wins
+  // unless all are NaN/-inf (then 0), lowest index on ties: the same choice
+  // as the greedy Sampler. Default: download and scan on the host.
+  virtual int32_t argmax(const float* x, size_t n);
+
+  // --- recorded decode steps (optional; the CUDA backend uses CUDA graphs)
+  // Launching ~1000 small kernels per token costs more than their work, so a
+  // backend may record the ops of one single-token step once and replay the
+  // recording for later tokens. The per-step inputs then live in backend
+  // memory: between begin_step(token, pos) and end_step(), embed() reads the
+  // token and rope/write_kv/attention read the position from there (their
+  // ids/pos arguments must equal the ones given to begin_step), and
+  // attention's work split does not depend on pos. Ops issued between
+  // record_begin() and record_end() are recorded, not run; replay() runs a
+  // recording with the current begin_step inputs, and returns false (running
+  // nothing) when it was recorded over another KV cache than `cache`.
+  // The defaults say "unsupported" (the CPU backend runs ops directly).
+  virtual bool supports_step_graphs() const { return false; }
+  virtual void begin_step(int32_t token, int pos);
+  virtual void end_step() {}
+  virtual void record_begin();
+  virtual std::unique_ptr<StepGraph> record_end();
+  virtual void record_abort() {}  // after an error between record_begin and record_end
+  virtual bool replay(const StepGraph& graph, kv::Cache& cache);
 };
 
 // The backend for a --device name: "cpu" always; "cuda" in builds with CUDA

@@ -56,6 +56,14 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
   return last_logits_;
 }
 
+TokenId Session::feed_greedy(TokenId id, int vocab) {
+  KVQ_CHECK(int(tokens_.size()) + 1 <= opts_.ctx, Errc::out_of_range, "feeding a token after ", tokens_.size(),
+            " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
+  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab);
+  tokens_.push_back(id);
+  return next;
+}
+
 GenerateResult Session::generate(const std::vector<TokenId>& prompt, const GenerateOptions& g,
                                  const std::function<void(const std::string&)>& on_text) {
   GenerateResult r;
@@ -103,6 +111,15 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   const int vocab = tok_ ? std::min(tok_->vocab_size(), model_.config().vocab_size) : model_.config().vocab_size;
   r.stop_reason = "max tokens";
   bool last_fed = true;
+  // Plain greedy decoding needs only the argmax of each step's logits: the
+  // backend computes it and the logits stay where they are (on a GPU the
+  // vocab-sized download per token is skipped). Any sampler state that reads
+  // logits (temperature, repetition penalty) or a logits sink takes the
+  // download path.
+  const SamplingParams& sp = g.sampling;
+  const bool backend_greedy =
+      !sink_ && sp.temperature <= 0.0f && (sp.repeat_penalty == 1.0f || sp.repeat_last_n <= 0);
+  TokenId greedy_next = -1;  // the backend's choice for the next token, when backend_greedy
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
     TokenId id;
     if (i == 0 && g.healing.active()) {
@@ -111,6 +128,8 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
       for (TokenId a : g.healing.first_allowed)
         if (a >= 0 && a < vocab) masked[a] = (*logits)[a];
       id = sampler.sample(masked.data(), vocab);
+    } else if (greedy_next >= 0) {
+      id = greedy_next;
     } else {
       id = sampler.sample(logits->data(), vocab);
     }
@@ -134,7 +153,10 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
       r.stop_reason = "context full";
       break;
     }
-    logits = &feed({id});
+    if (backend_greedy)
+      greedy_next = feed_greedy(id, vocab);
+    else
+      logits = &feed({id});
     last_fed = true;
     ++r.n_decoded;
   }

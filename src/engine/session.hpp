@@ -72,6 +72,10 @@ class Session {
   void truncate(int n);
   // Feeds tokens after the cached ones (chunked); returns the last token's logits.
   const std::vector<float>& feed(const std::vector<TokenId>& ids);
+  // Feeds one token and returns the greedy choice among the first `vocab`
+  // logits of its step, computed by the backend (the logits are not
+  // downloaded, and feed()'s last logits are not updated).
+  TokenId feed_greedy(TokenId id, int vocab);
 
   // Makes the cache hold exactly `prompt` (reusing the longest common prefix
   // with what it holds), then samples up to n_predict tokens, calling on_text

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace kvq {
 
@@ -37,6 +40,14 @@ Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
     }
     layers_.push_back(d);
   }
+  const char* env = std::getenv("KVQ_CUDA_GRAPH");
+  set_step_graphs(!(env && std::strcmp(env, "0") == 0));
+}
+
+void Model::set_step_graphs(bool on) {
+  step_graphs_ = on && backend_.supports_step_graphs();
+  step_graph_.reset();
+  warm_cache_ = nullptr;
 }
 
 Model::~Model() = default;
@@ -71,9 +82,103 @@ void Model::ensure_scratch(int n) {
   up_ = backend_.alloc(n * ff);
   logits_ = backend_.alloc(size_t(std::min(n, kLogitRows)) * cfg_.vocab_size);
   scratch_tokens_ = n;
+  // A recorded step refers to the old buffers.
+  step_graph_.reset();
+  warm_cache_ = nullptr;
 }
 
 void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits) {
+  KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
+  const size_t vocab = size_t(cfg_.vocab_size);
+  if (n == 1 && step_graphs_) {
+    decode_step(ids[0], pos, cache);
+    backend_.download(logits_->data(), logits, vocab);
+    return;
+  }
+  run_layers(ids, n, pos, cache);
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  Backend& be = backend_;
+  const int d = cfg_.d_model;
+  const int first = all_logits ? 0 : n - 1;
+  for (int t0 = first; t0 < n; t0 += kLogitRows) {
+    const int rows = std::min(kLogitRows, n - t0);
+    be.rms_norm(x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, h_->data());
+    be.matmul(output_, h_->data(), rows, logits_->data());
+    be.download(logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
+  }
+}
+
+int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab) {
+  KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
+            " logits of a model with ", cfg_.vocab_size);
+  if (step_graphs_) {
+    decode_step(id, pos, cache);
+  } else {
+    run_layers(&id, 1, pos, cache);
+    lm_head_row(0);
+  }
+  return backend_.argmax(logits_->data(), size_t(vocab));
+}
+
+void Model::lm_head_row(int t) {
+  Backend& be = backend_;
+  const int d = cfg_.d_model;
+  be.rms_norm(x_->data() + size_t(t) * d, output_norm_, 1, d, cfg_.norm_eps, h_->data());
+  be.matmul(output_, h_->data(), 1, logits_->data());
+}
+
+void Model::decode_step(int32_t id, int pos, kv::Cache& cache) {
+  // Checked here because a replay does not pass through embed()/forward checks.
+  KVQ_CHECK(id >= 0 && id < token_embd_.rows, Errc::out_of_range, "token id ", id,
+            " is outside the model's vocabulary of ", token_embd_.rows, " tokens");
+  const int64_t max_tokens = cache.shape().max_tokens;
+  KVQ_CHECK(pos >= 0 && int64_t(pos) + 1 <= max_tokens, Errc::out_of_range, "token at position ", pos,
+            " does not fit the context of ", max_tokens, " tokens; raise --ctx or shorten the prompt");
+  ensure_scratch(1);  // before begin_step: it may drop the recording
+  Backend& be = backend_;
+  be.begin_step(id, pos);
+  try {
+    if (step_graph_ && be.replay(*step_graph_, cache)) {
+      // replayed
+    } else if (warm_cache_ != &cache) {
+      // First step over this cache: run it directly so lazily sized scratch exists.
+      step_graph_.reset();
+      run_layers(&id, 1, pos, cache);
+      lm_head_row(0);
+      warm_cache_ = &cache;
+    } else {
+      step_graph_.reset();
+      be.record_begin();
+      try {
+        run_layers(&id, 1, pos, cache);
+        lm_head_row(0);
+        step_graph_ = be.record_end();
+      } catch (const Error& e) {
+        // Nothing of this step ran while recording: say why, stop recording
+        // for this model and run the step directly (decoding stays correct,
+        // only slower). Tests assert that steps are replayed.
+        be.record_abort();
+        step_graph_.reset();
+        step_graphs_ = false;
+        log_warn("recording the decode step failed, running without step graphs: ", e.what());
+        run_layers(&id, 1, pos, cache);
+        lm_head_row(0);
+        be.end_step();
+        return;
+      } catch (...) {
+        be.record_abort();
+        throw;
+      }
+      KVQ_CHECK(be.replay(*step_graph_, cache), Errc::internal, "a decode step just recorded does not replay");
+    }
+  } catch (...) {
+    be.end_step();
+    throw;
+  }
+  be.end_step();
+}
+
+void Model::run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache) {
   KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
   const kv::CacheShape& cs = cache.shape();
   KVQ_CHECK(cs.n_layers == cfg_.n_layers && cs.n_kv_heads == cfg_.n_kv_heads && cs.head_dim == cfg_.head_dim,
@@ -115,16 +220,6 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
     be.swiglu(gate, up, gate, size_t(n) * ff);
     be.matmul(L.w_down, gate, n, h);
     be.add(x, h, size_t(n) * d);
-  }
-
-  // Final norm and LM head, only for the rows whose logits are wanted.
-  const int first = all_logits ? 0 : n - 1;
-  const size_t vocab = size_t(cfg_.vocab_size);
-  for (int t0 = first; t0 < n; t0 += kLogitRows) {
-    const int rows = std::min(kLogitRows, n - t0);
-    be.rms_norm(x + size_t(t0) * d, output_norm_, rows, d, eps, h);
-    be.matmul(output_, h, rows, logits_->data());
-    be.download(logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
   }
 }
 

@@ -46,8 +46,30 @@ class Model {
   // Errc::out_of_range error.
   void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits);
 
+  // One decode step of token `id` at `pos` that returns the greedy choice:
+  // the index of the largest of the first `vocab` logits (NaN never wins,
+  // lowest id on ties, as the greedy Sampler), computed by the backend so the
+  // logits never leave it. vocab <= config().vocab_size.
+  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab);
+
+  // Single-token steps are recorded once per KV cache and replayed (CUDA
+  // graphs) when the backend supports it. On by default there; the
+  // environment variable KVQ_CUDA_GRAPH=0 turns it off for new models, and
+  // this setter for this one (off also drops any recording).
+  void set_step_graphs(bool on);
+  bool step_graphs() const { return step_graphs_; }
+  // True when a recorded step exists (it is replayed by the next step over the same cache).
+  bool step_graph_recorded() const { return step_graph_ != nullptr; }
+
  private:
   void ensure_scratch(int n);
+  // The layers for tokens ids[0..n): leaves the final hidden states in x_.
+  void run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache);
+  // RMSNorm + LM head of hidden row t of x_ into logits_ row 0.
+  void lm_head_row(int t);
+  // A single-token step (recorded/replayed when step_graphs_) that leaves the
+  // token's logits in logits_ row 0.
+  void decode_step(int32_t id, int pos, kv::Cache& cache);
   float* upload_vector(const std::vector<float>& v);
 
   std::shared_ptr<const gguf::File> file_;  // shared_ptr: the deleter lives where the file is opened
@@ -68,6 +90,14 @@ class Model {
   // Activation scratch for up to scratch_tokens_ tokens.
   int scratch_tokens_ = 0;
   std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+
+  // Recorded decode step: valid for the scratch above (dropped when it is
+  // reallocated) and the cache it was recorded over (the backend checks).
+  // A step is first run directly once per cache (warm_cache_), so every
+  // lazily sized backend scratch exists before recording.
+  bool step_graphs_ = false;
+  std::unique_ptr<StepGraph> step_graph_;
+  const kv::Cache* warm_cache_ = nullptr;
 };
 
 }  // namespace kvq

@@ -23,12 +23,14 @@ constexpr int kTile = 64;        // keys per shared-memory tile
 constexpr int kMaxRowDim = 8192;  // R * D limit: bounds q_s and the accumulators
 constexpr int kMaxItems = kMaxRowDim / kThreads;
 constexpr int kMaxTq = 16;
+constexpr int kDecodeChunkCap = 512;  // keys per chunk at most in flash_attention_decode_at (multiple of kTile)
 constexpr size_t kPartialBudgetFloats = size_t(32) << 20;  // 128 MB of partial states at most
 
 struct Params {
   const uint16_t* k;
   const uint16_t* v;
   const float* q;
+  const int* pos_dev;  // when set, the position is read from here (recorded decode steps)
   float* part_m;
   float* part_l;
   float* part_o;
@@ -39,6 +41,7 @@ struct Params {
 size_t smem_floats(int R, int D) { return size_t(R) * D + size_t(kTile) * (D + 1) + size_t(R) * kTile + 3 * size_t(R); }
 
 __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
+  const int pos = p.pos_dev ? *p.pos_dev : p.pos;
   const int kvh = blockIdx.x, t0 = blockIdx.y * p.Tq, chunk = blockIdx.z;
   const int D = p.D, G = p.G;
   const int nt = min(p.Tq, p.n - t0);
@@ -66,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
 
   const size_t head_base = size_t(kvh) * p.max_tokens;
   const int c0 = chunk * p.chunk_len;
-  const int c1 = min(c0 + p.chunk_len, p.pos + t0 + nt);  // keys past the last query's position are masked anyway
+  const int c1 = min(c0 + p.chunk_len, pos + t0 + nt);  // keys past the last query's position are masked anyway
   __syncthreads();
 
   for (int kt = c0; kt < c1; kt += kTile) {
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
     for (int e = tid; e < R * kTile; e += kThreads) {
       const int r = e / kTile, j = e % kTile, tq = r / G;
       float s = -INFINITY;
-      if (j < tl && tq < nt && kt + j <= p.pos + t0 + tq) {
+      if (j < tl && tq < nt && kt + j <= pos + t0 + tq) {
         const float* qr = q_s + r * D;
         const float* kr = kv_s + j * (D + 1);
         float dot = 0.0f;
@@ -178,7 +181,9 @@ __global__ void merge_kernel(const float* __restrict__ part_m, const float* __re
 }
 
 __global__ void write_kv_kernel(uint16_t* __restrict__ kc, uint16_t* __restrict__ vc, const float* __restrict__ k,
-                                const float* __restrict__ v, int pos, int n, int n_kv, int D, int max_tokens) {
+                                const float* __restrict__ v, int pos, const int* pos_dev, int n, int n_kv, int D,
+                                int max_tokens) {
+  if (pos_dev) pos = *pos_dev;
   const size_t total = size_t(n) * n_kv * D;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
     const int d = int(i % D);
@@ -218,25 +223,37 @@ void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const fl
   const size_t total = size_t(n) * layer.n_kv_heads * layer.head_dim;
   if (total == 0) return;
   const int grid = int(std::min<size_t>((total + 255) / 256, 65536));
-  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, pos, n, layer.n_kv_heads, layer.head_dim,
+  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, pos, nullptr, n, layer.n_kv_heads,
+                                           layer.head_dim, layer.max_tokens);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream) {
+  const size_t total = size_t(layer.n_kv_heads) * layer.head_dim;
+  if (total == 0) return;
+  const int grid = int((total + 255) / 256);
+  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, 0, pos_dev, 1, layer.n_kv_heads, layer.head_dim,
                                            layer.max_tokens);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream) {
+namespace {
+
+// Launches attention for n queries at pos (or *pos_dev when set, n == 1) with
+// the keys split into chunks as if `len` keys existed, each chunk at most
+// max_chunk_len keys (0: no limit).
+void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int n, int len, int max_chunk_len,
+                      const float* q, int n_heads, float scale, float* out, AttentionScratch& scratch,
+                      cudaStream_t stream) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   const char* why = nullptr;
   KVQ_CHECK(flash_attention_supported(n_heads, n_kv, D, &why), Errc::unsupported, "GPU attention: ", why, " (",
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
-  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
-            pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
   KVQ_CHECK(n <= 65535, Errc::out_of_range, "GPU attention: ", n,
             " query tokens in one call; at most 65535 (lower --prefill-chunk)");
   const int G = n_heads / n_kv;
   const int Tq = std::max(1, std::min({n, kMaxTq, kMaxRowDim / (G * D)}));
   const int q_tiles = (n + Tq - 1) / Tq;
-  const int len = pos + n;  // keys 0..len-1 exist
 
   // Enough CTAs to fill the GPU twice over, within the partial-state budget.
   const int base = n_kv * q_tiles;
@@ -245,6 +262,7 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
   chunks_wanted = int(std::max<size_t>(1, std::min<size_t>(chunks_wanted, kPartialBudgetFloats / per_chunk)));
   int chunk_len = (len + chunks_wanted - 1) / chunks_wanted;
   chunk_len = std::max(kTile, (chunk_len + kTile - 1) / kTile * kTile);
+  if (max_chunk_len > 0) chunk_len = std::min(chunk_len, max_chunk_len);
   const int n_chunks = (len + chunk_len - 1) / chunk_len;
 
   const size_t N = size_t(n) * n_heads * n_chunks;
@@ -255,6 +273,7 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
   p.k = layer.k;
   p.v = layer.v;
   p.q = q;
+  p.pos_dev = pos_dev;
   p.part_m = scratch.part.data();
   p.part_l = p.part_m + N;
   p.part_o = p.part_l + N;
@@ -282,6 +301,25 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
   merge_kernel<<<dim3(n_heads, n), std::min(D, 256), 0, stream>>>(p.part_m, p.part_l, p.part_o, n_heads, n_chunks, D,
                                                                 out);
   KVQ_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+                     AttentionScratch& scratch, cudaStream_t stream) {
+  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
+            pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
+}
+
+void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
+                               float* out, AttentionScratch& scratch, cudaStream_t stream) {
+  KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
+  // Split as for a full cache, but with chunks of at most kDecodeChunkCap keys:
+  // with a cache much larger than the current context (a big --ctx) the keys
+  // that exist still spread over enough CTAs; chunks past the position exit
+  // at once.
+  launch_attention(layer, 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out, scratch, stream);
 }
 
 }  // namespace kvq::cuda

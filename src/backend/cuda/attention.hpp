@@ -40,6 +40,11 @@ struct KvLayerView {
 // CPU `none` block).
 void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream);
 
+// write_kv() of one token whose position is read from device memory
+// (*pos_dev, already range-checked by the caller): a recorded launch (CUDA
+// graph) serves every position.
+void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream);
+
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).
 struct AttentionScratch {
@@ -53,5 +58,15 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
 void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
                      AttentionScratch& scratch, cudaStream_t stream);
+
+// Decode attention (one query token) at the position *pos_dev (device memory,
+// already range-checked) with a work split that depends only on the cache's
+// max_tokens, not on the position, so one recorded launch (CUDA graph) serves
+// every step (chunks sized as for a full cache, at most 512 keys each):
+// chunks that start past the position write an empty partial state
+// (m = -inf, l = 0), which the merge skips. Same arithmetic per key as
+// flash_attention(); only the chunk boundaries (summation order) differ.
+void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
+                               float* out, AttentionScratch& scratch, cudaStream_t stream);
 
 }  // namespace kvq::cuda

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -46,15 +47,47 @@ class DeviceFloatBuffer final : public Buffer {
   DeviceBuffer<float> b_;
 };
 
+// A recorded decode step: the instantiated CUDA graph and the device
+// addresses baked into it that can change behind the model's back (the KV
+// cache's buffers and the lazily grown scratch), checked before each replay.
+class CudaStepGraph final : public StepGraph {
+ public:
+  CudaStepGraph(cudaGraphExec_t exec, std::vector<const void*> addresses)
+      : exec_(exec), addresses_(std::move(addresses)) {}
+  ~CudaStepGraph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+  const std::vector<const void*>& addresses() const { return addresses_; }
+
+ private:
+  cudaGraphExec_t exec_;
+  std::vector<const void*> addresses_;
+};
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() { KVQ_CUBLAS_CHECK(cublasCreate(&cublas_)); }
+  CudaBackend() {
+    // A stream of our own (not the legacy default stream, which cannot be
+    // captured into a graph); created blocking, so it stays ordered with the
+    // legacy-stream copies of DeviceBuffer::upload.
+    KVQ_CUDA_CHECK(cudaStreamCreate(&stream_));
+    KVQ_CUBLAS_CHECK(cublasCreate(&cublas_));
+    KVQ_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    step_dev_.resize(2);
+    argmax_dev_.resize(1);
+  }
   ~CudaBackend() override {
+    if (recording_) record_abort();
     if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
   const char* name() const override { return "cuda"; }
 
-  std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
+  std::unique_ptr<Buffer> alloc(size_t n) override {
+    forget_quantized_x();  // a new buffer may reuse the address of a freed x
+    return std::make_unique<DeviceFloatBuffer>(n);
+  }
 
   Matrix upload(const Matrix& host) override {
     // Tied embeddings upload the same host tensor twice: keep one copy. The key
@@ -76,34 +109,57 @@ class CudaBackend final : public Backend {
     return dev;
   }
   void upload(const float* host, float* dst, size_t n) override {
-    if (n) KVQ_CUDA_CHECK(cudaMemcpy(dst, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    forget_quantized_x();
+    if (!n) return;
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void download(const float* src, float* host, size_t n) override {
-    if (n) KVQ_CUDA_CHECK(cudaMemcpy(host, src, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (!n) return;
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void embed(const Matrix& table, const int32_t* ids, int n, float* out) override {
+    forget_quantized_x();
     const GpuMatrix& t = find(table);
     for (int i = 0; i < n; ++i)
       KVQ_CHECK(ids[i] >= 0 && ids[i] < table.rows, Errc::out_of_range, "token id ", ids[i],
                 " is outside the model's vocabulary of ", table.rows, " tokens");
+    if (in_step_) {
+      KVQ_CHECK(n == 1 && ids[0] == step_host_[0], Errc::internal,
+                "embed inside a decode step must use the step's token (begin_step)");
+      embed_rows(t, step_dev_.data(), 1, out, stream_);  // the token id as begin_step stored it
+      return;
+    }
     if (ids_.size() < size_t(n)) ids_.resize(size_t(n));
-    ids_.upload(ids, size_t(n));
-    embed_rows(t, ids_.data(), n, out, nullptr);
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(ids_.data(), ids, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    embed_rows(t, ids_.data(), n, out, stream_);
+    // The host ids may be freed once we return, so the copy must be done.
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     const GpuMatrix& m = find(w);
     if (n == 1) {
-      gemv(m, x, y, gemv_scratch_, nullptr);
+      // Q/K/V (and gate/up) multiply the same x back to back: quantize it once.
+      const bool reuse = gemv_quantizes_x(m.type) && x == xq_of_ && m.cols == xq_cols_;
+      gemv(m, x, y, gemv_scratch_, stream_, reuse);
+      if (gemv_quantizes_x(m.type)) {
+        xq_of_ = x;
+        xq_cols_ = m.cols;
+      }
+      // An output over the quantized input makes it stale.
+      if (xq_of_ && y < xq_of_ + xq_cols_ && xq_of_ < y + m.rows) forget_quantized_x();
       return;
     }
+    forget_quantized_x();
     if (n <= 0) return;
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
     // as the column-major cols x rows matrix it is in memory (op T).
     const size_t xn = size_t(n) * m.cols;
     if (xbf_.size() < xn) xbf_.resize(xn);
-    f32_to_bf16(x, xbf_.data(), xn, nullptr);
+    f32_to_bf16(x, xbf_.data(), xn, stream_);
     const int64_t block_rows = std::max<int64_t>(1, int64_t(kTileElems / size_t(m.cols)));
     const float alpha = 1.0f, beta = 0.0f;
     for (int64_t r0 = 0; r0 < m.rows; r0 += block_rows) {
@@ -113,7 +169,7 @@ class CudaBackend final : public Backend {
         a = m.codes.data() + size_t(r0) * m.cols * 2;  // already bf16: no copy
       } else {
         if (tile_.size() < size_t(rows) * m.cols) tile_.resize(size_t(std::min(block_rows, m.rows)) * m.cols);
-        dequantize_rows_bf16(m, r0, rows, tile_.data(), nullptr);
+        dequantize_rows_bf16(m, r0, rows, tile_.data(), stream_);
         a = tile_.data();
       }
       KVQ_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), n, int(m.cols), &alpha, a,
@@ -123,9 +179,11 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) override {
-    cuda::rms_norm(x, weight, n, dim, eps, y, nullptr);
+    forget_quantized_x();
+    cuda::rms_norm(x, weight, n, dim, eps, y, stream_);
   }
   void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& r) override {
+    forget_quantized_x();
     KVQ_CHECK(int(r.inv_freq.size()) == head_dim / 2, Errc::internal, "rope: ", r.inv_freq.size(),
               " frequencies for head_dim ", head_dim);
     // The table is uploaded once and re-uploaded only if a different one is passed.
@@ -133,19 +191,122 @@ class CudaBackend final : public Backend {
       inv_freq_host_ = r.inv_freq;
       inv_freq_.upload(inv_freq_host_);
     }
-    cuda::rope(x, n, n_heads, head_dim, pos, inv_freq_.data(), r.neox, r.pos_scale, nullptr);
+    if (in_step_) {
+      check_step_pos(n, pos, "rope");
+      cuda::rope_at(x, 1, n_heads, head_dim, step_dev_.data() + 1, inv_freq_.data(), r.neox, r.pos_scale, stream_);
+      return;
+    }
+    cuda::rope(x, n, n_heads, head_dim, pos, inv_freq_.data(), r.neox, r.pos_scale, stream_);
   }
   void swiglu(const float* gate, const float* up, float* out, size_t n) override {
-    cuda::swiglu(gate, up, out, n, nullptr);
+    forget_quantized_x();
+    cuda::swiglu(gate, up, out, n, stream_);
   }
-  void add(float* x, const float* y, size_t n) override { cuda::add(x, y, n, nullptr); }
+  void add(float* x, const float* y, size_t n) override {
+    forget_quantized_x();
+    cuda::add(x, y, n, stream_);
+  }
 
   void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
-    gpu_layer(layer).write(pos, n, k, v);
+    forget_quantized_x();
+    const CudaLayerCache& g = gpu_layer(layer);
+    if (in_step_) {
+      check_step_pos(n, pos, "write_kv");
+      KVQ_CHECK(pos < g.view().max_tokens, Errc::out_of_range, "GPU KV cache: position ", pos,
+                " is past its capacity of ", g.view().max_tokens, " tokens");
+      if (recording_) recorded_addresses_.push_back(g.view().k);
+      cuda::write_kv_at(g.view(), step_dev_.data() + 1, k, v, stream_);
+      return;
+    }
+    cuda::write_kv(g.view(), pos, n, k, v, stream_);
   }
   void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
                  float* out) override {
-    gpu_layer(layer).attend(pos, n, q, n_heads, scale, out);
+    forget_quantized_x();
+    const CudaLayerCache& g = gpu_layer(layer);
+    if (in_step_) {
+      check_step_pos(n, pos, "attention");
+      if (recording_) recorded_addresses_.push_back(g.scratch().part.data());
+      flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
+      // The partial-state scratch is sized by the call above; record its
+      // address after it (it can only grow before recording: warm step).
+      if (recording_) recorded_addresses_.back() = g.scratch().part.data();
+      return;
+    }
+    flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
+  }
+
+  int32_t argmax(const float* x, size_t n) override {
+    KVQ_CHECK(n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", n, " values");
+    cuda::argmax(x, int(n), argmax_dev_.data(), stream_);
+    int32_t best = 0;
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(&best, argmax_dev_.data(), sizeof best, cudaMemcpyDeviceToHost, stream_));
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return best;
+  }
+
+  // --- recorded decode steps: CUDA graphs captured on stream_
+  bool supports_step_graphs() const override { return true; }
+  void begin_step(int32_t token, int pos) override {
+    KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
+    forget_quantized_x();
+    step_host_[0] = token;
+    step_host_[1] = pos;
+    // Pageable source: the call returns once the 8 bytes are staged, so
+    // step_host_ may change afterwards; stream order puts the copy before the
+    // step's kernels (or graph launch).
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data(), step_host_, sizeof step_host_, cudaMemcpyHostToDevice, stream_));
+    in_step_ = true;
+  }
+  void end_step() override {
+    forget_quantized_x();
+    in_step_ = false;
+  }
+  void record_begin() override {
+    KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
+    recorded_addresses_.clear();
+    forget_quantized_x();  // the recording must contain every quantize launch it relies on
+    KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+  }
+  std::unique_ptr<StepGraph> record_end() override {
+    KVQ_CHECK(recording_, Errc::internal, "record_end without record_begin");
+    recording_ = false;
+    forget_quantized_x();
+    cudaGraph_t graph = nullptr;
+    KVQ_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    KVQ_CUDA_CHECK(err);
+    std::vector<const void*> addresses = std::move(recorded_addresses_);
+    append_backend_addresses(addresses);
+    return std::make_unique<CudaStepGraph>(exec, std::move(addresses));
+  }
+  void record_abort() override {
+    if (!recording_) return;
+    recording_ = false;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // clear the (non-sticky) error the broken capture left behind
+  }
+  bool replay(const StepGraph& graph, kv::Cache& cache) override {
+    KVQ_CHECK(in_step_ && !recording_, Errc::internal, "replay outside begin_step/end_step");
+    const auto* g = dynamic_cast<const CudaStepGraph*>(&graph);
+    KVQ_CHECK(g, Errc::internal, "the CUDA backend was asked to replay another backend's recording");
+    // The addresses the recording baked in, recomputed for this cache now.
+    std::vector<const void*> now;
+    now.reserve(g->addresses().size());
+    for (int l = 0; l < cache.shape().n_layers; ++l) {
+      const CudaLayerCache& lc = gpu_layer(cache.layer(l));
+      now.push_back(lc.view().k);
+      now.push_back(lc.scratch().part.data());
+    }
+    append_backend_addresses(now);
+    if (now != g->addresses()) return false;
+    forget_quantized_x();  // the replay rewrites the scratch
+    KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
+    return true;
   }
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
@@ -172,7 +333,33 @@ class CudaBackend final : public Backend {
     return *g;
   }
 
+  void forget_quantized_x() {
+    xq_of_ = nullptr;
+    xq_cols_ = 0;
+  }
+  void check_step_pos(int n, int pos, const char* op) const {
+    KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
+              " inside a decode step must be one token at the step's position (begin_step)");
+  }
+  // Backend scratch a recorded step reads or writes.
+  void append_backend_addresses(std::vector<const void*>& a) const {
+    a.push_back(gemv_scratch_.xq.data());
+    a.push_back(gemv_scratch_.xscale.data());
+    a.push_back(gemv_scratch_.xsum.data());
+    a.push_back(inv_freq_.data());
+  }
+
+  cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).
+  DeviceBuffer<int32_t> step_dev_, argmax_dev_;
+  int32_t step_host_[2] = {0, 0};
+  bool in_step_ = false, recording_ = false;
+  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch
+  // The x whose int8 copy gemv_scratch_ holds (null: none). Every op but a
+  // decode GEMV forgets it: any of them may write x (conservatively).
+  const float* xq_of_ = nullptr;
+  int64_t xq_cols_ = 0;
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)

@@ -23,6 +23,9 @@ class CudaLayerCache final : public kv::LayerCache {
   void write(int pos, int n, const float* k, const float* v) override;
   void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override;
   const KvLayerView& view() const { return view_; }
+  // The partial-state scratch shared by the cache's layers (the backend
+  // launches attention on its own stream with it).
+  AttentionScratch& scratch() const { return *scratch_; }
 
  private:
   KvLayerView view_;

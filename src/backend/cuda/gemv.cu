@@ -296,7 +296,8 @@ namespace {
 int rows_per_warp(int rows) { return rows >= 8192 ? 4 : rows >= 3072 ? 2 : 1; }
 
 template <int R>
-void launch(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream) {
+void launch(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream,
+            bool x_quantized) {
   const int rows = int(w.rows), cols = int(w.cols);
   constexpr int kWarps = 4;
   const int grid = (rows + kWarps * R - 1) / (kWarps * R);
@@ -316,11 +317,16 @@ void launch(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, 
       return;
     default: break;
   }
-  scratch.reserve(cols);
-  const int groups = cols / 32;
-  quantize_x_kernel<<<(groups * 32 + 127) / 128, 128, 0, stream>>>(x, scratch.xq.data(), scratch.xscale.data(),
-                                                                   scratch.xsum.data(), groups);
-  KVQ_CUDA_CHECK_LAUNCH();
+  if (!x_quantized) {
+    scratch.reserve(cols);
+    const int groups = cols / 32;
+    quantize_x_kernel<<<(groups * 32 + 127) / 128, 128, 0, stream>>>(x, scratch.xq.data(), scratch.xscale.data(),
+                                                                     scratch.xsum.data(), groups);
+    KVQ_CUDA_CHECK_LAUNCH();
+  } else {
+    KVQ_CHECK(scratch.xq.size() >= size_t(cols), Errc::internal, "gemv: x marked quantized but the scratch holds ",
+              scratch.xq.size(), " values for ", cols, " columns");
+  }
   if (w.type == TensorType::Q8_0) {
     gemv_q8_0_kernel<R><<<grid, threads, 0, stream>>>(reinterpret_cast<const int8_t*>(w.codes.data()),
                                                       w.scales.data(), scratch.xq.data(), scratch.xscale.data(),
@@ -339,16 +345,16 @@ void launch(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, 
 
 }  // namespace
 
-void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream) {
+void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream, bool x_quantized) {
   KVQ_CHECK(gpu_gemv_supported(w.type, w.cols), Errc::unsupported, "GPU GEMV: unsupported ",
             gguf::tensor_type_name(w.type), " matrix with ", w.cols, " columns");
   // Q1_0 stages x in shared memory: 160 bytes per 128 columns (48 KiB default limit).
   KVQ_CHECK(w.rows <= (int64_t(1) << 30) && w.cols <= 300 * 128, Errc::out_of_range,
             "GPU GEMV: matrix of ", w.rows, " x ", w.cols, " is too large");
   switch (rows_per_warp(int(w.rows))) {
-    case 4: launch<4>(w, x, y, scratch, stream); break;
-    case 2: launch<2>(w, x, y, scratch, stream); break;
-    default: launch<1>(w, x, y, scratch, stream); break;
+    case 4: launch<4>(w, x, y, scratch, stream, x_quantized); break;
+    case 2: launch<2>(w, x, y, scratch, stream, x_quantized); break;
+    default: launch<1>(w, x, y, scratch, stream, x_quantized); break;
   }
   KVQ_CUDA_CHECK_LAUNCH();
 }

@@ -38,7 +38,16 @@ struct GemvScratch {
 };
 
 // y[rows] = W[rows][cols] x[cols]; x, y device pointers (fp32).
-void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream);
+// x_quantized: the scratch already holds this x quantized (a previous gemv of
+// a quantized matrix with the same x and cols, nothing written to x since);
+// then quantized types skip the quantize launch (Q/K/V and gate/up share x).
+void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream,
+          bool x_quantized = false);
+
+// True when gemv() of this matrix type quantizes x into the scratch.
+inline bool gemv_quantizes_x(gguf::TensorType t) {
+  return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
+}
 
 // Bytes the kernel must read from device memory for one product (weights + x),
 // for bandwidth reports.

@@ -3,6 +3,8 @@
 // GPU results match cpu:: to a few ulps (tests bound the difference).
 #include "backend/cuda/ops.hpp"
 
+#include <cmath>
+
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -102,8 +104,10 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
 }
 
 // One thread per (token, head, pair).
-__global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, int pos,
+// pos_dev: when set, the position is read from device memory (recorded steps).
+__global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, int pos, const int* pos_dev,
                             const float* __restrict__ inv_freq, bool neox, double pos_scale) {
+  if (pos_dev) pos = *pos_dev;
   const int half = head_dim / 2;
   const size_t total = size_t(n_tokens) * n_heads * half;
   for (size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
@@ -119,6 +123,50 @@ __global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, i
     const float x0 = v[i0], x1 = v[i1];
     v[i0] = x0 * c - x1 * s;
     v[i1] = x0 * s + x1 * c;
+  }
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
+                                                                int32_t* __restrict__ out) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  float bv = -INFINITY;
+  int bi = n;  // sentinel: loses to any real index on a tie
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = x[i];
+    if (v != v) v = -INFINITY;
+    if (argmax_better(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (argmax_better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w)
+      if (argmax_better(sv[w], si[w], bv, bi)) {
+        bv = sv[w];
+        bi = si[w];
+      }
+    *out = bi < n ? bi : 0;  // every value NaN/-inf: index 0, as on the host
   }
 }
 
@@ -166,8 +214,23 @@ void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const floa
           double pos_scale, cudaStream_t stream) {
   const size_t total = size_t(n_tokens) * n_heads * (head_dim / 2);
   if (total == 0) return;
-  rope_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, n_tokens, n_heads, head_dim, pos, inv_freq, neox,
+  rope_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, n_tokens, n_heads, head_dim, pos, nullptr, inv_freq,
+                                                         neox, pos_scale);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_dev, const float* inv_freq, bool neox,
+             double pos_scale, cudaStream_t stream) {
+  const size_t total = size_t(n_tokens) * n_heads * (head_dim / 2);
+  if (total == 0) return;
+  rope_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, n_tokens, n_heads, head_dim, 0, pos_dev, inv_freq, neox,
                                                          pos_scale);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+void argmax(const float* x, int n, int32_t* out, cudaStream_t stream) {
+  KVQ_CHECK(n > 0, Errc::internal, "argmax over an empty vector");
+  argmax_kernel<<<1, kArgmaxThreads, 0, stream>>>(x, n, out);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 

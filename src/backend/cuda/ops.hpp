@@ -32,6 +32,15 @@ void rms_norm(const float* x, const float* weight, int n_rows, int dim, float ep
 void rope(float* x, int n_tokens, int n_heads, int head_dim, int pos, const float* inv_freq, bool neox,
           double pos_scale, cudaStream_t stream);
 
+// rope() for one step whose position lives in device memory (*pos_dev), so a
+// recorded launch (CUDA graph) serves every position.
+void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_dev, const float* inv_freq, bool neox,
+             double pos_scale, cudaStream_t stream);
+
+// *out = index of the largest of x[0..n) (device memory); NaN counts as -inf,
+// the lowest index wins ties (the greedy Sampler's rule). One CTA.
+void argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
+
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
 
