@@ -77,8 +77,6 @@ int main(int argc, char** argv) {
   std::vector<float> hx(ff);
   for (int i = 0; i < ff; ++i) hx[i] = std::sin(0.1f * i);
   x.upload(hx);
-  cuda::GemvScratch scratch;
-  scratch.reserve(ff);
   const double copy_gbs = lab::copy_bandwidth_gbs(size_t(2) << 30);
   std::printf("shape %s, weights %s, device-to-device copy %.0f GB/s (read+write)\n", shape.c_str(),
               gguf::tensor_type_name(t), copy_gbs);
@@ -87,7 +85,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < 7; ++k) {
     const double ms = lab::time_ms(
         [&] {
-          for (int l = 0; l < layers; ++l) cuda::gemv(mats[k][l], x.data(), y.data(), scratch, nullptr);
+          for (int l = 0; l < layers; ++l) cuda::gemv(mats[k][l], x.data(), y.data(), nullptr);
         },
         iters, 3);
     const double bytes = double(cuda::gemv_bytes(mats[k][0])) * layers;
@@ -97,7 +95,7 @@ int main(int argc, char** argv) {
                 ms * 1e3 / layers, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
   }
   {
-    const double ms = lab::time_ms([&] { cuda::gemv(out, x.data(), y.data(), scratch, nullptr); }, iters, 3);
+    const double ms = lab::time_ms([&] { cuda::gemv(out, x.data(), y.data(), nullptr); }, iters, 3);
     const double bytes = double(cuda::gemv_bytes(out));
     total_bytes += bytes;
     total_ms += ms;
@@ -107,6 +105,53 @@ int main(int argc, char** argv) {
   std::printf("all GEMVs of one decode step: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of copy bandwidth\n", total_ms,
               total_bytes / 1e9, total_bytes / (total_ms * 1e-3) / 1e9,
               100.0 * total_bytes / (total_ms * 1e-3) / 1e9 / copy_gbs);
+  // The fused launches of a decode step as the CUDA backend issues them:
+  // per layer norm+QKV, O + residual, norm+gate/up+SwiGLU, down + residual.
+  {
+    cuda::DeviceBuffer<float> xr(d), norm(ff), q(qd), k(kvd), v(kvd), act(ff);
+    std::vector<float> ones(ff, 1.0f);
+    norm.upload(ones);
+    xr.upload(std::vector<float>(hx.begin(), hx.begin() + d));
+    act.upload(hx);
+    const double ms = lab::time_ms(
+        [&] {
+          for (int l = 0; l < layers; ++l) {
+            cuda::GemvRequest qkv;
+            qkv.x = xr.data();
+            qkv.norm_weight = norm.data();
+            qkv.norm_eps = 1e-6f;
+            qkv.n_out = 3;
+            qkv.out[0] = {&mats[0][l], q.data()};
+            qkv.out[1] = {&mats[1][l], k.data()};
+            qkv.out[2] = {&mats[2][l], v.data()};
+            cuda::gemv(qkv, nullptr);
+            cuda::GemvRequest o;
+            o.x = q.data();
+            o.out[0] = {&mats[3][l], xr.data()};
+            o.epilogue = cuda::GemvEpilogue::add;
+            cuda::gemv(o, nullptr);
+            cuda::GemvRequest gu;
+            gu.x = xr.data();
+            gu.norm_weight = norm.data();
+            gu.norm_eps = 1e-6f;
+            gu.n_out = 2;
+            gu.out[0] = {&mats[4][l], act.data()};
+            gu.out[1] = {&mats[5][l], nullptr};
+            gu.epilogue = cuda::GemvEpilogue::swiglu;
+            cuda::gemv(gu, nullptr);
+            cuda::GemvRequest down;
+            down.x = act.data();
+            down.out[0] = {&mats[6][l], xr.data()};
+            down.epilogue = cuda::GemvEpilogue::add;
+            cuda::gemv(down, nullptr);
+          }
+        },
+        iters, 3);
+    double bytes = 0;
+    for (int kk = 0; kk < 7; ++kk) bytes += double(cuda::gemv_bytes(mats[kk][0])) * layers;
+    std::printf("fused: 4 launches per layer, %d layers: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of copy bandwidth\n",
+                layers, ms, bytes / 1e9, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+  }
   KVQ_CUDA_CHECK(cudaGetLastError());
   return 0;
 }

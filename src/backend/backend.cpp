@@ -20,6 +20,35 @@ int32_t Backend::argmax(const float* x, size_t n) {
   return int32_t(best);
 }
 
+void Backend::norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
+                          const Matrix* const* ws, float* const* ys, int count) {
+  rms_norm(x, norm_w, n, dim, eps, h);
+  for (int i = 0; i < count; ++i) matmul(*ws[i], h, n, ys[i]);
+}
+
+void Backend::matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) {
+  matmul(w, a, n, tmp);
+  add(x, tmp, size_t(n) * size_t(w.rows));
+}
+
+void Backend::norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
+                          const Matrix& w_gate, const Matrix& w_up, float* up, float* out) {
+  rms_norm(x, norm_w, n, dim, eps, h);
+  matmul(w_gate, h, n, out);
+  matmul(w_up, h, n, up);
+  swiglu(out, up, out, size_t(n) * size_t(w_gate.rows));
+}
+
+void Backend::qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v,
+                               int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
+                               const float* k_norm, float eps, const Rope& r) {
+  if (q_norm) rms_norm(q, q_norm, n * n_heads, head_dim, eps, q);
+  if (k_norm) rms_norm(k, k_norm, n * n_kv_heads, head_dim, eps, k);
+  rope(q, n, n_heads, head_dim, pos, r);
+  rope(k, n, n_kv_heads, head_dim, pos, r);
+  write_kv(layer, pos, n, k, v);
+}
+
 namespace {
 [[noreturn]] void no_step_graphs(const char* backend) {
   fail(Errc::unsupported, "the ", backend, " backend cannot record decode steps (check supports_step_graphs() first)");

@@ -98,6 +98,26 @@ class Backend {
   virtual void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads,
                          float scale, float* out) = 0;
 
+  // --- fused forms of the forward pass's op sequences. The defaults run the
+  // plain ops above in order (every backend has them, with exactly the plain
+  // ops' results); a backend may fuse them into fewer launches (the CUDA
+  // backend does for single-token steps).
+  // ys[i] = W_i RMSNorm(x) * norm_w for i < count (1..3): n rows of dim floats;
+  // h: [n][dim] scratch.
+  virtual void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
+                           const Matrix* const* ws, float* const* ys, int count);
+  // x += W a for n rows; tmp: [n][w.rows] scratch.
+  virtual void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp);
+  // out = silu(W_gate u) * (W_up u) with u = RMSNorm(x) * norm_w; h: [n][dim]
+  // and up: [n][w_up.rows] scratch.
+  virtual void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
+                           const Matrix& w_gate, const Matrix& w_up, float* up, float* out);
+  // Per-head RMSNorm of q and k (each only when its weight is non-null), RoPE
+  // of both (in place), then write_kv(layer, pos, n, k, v).
+  virtual void qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v,
+                                int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
+                                const float* k_norm, float eps, const Rope& rope);
+
   // --- KV cache
   // A cache this backend's write_kv/attention can use, preallocated for
   // shape.max_tokens. Default: the CPU packed cache (kv::make_cpu_cache); the

@@ -1,4 +1,5 @@
 // kvq run: generate from a prompt, streaming text to stdout and speed to stderr.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "core/rng.hpp"
 #include "engine/token_healing.hpp"
 
 namespace kvq::cli {
@@ -21,6 +23,8 @@ struct RunArgs {
   bool chat = false;
   bool no_heal = false;
   std::string dump_logits;
+  int random_prompt = 0;  // --random-prompt N: N pseudo-random token ids instead of text
+  int repeat = 1;         // --repeat R: generate R times on a fresh cache, report the medians
 };
 
 std::string read_text_file(const std::string& path) {
@@ -39,15 +43,32 @@ std::string tokens_path(const std::string& logits_path) {
   return logits_path + ".tokens.npy";
 }
 
+// Median of a small sample (upper middle for even sizes).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 int run(RunArgs& a) {
   KVQ_CHECK(a.prompt.empty() || a.prompt_file.empty(), Errc::invalid_argument, "give the prompt with -p or -f, not both");
-  const std::string text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
-  KVQ_CHECK(!text.empty(), Errc::invalid_argument, "no prompt: pass -p TEXT or -f FILE");
+  KVQ_CHECK(a.random_prompt == 0 || (a.prompt.empty() && a.prompt_file.empty() && !a.chat), Errc::invalid_argument,
+            "--random-prompt replaces -p/-f/--chat; give only one of them");
+  KVQ_CHECK(a.repeat >= 1, Errc::invalid_argument, "--repeat must be at least 1");
+  KVQ_CHECK(a.repeat == 1 || a.dump_logits.empty(), Errc::invalid_argument, "--repeat and --dump-logits exclude each other");
+  const std::string text = a.random_prompt > 0 || a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
+  KVQ_CHECK(a.random_prompt > 0 || !text.empty(), Errc::invalid_argument,
+            "no prompt: pass -p TEXT, -f FILE or --random-prompt N");
 
   Loaded l = load(a.model);
   const Tokenizer& tok = *l.tokenizer;
   std::vector<TokenId> ids;
-  if (a.chat) {
+  if (a.random_prompt > 0) {
+    // Speed runs at a chosen context: ids drawn uniformly from the vocabulary
+    // (seeded by --seed); their text is irrelevant to the cost per token.
+    Rng rng(a.sampling.params.seed ^ 0x9e3779b97f4a7c15ull);
+    const int vocab = std::min(tok.vocab_size(), l.model->config().vocab_size);
+    for (int i = 0; i < a.random_prompt; ++i) ids.push_back(TokenId(rng.next_u64() % uint64_t(vocab)));
+  } else if (a.chat) {
     std::vector<ChatMessage> msgs;
     if (!a.chat_opts.system.empty()) msgs.push_back({"system", a.chat_opts.system});
     msgs.push_back({"user", text});
@@ -58,9 +79,28 @@ int run(RunArgs& a) {
   // Raw prompts end wherever the user stopped typing, often inside what would
   // be one token ("def " ends in a lone space token); heal that boundary.
   TokenHealing healing;
-  if (!a.chat && !a.no_heal) healing = heal_prompt_end(tok, ids);
+  if (!a.chat && !a.no_heal && a.random_prompt == 0) healing = heal_prompt_end(tok, ids);
   const int wanted = int(ids.size()) + std::max(a.sampling.n_predict, 0) + 1;
   const int ctx = resolve_ctx(a.model, l.model->config(), wanted);
+  if (a.repeat > 1) {
+    // Each run on a fresh cache (nothing reused from the previous run), text discarded.
+    std::vector<double> prefill_s, decode_tps;
+    for (int rep = 0; rep < a.repeat; ++rep) {
+      auto session = make_session(a.model, l, ctx);
+      GenerateOptions g;
+      g.n_predict = a.sampling.n_predict;
+      g.stop = a.sampling.stop;
+      g.sampling = a.sampling.params;
+      g.healing = healing;
+      const GenerateResult r = session->generate(ids, g, {});
+      std::fprintf(stderr, "kvq: run %d/%d: %s\n", rep + 1, a.repeat, speed_line(r).c_str());
+      prefill_s.push_back(r.prefill_s);
+      decode_tps.push_back(r.decode_tps());
+    }
+    std::fprintf(stderr, "kvq: median of %d runs: prompt %zu tokens, TTFT %.3f s, decode %.1f tok/s\n", a.repeat,
+                 ids.size(), median(prefill_s), median(decode_tps));
+    return 0;
+  }
   auto session = make_session(a.model, l, ctx);
 
   std::unique_ptr<npy::RowWriter> dump;
@@ -110,6 +150,13 @@ KVQ_REGISTER_COMMAND(
       app.add_option("--dump-logits", a->dump_logits,
                      "Write the logits of every prompt position and generated token to FILE.npy "
                      "(float32 [tokens, vocab]) and their token ids to FILE.tokens.npy (int32 [tokens])");
+      app.add_option("--random-prompt", a->random_prompt,
+                     "Use N pseudo-random token ids (seeded by --seed) as the prompt: speed runs at an exact context")
+          ->check(CLI::NonNegativeNumber);
+      app.add_option("--repeat", a->repeat,
+                     "Generate R times, each on a fresh KV cache, printing each run's speed and the medians "
+                     "(text is not printed)")
+          ->check(CLI::PositiveNumber);
       return [a] { return run(*a); };
     });
 

@@ -21,8 +21,8 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
-  app.add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass during prefill")
-      ->capture_default_str()
+  app.add_option("--prefill-chunk", o.prefill_chunk,
+                 "Prompt tokens per forward pass during prefill (default: 512 on cpu, 2048 on cuda)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kv", o.codec.kv, "KV cache codec (see `kvq codecs`)")->capture_default_str();
   app.add_option("--ctk", o.codec.ctk, "K-side block, overriding the codec's");
@@ -140,7 +140,10 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  so.prefill_chunk = o.prefill_chunk;
+  // On the GPU every prefill chunk dequantizes all weights into bf16 GEMM
+  // tiles, so larger chunks amortize that; the CPU gains nothing from them.
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
+                                         : std::string(l.model->backend().name()) == "cuda" ? 2048 : 512;
   // Progress only where someone watches it: a terminal, or a prompt long
   // enough that silence would look like a hang.
   const bool tty = ::isatty(2);

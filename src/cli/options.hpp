@@ -23,7 +23,7 @@ struct ModelOptions {
   int ctx = 0;                // --ctx; 0: min(model context, max(4096, prompt + n_predict))
   int threads = 0;            // --threads; 0: OpenMP default (all cores)
   std::string device = "cpu"; // --device cpu|cuda
-  int prefill_chunk = 512;    // --prefill-chunk
+  int prefill_chunk = 0;      // --prefill-chunk; 0: the device's default
   kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec

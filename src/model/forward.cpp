@@ -102,8 +102,9 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
   const int first = all_logits ? 0 : n - 1;
   for (int t0 = first; t0 < n; t0 += kLogitRows) {
     const int rows = std::min(kLogitRows, n - t0);
-    be.rms_norm(x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, h_->data());
-    be.matmul(output_, h_->data(), rows, logits_->data());
+    const Matrix* head = &output_;
+    float* out = logits_->data();
+    be.norm_matmul(x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, h_->data(), &head, &out, 1);
     be.download(logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
   }
 }
@@ -123,8 +124,9 @@ int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab) 
 void Model::lm_head_row(int t) {
   Backend& be = backend_;
   const int d = cfg_.d_model;
-  be.rms_norm(x_->data() + size_t(t) * d, output_norm_, 1, d, cfg_.norm_eps, h_->data());
-  be.matmul(output_, h_->data(), 1, logits_->data());
+  const Matrix* head = &output_;
+  float* out = logits_->data();
+  be.norm_matmul(x_->data() + size_t(t) * d, output_norm_, 1, d, cfg_.norm_eps, h_->data(), &head, &out, 1);
 }
 
 void Model::decode_step(int32_t id, int pos, kv::Cache& cache) {
@@ -188,7 +190,6 @@ void Model::run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache) {
   ensure_scratch(n);
   Backend& be = backend_;
   const int d = cfg_.d_model, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
-  const size_t ff = cfg_.d_ff;
   const float eps = cfg_.norm_eps;
   const float scale = 1.0f / std::sqrt(float(hd));
   float *x = x_->data(), *h = h_->data(), *q = q_->data(), *k = k_->data(), *v = v_->data(),
@@ -199,27 +200,16 @@ void Model::run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache) {
     const LayerDev& L = layers_[l];
     kv::LayerCache& lc = cache.layer(l);
     // attention block
-    be.rms_norm(x, L.attn_norm, n, d, eps, h);
-    be.matmul(L.wq, h, n, q);
-    be.matmul(L.wk, h, n, k);
-    be.matmul(L.wv, h, n, v);
-    if (cfg_.qk_norm) {
-      be.rms_norm(q, L.q_norm, n * nh, hd, eps, q);
-      be.rms_norm(k, L.k_norm, n * nkv, hd, eps, k);
-    }
-    be.rope(q, n, nh, hd, pos, w_.rope);
-    be.rope(k, n, nkv, hd, pos, w_.rope);
-    be.write_kv(lc, pos, n, k, v);
+    const Matrix* qkv_w[3] = {&L.wq, &L.wk, &L.wv};
+    float* qkv_y[3] = {q, k, v};
+    be.norm_matmul(x, L.attn_norm, n, d, eps, h, qkv_w, qkv_y, 3);
+    be.qk_rope_write_kv(lc, pos, n, q, k, v, nh, nkv, hd, cfg_.qk_norm ? L.q_norm : nullptr,
+                        cfg_.qk_norm ? L.k_norm : nullptr, eps, w_.rope);
     be.attention(lc, pos, n, q, nh, scale, attn);
-    be.matmul(L.wo, attn, n, h);
-    be.add(x, h, size_t(n) * d);
+    be.matmul_add(L.wo, attn, n, x, h);
     // MLP block
-    be.rms_norm(x, L.ffn_norm, n, d, eps, h);
-    be.matmul(L.w_gate, h, n, gate);
-    be.matmul(L.w_up, h, n, up);
-    be.swiglu(gate, up, gate, size_t(n) * ff);
-    be.matmul(L.w_down, gate, n, h);
-    be.add(x, h, size_t(n) * d);
+    be.norm_swiglu(x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, up, gate);
+    be.matmul_add(L.w_down, gate, n, x, h);
   }
 }
 

@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/ops.hpp"
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gguf/quant.hpp"
 #include "gpu_test_util.hpp"
@@ -96,6 +100,67 @@ TEST_F(CudaOps, RopeMatchesCpuBothStyles) {
       for (size_t i = 0; i < y.size(); ++i)
         ASSERT_LE(std::fabs(y[i] - ref[i]), 4e-6 + 1e-6 * std::fabs(ref[i]))
             << (neox ? "neox" : "normal") << " n=" << n << " hd=" << hd << " pos=" << pos << " at " << i;
+    }
+  }
+}
+
+// The fused single-token q/k norm + RoPE + KV store (qk_rope_store) vs the
+// CPU reference ops: rms_norm per head, rope, bf16 rows like the `none` block.
+TEST_F(CudaOps, QkRopeStoreMatchesCpu) {
+  for (bool neox : {true, false}) {
+    for (auto [nh, nkv, hd, pos, with_norm] : {std::tuple{32, 8, 128, 4097, true}, {7, 1, 64, 0, true},
+                                              {4, 2, 256, 65535, false}, {12, 12, 128, 3, true}}) {
+      Rope r;
+      r.neox = neox;
+      for (int i = 0; i < hd / 2; ++i) r.inv_freq.push_back(float(std::pow(1e6, -2.0 * i / hd)));
+      auto q = normal(rng, size_t(nh) * hd, 2.0f), k = normal(rng, size_t(nkv) * hd, 2.0f),
+           v = normal(rng, size_t(nkv) * hd, 2.0f);
+      v[0] = std::numeric_limits<float>::quiet_NaN();  // sanitised to 0 in the cache
+      v[1] = 1e9f;                                     // clamped to 65504
+      const auto qn = normal(rng, hd), kn = normal(rng, hd);
+      auto rq = q, rk = k;
+      if (with_norm) {
+        cpu::rms_norm(rq.data(), qn.data(), nh, hd, 1e-6f, rq.data());
+        cpu::rms_norm(rk.data(), kn.data(), nkv, hd, 1e-6f, rk.data());
+      }
+      cpu::rope(rq.data(), 1, nh, hd, pos, r);
+      cpu::rope(rk.data(), 1, nkv, hd, pos, r);
+      const int max_tokens = pos + 2;
+      cuda::DeviceBuffer<uint16_t> kc(size_t(nkv) * max_tokens * hd), vc(kc.size());
+      KVQ_CUDA_CHECK(cudaMemset(kc.data(), 0, kc.bytes()));
+      KVQ_CUDA_CHECK(cudaMemset(vc.data(), 0, vc.bytes()));
+      cuda::DeviceBuffer<float> freq(r.inv_freq.size()), dqn(hd), dkn(hd);
+      freq.upload(r.inv_freq);
+      dqn.upload(qn);
+      dkn.upload(kn);
+      Guarded dq(q.size(), &q), dk(k.size(), &k), dv(v.size(), &v);
+      const cuda::KvLayerView view{kc.data(), vc.data(), nkv, hd, max_tokens};
+      cuda::qk_rope_store(dq.data(), dk.data(), dv.data(), nh, nkv, hd, with_norm ? dqn.data() : nullptr,
+                          with_norm ? dkn.data() : nullptr, 1e-6f, pos, nullptr, freq.data(), neox, 1.0, view, nullptr);
+      const auto yq = dq.result(), yk = dk.result(), yv = dv.result();
+      // As RmsNormMatchesCpu and RopeMatchesCpuBothStyles combined (norm outputs up to ~10).
+      for (size_t i = 0; i < yq.size(); ++i)
+        ASSERT_LE(std::fabs(yq[i] - rq[i]), 2e-5 + 2e-6 * std::fabs(rq[i])) << "q at " << i << (neox ? " neox" : "");
+      for (size_t i = 0; i < yk.size(); ++i)
+        ASSERT_LE(std::fabs(yk[i] - rk[i]), 2e-5 + 2e-6 * std::fabs(rk[i])) << "k at " << i << (neox ? " neox" : "");
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(std::memcmp(&yv[i], &v[i], 4), 0) << "v input changed at " << i;
+      std::vector<uint16_t> hk(kc.size()), hv(vc.size());
+      KVQ_CUDA_CHECK(cudaMemcpy(hk.data(), kc.data(), kc.bytes(), cudaMemcpyDeviceToHost));
+      KVQ_CUDA_CHECK(cudaMemcpy(hv.data(), vc.data(), vc.bytes(), cudaMemcpyDeviceToHost));
+      for (int h = 0; h < nkv; ++h)
+        for (int t = 0; t < max_tokens; ++t)
+          for (int d = 0; d < hd; ++d) {
+            const size_t at = (size_t(h) * max_tokens + t) * hd + d;
+            const size_t src = size_t(h) * hd + d;
+            if (t != pos) {
+              ASSERT_EQ(hk[at], 0) << "K row " << t << " written";
+              ASSERT_EQ(hv[at], 0) << "V row " << t << " written";
+              continue;
+            }
+            ASSERT_EQ(hk[at], f32_to_bf16(yk[src])) << "K cache head " << h << " dim " << d;
+            const float vv = std::isnan(v[src]) ? 0.0f : std::min(std::max(v[src], -65504.0f), 65504.0f);
+            ASSERT_EQ(hv[at], f32_to_bf16(vv)) << "V cache head " << h << " dim " << d;
+          }
     }
   }
 }

@@ -4,7 +4,8 @@
 # synthetic tiny models with transformers, cross-check the tokenizer reference
 # ids with Hugging Face `tokenizers`, and run the kernel lab benchmarks.
 # Usage on the device (after `source .deps/debs.sh unpack .deps`):
-#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run]   (default: all)
+#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run] [bench] [qwen3]
+#   (default: tests lab run bench)
 # Results land in $OUT (log.txt, golden.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,14 +14,14 @@ W=/tmp/kvq-gpu-check
 mkdir -p "$OUT" "$W"
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/log.txt") 2>&1
-SECTIONS=${*:-tests golden tokenizer lab run}
+SECTIONS=${*:-tests lab run bench}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 J=$(nproc)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$W/cmake.log" 2>&1 ||
   { tail -30 "$W/cmake.log"; exit 1; }
-time cmake --build build-gpu -j "$J" --target kvq kvq_gpu_tests kvq_bench_gemv kvq_bench_attention 2>&1 | tail -3
+time cmake --build build-gpu -j "$J" --target kvq kvq_gpu_tests kvq_bench_gemv kvq_bench_attention 2>&1 | grep -E "error|FAILED" | head -20
 if want tests; then
   echo "== gpu tests"
   (cd build-gpu && ctest -L gpu --output-on-failure -j 4 >"$OUT/gpu_tests.txt" 2>&1; tail -25 "$OUT/gpu_tests.txt")
@@ -58,19 +59,33 @@ if want lab; then
   build-gpu/kvq_bench_gemv bonsai-8b 20
   build-gpu/kvq_bench_gemv qwen3-8b 10
   echo "== kernel lab: attention"
-  timeout 90 build-gpu/kvq_bench_attention 20
+  timeout 120 build-gpu/kvq_bench_attention 20
 fi
+K=build-gpu/kvq
 if want run; then
-  echo "== kvq run --device cuda"
-  words() { python3 -c "import random; r=random.Random(1); w='the quick brown fox jumps over lazy dog and then runs into a forest where many trees grow tall while birds sing songs of morning light'.split(); print(' '.join(r.choice(w) for _ in range($1)))"; }
-  build-gpu/kvq run -p "def " -n 48 --temp 0 --device cpu 2>&1 | tail -4
-  build-gpu/kvq run -p "def " -n 48 --temp 0 --device cuda 2>&1 | tail -4
-  build-gpu/kvq synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
-  for L in 4000 16000; do
-    words $((L * 10 / 27)) > "$W/p$L.txt"
-    echo "-- bonsai-8b, about $L prompt tokens, 128 generated"
-    timeout 120 build-gpu/kvq run -m "$W/bonsai.gguf" --device cuda -f "$W/p$L.txt" -n 128 --temp 0 2>&1 >/dev/null | tail -2
+  echo "== kvq run --device cuda: default model, greedy, CPU vs GPU text"
+  $K run -p "def " -n 48 --temp 0 --device cpu 2>&1 | tail -3
+  $K run -p "def " -n 48 --temp 0 --device cuda 2>&1 | tail -3
+  $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
+  echo "-- bonsai-8b, 4096-token random prompt, 128 generated, recorded steps off (1 run)"
+  KVQ_CUDA_GRAPH=0 timeout 120 $K run -m "$W/bonsai.gguf" --device cuda --random-prompt 4096 -n 128 --temp 0 --repeat 1 2>&1 >/dev/null | tail -1
+  $K run -m "$W/bonsai.gguf" --device cuda -p "hello" -n 4 --kv k8v4 2>&1 | tail -1
+fi
+# The issue's measurement: batch 1, an L-token prompt then 128 greedy tokens,
+# medians of 3 runs on fresh caches (BENCH_L overrides the contexts).
+if want bench; then
+  [ -f "$W/bonsai.gguf" ] || $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
+  for L in ${BENCH_L:-4096 16384 65408}; do
+    echo "-- bonsai-8b, L=$L"
+    timeout 300 $K run -m "$W/bonsai.gguf" --device cuda --random-prompt "$L" -n 128 --temp 0 --repeat 3 2>&1 >/dev/null |
+      grep -E "run [0-9]|median|rror"
   done
-  build-gpu/kvq run -m "$W/bonsai.gguf" --device cuda -p "hello" -n 4 --kv k8v4 2>&1 | tail -1
+fi
+if want qwen3; then
+  echo "-- synthetic qwen3-8b (bf16 weights), L=4096"
+  time $K synth --shape qwen3-8b -o "$W/qwen3.gguf" 2>&1 | tail -1
+  timeout 300 $K run -m "$W/qwen3.gguf" --device cuda --random-prompt 4096 -n 128 --temp 0 --repeat 3 2>&1 >/dev/null |
+    grep -E "run [0-9]|median|rror"
+  rm -f "$W/qwen3.gguf"
 fi
 echo "== done"

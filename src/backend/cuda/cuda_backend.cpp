@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
     KVQ_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     step_dev_.resize(2);
     argmax_dev_.resize(1);
+    argmax_work_.resize(2);
+    KVQ_CUDA_CHECK(cudaMemset(argmax_work_.data(), 0, argmax_work_.bytes()));
   }
   ~CudaBackend() override {
     if (recording_) record_abort();
@@ -85,7 +87,6 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override {
-    forget_quantized_x();  // a new buffer may reuse the address of a freed x
     return std::make_unique<DeviceFloatBuffer>(n);
   }
 
@@ -109,7 +110,6 @@ class CudaBackend final : public Backend {
     return dev;
   }
   void upload(const float* host, float* dst, size_t n) override {
-    forget_quantized_x();
     if (!n) return;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -121,7 +121,6 @@ class CudaBackend final : public Backend {
   }
 
   void embed(const Matrix& table, const int32_t* ids, int n, float* out) override {
-    forget_quantized_x();
     const GpuMatrix& t = find(table);
     for (int i = 0; i < n; ++i)
       KVQ_CHECK(ids[i] >= 0 && ids[i] < table.rows, Errc::out_of_range, "token id ", ids[i],
@@ -142,18 +141,9 @@ class CudaBackend final : public Backend {
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     const GpuMatrix& m = find(w);
     if (n == 1) {
-      // Q/K/V (and gate/up) multiply the same x back to back: quantize it once.
-      const bool reuse = gemv_quantizes_x(m.type) && x == xq_of_ && m.cols == xq_cols_;
-      gemv(m, x, y, gemv_scratch_, stream_, reuse);
-      if (gemv_quantizes_x(m.type)) {
-        xq_of_ = x;
-        xq_cols_ = m.cols;
-      }
-      // An output over the quantized input makes it stale.
-      if (xq_of_ && y < xq_of_ + xq_cols_ && xq_of_ < y + m.rows) forget_quantized_x();
+      gemv(m, x, y, stream_);
       return;
     }
-    forget_quantized_x();
     if (n <= 0) return;
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
     // as the column-major cols x rows matrix it is in memory (op T).
@@ -179,18 +169,10 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) override {
-    forget_quantized_x();
     cuda::rms_norm(x, weight, n, dim, eps, y, stream_);
   }
   void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& r) override {
-    forget_quantized_x();
-    KVQ_CHECK(int(r.inv_freq.size()) == head_dim / 2, Errc::internal, "rope: ", r.inv_freq.size(),
-              " frequencies for head_dim ", head_dim);
-    // The table is uploaded once and re-uploaded only if a different one is passed.
-    if (inv_freq_host_ != r.inv_freq) {
-      inv_freq_host_ = r.inv_freq;
-      inv_freq_.upload(inv_freq_host_);
-    }
+    set_rope_table(r, head_dim);
     if (in_step_) {
       check_step_pos(n, pos, "rope");
       cuda::rope_at(x, 1, n_heads, head_dim, step_dev_.data() + 1, inv_freq_.data(), r.neox, r.pos_scale, stream_);
@@ -199,16 +181,81 @@ class CudaBackend final : public Backend {
     cuda::rope(x, n, n_heads, head_dim, pos, inv_freq_.data(), r.neox, r.pos_scale, stream_);
   }
   void swiglu(const float* gate, const float* up, float* out, size_t n) override {
-    forget_quantized_x();
     cuda::swiglu(gate, up, out, n, stream_);
   }
   void add(float* x, const float* y, size_t n) override {
-    forget_quantized_x();
     cuda::add(x, y, n, stream_);
   }
 
+  // --- fused single-token forms (multi-token calls run the plain ops)
+  void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix* const* ws,
+                   float* const* ys, int count) override {
+    if (n != 1 || count < 1 || count > 3 || !same_kind(ws, count)) {
+      Backend::norm_matmul(x, norm_w, n, dim, eps, h, ws, ys, count);
+      return;
+    }
+    GemvRequest req;
+    req.x = x;
+    req.norm_weight = norm_w;
+    req.norm_eps = eps;
+    req.n_out = count;
+    for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
+    KVQ_CHECK(find(*ws[0]).cols == dim, Errc::internal, "norm_matmul: ", dim, " inputs for a matrix of ",
+              find(*ws[0]).cols, " columns");
+    gemv(req, stream_);
+  }
+  void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
+    if (n != 1) {
+      Backend::matmul_add(w, a, n, x, tmp);
+      return;
+    }
+    GemvRequest req;
+    req.x = a;
+    req.out[0] = {&find(w), x};
+    req.epilogue = GemvEpilogue::add;
+    gemv(req, stream_);
+  }
+  void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
+                   const Matrix& w_up, float* up, float* out) override {
+    const Matrix* pair[2] = {&w_gate, &w_up};
+    if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
+      Backend::norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, out);
+      return;
+    }
+    GemvRequest req;
+    req.x = x;
+    req.norm_weight = norm_w;
+    req.norm_eps = eps;
+    req.n_out = 2;
+    req.out[0] = {&find(w_gate), out};
+    req.out[1] = {&find(w_up), nullptr};
+    req.epilogue = GemvEpilogue::swiglu;
+    gemv(req, stream_);
+  }
+  void qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v, int n_heads,
+                        int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
+                        const Rope& r) override {
+    if (n != 1 || !qk_rope_store_supported(head_dim)) {
+      Backend::qk_rope_write_kv(layer, pos, n, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
+      return;
+    }
+    const CudaLayerCache& g = gpu_layer(layer);
+    KVQ_CHECK(g.view().n_kv_heads == n_kv_heads, Errc::internal, "qk_rope_write_kv: cache has ", g.view().n_kv_heads,
+              " KV heads, the call ", n_kv_heads);
+    KVQ_CHECK(pos >= 0 && pos < g.view().max_tokens, Errc::out_of_range, "GPU KV cache: position ", pos,
+              " is past its capacity of ", g.view().max_tokens, " tokens");
+    set_rope_table(r, head_dim);
+    const int* pos_dev = nullptr;
+    if (in_step_) {
+      check_step_pos(n, pos, "qk_rope_write_kv");
+      pos_dev = step_dev_.data() + 1;
+      if (recording_) recorded_addresses_.push_back(g.view().k);
+    }
+    qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
+                  r.pos_scale, g.view(), stream_);
+  }
+
   void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
-    forget_quantized_x();
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "write_kv");
@@ -222,7 +269,6 @@ class CudaBackend final : public Backend {
   }
   void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
                  float* out) override {
-    forget_quantized_x();
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
@@ -238,7 +284,7 @@ class CudaBackend final : public Backend {
 
   int32_t argmax(const float* x, size_t n) override {
     KVQ_CHECK(n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", n, " values");
-    cuda::argmax(x, int(n), argmax_dev_.data(), stream_);
+    cuda::argmax(x, int(n), argmax_dev_.data(), argmax_work_.data(), stream_);
     int32_t best = 0;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(&best, argmax_dev_.data(), sizeof best, cudaMemcpyDeviceToHost, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -249,7 +295,6 @@ class CudaBackend final : public Backend {
   bool supports_step_graphs() const override { return true; }
   void begin_step(int32_t token, int pos) override {
     KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
-    forget_quantized_x();
     step_host_[0] = token;
     step_host_[1] = pos;
     // Pageable source: the call returns once the 8 bytes are staged, so
@@ -259,20 +304,17 @@ class CudaBackend final : public Backend {
     in_step_ = true;
   }
   void end_step() override {
-    forget_quantized_x();
     in_step_ = false;
   }
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
     recorded_addresses_.clear();
-    forget_quantized_x();  // the recording must contain every quantize launch it relies on
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
   std::unique_ptr<StepGraph> record_end() override {
     KVQ_CHECK(recording_, Errc::internal, "record_end without record_begin");
     recording_ = false;
-    forget_quantized_x();
     cudaGraph_t graph = nullptr;
     KVQ_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     cudaGraphExec_t exec = nullptr;
@@ -304,7 +346,6 @@ class CudaBackend final : public Backend {
     }
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
-    forget_quantized_x();  // the replay rewrites the scratch
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
     return true;
   }
@@ -333,9 +374,21 @@ class CudaBackend final : public Backend {
     return *g;
   }
 
-  void forget_quantized_x() {
-    xq_of_ = nullptr;
-    xq_cols_ = 0;
+  // The RoPE frequency table is uploaded once and again only if a different one is passed.
+  void set_rope_table(const Rope& r, int head_dim) {
+    KVQ_CHECK(int(r.inv_freq.size()) == head_dim / 2, Errc::internal, "rope: ", r.inv_freq.size(),
+              " frequencies for head_dim ", head_dim);
+    if (inv_freq_host_ != r.inv_freq) {
+      KVQ_CHECK(!recording_, Errc::internal, "the RoPE table changed while recording a decode step");
+      inv_freq_host_ = r.inv_freq;
+      inv_freq_.upload(inv_freq_host_);
+    }
+  }
+  // Matrices one fused launch can take: the same type and width.
+  bool same_kind(const Matrix* const* ws, int count) const {
+    for (int i = 1; i < count; ++i)
+      if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols) return false;
+    return true;
   }
   void check_step_pos(int n, int pos, const char* op) const {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
@@ -343,9 +396,6 @@ class CudaBackend final : public Backend {
   }
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
-    a.push_back(gemv_scratch_.xq.data());
-    a.push_back(gemv_scratch_.xscale.data());
-    a.push_back(gemv_scratch_.xsum.data());
     a.push_back(inv_freq_.data());
   }
 
@@ -353,17 +403,13 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).
   DeviceBuffer<int32_t> step_dev_, argmax_dev_;
+  DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
   std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch
-  // The x whose int8 copy gemv_scratch_ holds (null: none). Every op but a
-  // decode GEMV forgets it: any of them may write x (conservatively).
-  const float* xq_of_ = nullptr;
-  int64_t xq_cols_ = 0;
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)
-  GemvScratch gemv_scratch_;
   DeviceBuffer<int32_t> ids_;
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;

@@ -1,17 +1,34 @@
-// GEMV kernels. Layouts: see backend/gpu_layout.hpp (codes and fp16 scales in
-// separate arrays, rows 16-byte aligned).
+// Fused GEMV kernels; see gemv.hpp for what one launch computes and
+// backend/gpu_layout.hpp for the weight layouts.
 //
-// Work split (all types): one warp computes R consecutive output rows (R = 1,
-// 2 or 4 by matrix height, so that small matrices still fill the GPU); each
-// lane walks the row in 16-byte chunks strided by the warp, loads the matching
-// piece of x once and reuses it for all R rows, so x traffic is amortised and
-// weight reads are coalesced 16-byte loads. Q1_0 stages int8 x in shared
-// memory per CTA (see its kernel).
+// Work split: a task is R consecutive rows of one output matrix (for swiglu:
+// the same R rows of gate and of up). A CTA of 8 warps first stages the input
+// u in shared memory, then each warp takes tasks strided over the whole grid
+// (the grid is capped near what stays resident, so the staging is paid once
+// per CTA, not once per task). Within a task each lane walks the rows in
+// 16-byte chunks strided by the warp, issuing U chunks x R rows of loads
+// before using any (bytes in flight hide HBM latency), and reuses each piece
+// of u for all R rows. Weights are loaded with ld.global.nc.L1::no_allocate:
+// they are read exactly once per step.
+//
+// Shared memory:
+//   float types      float uf[cols]                 u = x (* norm weight)
+//   quantized types  int8 uq[cols] in 16-byte units, unit i stored at
+//                    swz(i) = (i & ~7) | ((i ^ (i >> 3)) & 7) so that the
+//                    8 lanes of a shared-memory phase, which read units a
+//                    block (or 16 values) apart, hit distinct banks;
+//                    float us[cols/32] (scale of each 32 values),
+//                    int   usum[cols/32] (sum of their int8 codes).
+// Chunk of 16 code bytes per type: F32 4 weights, F16/BF16 8, Q8_0 16 (half a
+// block), Q4_0 32 (one block), Q1_0 128 (one block).
 #include "backend/cuda/gemv.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -20,6 +37,23 @@ using gguf::TensorType;
 
 namespace {
 
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxOut = 3;
+
+struct KernelArgs {
+  const uint8_t* codes[kMaxOut];
+  const uint16_t* scales[kMaxOut];
+  float* y[kMaxOut];
+  int rows[kMaxOut];
+  int task_end[kMaxOut];  // cumulative task counts: output s owns tasks [task_end[s-1], task_end[s])
+  int n_tasks;
+  const float* x;
+  const float* norm;  // null: no norm
+  float eps;
+  int cols;
+  GemvEpilogue epilogue;
+};
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -27,240 +61,380 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Reduces each row's per-lane partial sums over the warp; lane 0 writes the
-// rows that exist (the last warp of a matrix may own fewer than R rows).
-template <int R>
-__device__ __forceinline__ void store_rows(const float (&acc)[R], float* __restrict__ y, int row0, int rows,
-                                           int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0 && row0 + r < rows) y[row0 + r] = s;
-  }
+__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
 }
 
-__device__ __forceinline__ float half_bits_to_float(uint16_t h) {
-  return __half2float(__ushort_as_half(h));
-}
+__device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+__device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
 
 // Spread 4 sign bits (LSB = first weight) into 4 bytes of 0/1.
-__device__ __forceinline__ int spread_nibble(uint32_t n) {
-  return int(((n & 0xfu) * 0x00204081u) & 0x01010101u);
-}
+__device__ __forceinline__ int spread_nibble(uint32_t n) { return int(((n & 0xfu) * 0x00204081u) & 0x01010101u); }
 
-// --- x quantization: one warp per 32 values --------------------------------
-__global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
-                                  float* __restrict__ xscale, int32_t* __restrict__ xsum, int n_groups) {
-  const int group = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (group >= n_groups) return;
-  const float v = x[group * 32 + lane];
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float scale = amax / 127.0f;
-  const int q = scale > 0.0f ? __float2int_rn(v / scale) : 0;
-  xq[group * 32 + lane] = int8_t(q);
-  int s = q;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) {
-    xscale[group] = scale;
-    xsum[group] = s;
-  }
-}
+// The staged input, as the per-type dot products read it.
+struct Staged {
+  const float* uf;      // float types
+  const int4* uq;       // quantized: 16-byte units (swizzled)
+  const float* us;      // quantized: scale per 32 values
+  const int* usum;      // quantized: code sum per 32 values
+};
 
-// --- float weights -----------------------------------------------------------
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float out[8]);
+// --- per-type traits: weights per 16-byte chunk, scales per row, dot of one chunk
+
+template <TensorType T>
+struct Weights;
 
 template <>
-__device__ __forceinline__ void load8<float>(const float* p, float out[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+struct Weights<TensorType::F32> {
+  static constexpr int kPerChunk = 4;
+  static constexpr int kPerScale = 0;  // no scales
+  static __device__ __forceinline__ float dot(uint4 w, float, const Staged& s, int i) {
+    const float4 u = reinterpret_cast<const float4*>(s.uf)[i];
+    return __uint_as_float(w.x) * u.x + __uint_as_float(w.y) * u.y + __uint_as_float(w.z) * u.z +
+           __uint_as_float(w.w) * u.w;
+  }
+};
+
+__device__ __forceinline__ float dot8(const float (&wv)[8], const float* uf, int i) {
+  const float4 a = reinterpret_cast<const float4*>(uf)[2 * i];
+  const float4 b = reinterpret_cast<const float4*>(uf)[2 * i + 1];
+  float s = wv[0] * a.x;
+  s = fmaf(wv[1], a.y, s);
+  s = fmaf(wv[2], a.z, s);
+  s = fmaf(wv[3], a.w, s);
+  s = fmaf(wv[4], b.x, s);
+  s = fmaf(wv[5], b.y, s);
+  s = fmaf(wv[6], b.z, s);
+  return fmaf(wv[7], b.w, s);
 }
+
 template <>
-__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float out[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+struct Weights<TensorType::BF16> {
+  static constexpr int kPerChunk = 8;
+  static constexpr int kPerScale = 0;
+  static __device__ __forceinline__ float dot(uint4 w, float, const Staged& s, int i) {
+    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+    float wv[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    for (int j = 0; j < 4; ++j) {
+      wv[2 * j] = __uint_as_float(q[j] << 16);
+      wv[2 * j + 1] = __uint_as_float(q[j] & 0xffff0000u);
+    }
+    return dot8(wv, s.uf, i);
   }
-}
+};
+
 template <>
-__device__ __forceinline__ void load8<__half>(const __half* p, float out[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
+struct Weights<TensorType::F16> {
+  static constexpr int kPerChunk = 8;
+  static constexpr int kPerScale = 0;
+  static __device__ __forceinline__ float dot(uint4 w, float, const Staged& s, int i) {
+    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+    float wv[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&q[j]));
+      wv[2 * j] = f.x;
+      wv[2 * j + 1] = f.y;
+    }
+    return dot8(wv, s.uf, i);
   }
+};
+
+template <>
+struct Weights<TensorType::Q8_0> {
+  static constexpr int kPerChunk = 16;
+  static constexpr int kPerScale = 32;
+  static __device__ __forceinline__ float dot(uint4 w, float d, const Staged& s, int i) {
+    const int4 u = s.uq[swz(i)];
+    int acc = __dp4a(int(w.x), u.x, 0);
+    acc = __dp4a(int(w.y), u.y, acc);
+    acc = __dp4a(int(w.z), u.z, acc);
+    acc = __dp4a(int(w.w), u.w, acc);
+    return d * s.us[i >> 1] * float(acc);
+  }
+};
+
+template <>
+struct Weights<TensorType::Q4_0> {
+  static constexpr int kPerChunk = 32;
+  static constexpr int kPerScale = 32;
+  // Byte j of a block: low nibble = weight j, high nibble = weight j + 16; w = (q - 8) d.
+  static __device__ __forceinline__ float dot(uint4 w, float d, const Staged& s, int i) {
+    const int4 ua = s.uq[swz(2 * i)], ub = s.uq[swz(2 * i + 1)];
+    int acc = __dp4a(int(w.x & 0x0f0f0f0fu), ua.x, 0);
+    acc = __dp4a(int(w.y & 0x0f0f0f0fu), ua.y, acc);
+    acc = __dp4a(int(w.z & 0x0f0f0f0fu), ua.z, acc);
+    acc = __dp4a(int(w.w & 0x0f0f0f0fu), ua.w, acc);
+    acc = __dp4a(int((w.x >> 4) & 0x0f0f0f0fu), ub.x, acc);
+    acc = __dp4a(int((w.y >> 4) & 0x0f0f0f0fu), ub.y, acc);
+    acc = __dp4a(int((w.z >> 4) & 0x0f0f0f0fu), ub.z, acc);
+    acc = __dp4a(int((w.w >> 4) & 0x0f0f0f0fu), ub.w, acc);
+    return d * s.us[i] * float(acc - 8 * s.usum[i]);
+  }
+};
+
+// sum_j s_j u_j with signs s = +-1 equals 2 * sum_{bit=1} u_j - sum_j u_j; the
+// sum over set bits is a dp4a of the 0/1-spread sign nibbles with int8 u.
+__device__ __forceinline__ int q1_set_sum(uint32_t w, int4 ua, int4 ub) {
+  int acc = __dp4a(spread_nibble(w), ua.x, 0);
+  acc = __dp4a(spread_nibble(w >> 4), ua.y, acc);
+  acc = __dp4a(spread_nibble(w >> 8), ua.z, acc);
+  acc = __dp4a(spread_nibble(w >> 12), ua.w, acc);
+  acc = __dp4a(spread_nibble(w >> 16), ub.x, acc);
+  acc = __dp4a(spread_nibble(w >> 20), ub.y, acc);
+  acc = __dp4a(spread_nibble(w >> 24), ub.z, acc);
+  return __dp4a(spread_nibble(w >> 28), ub.w, acc);
 }
 
-template <typename T, int kRows>
-__global__ void gemv_float_kernel(const T* __restrict__ w, const float* __restrict__ x,
-                                  float* __restrict__ y, int rows, int cols) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  const int row0 = warp * kRows;
-  if (row0 >= rows) return;
-  float acc[kRows] = {};
-  for (int c = lane * 8; c < cols; c += 32 * 8) {
-    float xv[8];
-    load8<float>(x + c, xv);
+template <>
+struct Weights<TensorType::Q1_0> {
+  static constexpr int kPerChunk = 128;
+  static constexpr int kPerScale = 128;
+  static __device__ __forceinline__ float dot(uint4 w, float d, const Staged& s, int i) {
+    const int4* u = s.uq;
+    const float4 sc = reinterpret_cast<const float4*>(s.us)[i];
+    const int4 sm = reinterpret_cast<const int4*>(s.usum)[i];
+    const int b = 8 * i;
+    const float part = sc.x * float(2 * q1_set_sum(w.x, u[swz(b + 0)], u[swz(b + 1)]) - sm.x) +
+                       sc.y * float(2 * q1_set_sum(w.y, u[swz(b + 2)], u[swz(b + 3)]) - sm.y) +
+                       sc.z * float(2 * q1_set_sum(w.z, u[swz(b + 4)], u[swz(b + 5)]) - sm.z) +
+                       sc.w * float(2 * q1_set_sum(w.w, u[swz(b + 6)], u[swz(b + 7)]) - sm.w);
+    return d * part;
+  }
+};
+
+constexpr bool is_quantized(TensorType t) {
+  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
+}
+
+// Bytes of codes per row: cols * bits / 8.
+__host__ __device__ constexpr int64_t code_row_bytes(TensorType t, int64_t cols) {
+  return t == TensorType::F32    ? cols * 4
+         : t == TensorType::F16  ? cols * 2
+         : t == TensorType::BF16 ? cols * 2
+         : t == TensorType::Q8_0 ? cols
+         : t == TensorType::Q4_0 ? cols / 2
+                                 : cols / 8;
+}
+
+size_t staged_bytes(TensorType t, int cols) {
+  return is_quantized(t) ? size_t(cols) + size_t(cols / 32) * 8 : size_t(cols) * 4;
+}
+
+// Rows per task and chunks per lane in flight, per type: Q1_0 rows are short
+// (512 bytes at 4096 columns: one chunk per lane), so it takes more rows.
+template <TensorType T>
+struct Shape {
+  static constexpr int kRows = T == TensorType::Q1_0 ? 4 : 2;
+  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : 4;
+};
+
+// Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
+template <TensorType T>
+__device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cols = a.cols;
+  float inv_rms = 1.0f;
+  if (a.norm) {
+    __shared__ float partial[kWarps];
+    float ss = 0.0f;
+    for (int c = tid; c < cols; c += kThreads) {
+      const float v = a.x[c];
+      ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r < rows) {
-        float wv[8];
-        load8<T>(w + size_t(row0 + r) * cols + c, wv);
+    for (int w = 0; w < kWarps; ++w) total += partial[w];
+    inv_rms = 1.0f / sqrtf(total / float(cols) + a.eps);
+  }
+  if constexpr (is_quantized(T)) {
+    int8_t* uq = reinterpret_cast<int8_t*>(smem);
+    float* us = reinterpret_cast<float*>(smem + cols);
+    int* usum = reinterpret_cast<int*>(smem + cols + (cols / 32) * 4);
+    // One warp per 32 values.
+    for (int g = warp; g < cols / 32; g += kWarps) {
+      const int c = g * 32 + lane;
+      const float v = a.norm ? a.x[c] * a.norm[c] : a.x[c];
+      float amax = fabsf(v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wv[i], xv[i], acc[r]);
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float scale = amax / 127.0f;
+      const int q = scale > 0.0f ? __float2int_rn(v / scale) : 0;
+      uq[swz(c >> 4) * 16 + (c & 15)] = int8_t(q);
+      int sum = q;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) {
+        us[g] = scale;
+        usum[g] = sum;
       }
     }
-  }
-  store_rows<kRows>(acc, y, row0, rows, lane);
-}
-
-// --- Q8_0: lane chunk = 16 weights (half a block) -----------------------------
-template <int kRows>
-__global__ void gemv_q8_0_kernel(const int8_t* __restrict__ codes, const uint16_t* __restrict__ scales,
-                                 const int8_t* __restrict__ xq, const float* __restrict__ xscale,
-                                 float* __restrict__ y, int rows, int cols) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  const int row0 = warp * kRows;
-  if (row0 >= rows) return;
-  const int blocks = cols / 32;
-  float acc[kRows] = {};
-  for (int c = lane * 16; c < cols; c += 32 * 16) {
-    const int4 xv = *reinterpret_cast<const int4*>(xq + c);
-    const float sx = xscale[c / 32];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r < rows) {
-        const int4 wv = *reinterpret_cast<const int4*>(codes + size_t(row0 + r) * cols + c);
-        int dot = __dp4a(wv.x, xv.x, 0);
-        dot = __dp4a(wv.y, xv.y, dot);
-        dot = __dp4a(wv.z, xv.z, dot);
-        dot = __dp4a(wv.w, xv.w, dot);
-        const float d = half_bits_to_float(scales[size_t(row0 + r) * blocks + c / 32]);
-        acc[r] = fmaf(d * sx, float(dot), acc[r]);
-      }
-    }
-  }
-  store_rows<kRows>(acc, y, row0, rows, lane);
-}
-
-// --- Q4_0: lane chunk = one block (16 code bytes, 32 weights) -----------------
-template <int kRows>
-__global__ void gemv_q4_0_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales,
-                                 const int8_t* __restrict__ xq, const float* __restrict__ xscale,
-                                 const int32_t* __restrict__ xsum, float* __restrict__ y, int rows, int cols) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  const int row0 = warp * kRows;
-  if (row0 >= rows) return;
-  const int blocks = cols / 32;
-  float acc[kRows] = {};
-  for (int b = lane; b < blocks; b += 32) {
-    const int4 xa = reinterpret_cast<const int4*>(xq + b * 32)[0];  // weights 0..15
-    const int4 xb = reinterpret_cast<const int4*>(xq + b * 32)[1];  // weights 16..31
-    const float sx = xscale[b];
-    const int sq = xsum[b];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r < rows) {
-        const uint4 q = *reinterpret_cast<const uint4*>(codes + (size_t(row0 + r) * blocks + b) * 16);
-        int dot = __dp4a(int(q.x & 0x0f0f0f0fu), xa.x, 0);
-        dot = __dp4a(int(q.y & 0x0f0f0f0fu), xa.y, dot);
-        dot = __dp4a(int(q.z & 0x0f0f0f0fu), xa.z, dot);
-        dot = __dp4a(int(q.w & 0x0f0f0f0fu), xa.w, dot);
-        dot = __dp4a(int((q.x >> 4) & 0x0f0f0f0fu), xb.x, dot);
-        dot = __dp4a(int((q.y >> 4) & 0x0f0f0f0fu), xb.y, dot);
-        dot = __dp4a(int((q.z >> 4) & 0x0f0f0f0fu), xb.z, dot);
-        dot = __dp4a(int((q.w >> 4) & 0x0f0f0f0fu), xb.w, dot);
-        const float d = half_bits_to_float(scales[size_t(row0 + r) * blocks + b]);
-        acc[r] = fmaf(d * sx, float(dot - 8 * sq), acc[r]);
-      }
-    }
-  }
-  store_rows<kRows>(acc, y, row0, rows, lane);
-}
-
-// --- Q1_0: lane chunk = one block (16 bytes of signs = 128 weights) --------
-// sum_j s_j x_j with s = +-1 equals 2 * sum_{bit=1} x_j - sum_j x_j; the sum
-// over set bits is a dp4a of the 0/1-spread sign nibbles with int8 x.
-// The CTA stages the int8 copy of x in shared memory once for all its rows,
-// 16-byte chunks XOR-swizzled by block index so that the 8 lanes of a
-// shared-memory phase (consecutive blocks, same chunk) hit distinct banks.
-constexpr int kQ1Warps = 8;
-
-__device__ __forceinline__ int q1_dot_word(uint32_t w, int4 xa, int4 xb) {
-  int dot = __dp4a(spread_nibble(w), xa.x, 0);
-  dot = __dp4a(spread_nibble(w >> 4), xa.y, dot);
-  dot = __dp4a(spread_nibble(w >> 8), xa.z, dot);
-  dot = __dp4a(spread_nibble(w >> 12), xa.w, dot);
-  dot = __dp4a(spread_nibble(w >> 16), xb.x, dot);
-  dot = __dp4a(spread_nibble(w >> 20), xb.y, dot);
-  dot = __dp4a(spread_nibble(w >> 24), xb.z, dot);
-  return __dp4a(spread_nibble(w >> 28), xb.w, dot);
-}
-
-template <int kRows>
-__global__ void __launch_bounds__(kQ1Warps * 32)
-    gemv_q1_0_kernel(const uint4* __restrict__ bits, const uint16_t* __restrict__ scales,
-                     const int8_t* __restrict__ xq, const float* __restrict__ xscale,
-                     const int32_t* __restrict__ xsum, float* __restrict__ y, int rows, int cols) {
-  extern __shared__ int4 smem[];
-  const int blocks = cols / 128;
-  int4* xs = smem;                                            // [blocks * 8] swizzled
-  float4* ss = reinterpret_cast<float4*>(smem + blocks * 8);  // [blocks] x scales of the 4 groups
-  int4* qs = reinterpret_cast<int4*>(ss + blocks);            // [blocks] x sums of the 4 groups
-  const int4* xq4 = reinterpret_cast<const int4*>(xq);
-  for (int i = threadIdx.x; i < blocks * 8; i += blockDim.x) {
-    const int b = i >> 3, c = i & 7;
-    xs[b * 8 + (c ^ (b & 7))] = xq4[i];
-  }
-  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
-    ss[b] = reinterpret_cast<const float4*>(xscale)[b];
-    qs[b] = reinterpret_cast<const int4*>(xsum)[b];
+  } else {
+    float* uf = reinterpret_cast<float*>(smem);
+    for (int c = tid; c < cols; c += kThreads) uf[c] = a.norm ? a.x[c] * a.norm[c] : a.x[c];
   }
   __syncthreads();
+  return inv_rms;
+}
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kQ1Warps + warp) * kRows;
-  if (row0 >= rows) return;
-  float acc[kRows] = {};
-  for (int b = lane; b < blocks; b += 32) {
-    uint4 wb[kRows];
-    float d[kRows];
+// Accumulates the R rows starting at rows[0..R) (pointers to their codes and
+// scales) against the staged input: acc[r] += per-lane partial dot.
+template <TensorType T, int R>
+__device__ __forceinline__ void dot_rows(const uint8_t* const (&code_rows)[R], const uint16_t* const (&scale_rows)[R],
+                                         const Staged& s, int chunks, int lane, float (&acc)[R]) {
+  using W = Weights<T>;
+  constexpr int U = Shape<T>::kUnroll;
+  for (int base = lane; base < chunks; base += 32 * U) {
+    uint4 wv[U][R];
+    float d[U][R];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int row = min(row0 + r, rows - 1);  // tail rows recompute the last row; not stored
-      wb[r] = bits[size_t(row) * blocks + b];
-      d[r] = half_bits_to_float(scales[size_t(row) * blocks + b]);
+    for (int u = 0; u < U; ++u) {
+      const int i = base + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (i < chunks) {
+          wv[u][r] = load_stream(code_rows[r] + size_t(i) * 16);
+          if constexpr (W::kPerScale > 0)
+            d[u][r] = half_bits_to_float(__ldg(scale_rows[r] + (i * W::kPerChunk) / W::kPerScale));
+          else
+            d[u][r] = 1.0f;
+        }
+      }
     }
-    int4 xv[8];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) xv[c] = xs[b * 8 + (c ^ (b & 7))];
-    const float4 sx = ss[b];
-    const int4 sq = qs[b];
+    for (int u = 0; u < U; ++u) {
+      const int i = base + 32 * u;
+      if (i < chunks) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float part = sx.x * float(2 * q1_dot_word(wb[r].x, xv[0], xv[1]) - sq.x) +
-                         sx.y * float(2 * q1_dot_word(wb[r].y, xv[2], xv[3]) - sq.y) +
-                         sx.z * float(2 * q1_dot_word(wb[r].z, xv[4], xv[5]) - sq.z) +
-                         sx.w * float(2 * q1_dot_word(wb[r].w, xv[6], xv[7]) - sq.w);
-      acc[r] = fmaf(d[r], part, acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] += W::dot(wv[u][r], d[u][r], s, i);
+      }
     }
   }
-  store_rows<kRows>(acc, y, row0, rows, lane);
+}
+
+template <TensorType T, bool kPair>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(KernelArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const float inv_rms = stage_input<T>(a, smem);
+  Staged s;
+  s.uf = reinterpret_cast<const float*>(smem);
+  s.uq = reinterpret_cast<const int4*>(smem);
+  s.us = reinterpret_cast<const float*>(smem + a.cols);
+  s.usum = reinterpret_cast<const int*>(smem + a.cols + (a.cols / 32) * 4);
+
+  constexpr int R = Shape<T>::kRows;
+  const int lane = threadIdx.x & 31;
+  const int chunks = a.cols / Weights<T>::kPerChunk;
+  const int64_t row_bytes = code_row_bytes(T, a.cols);
+  const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
+
+  for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < a.n_tasks; task += gridDim.x * kWarps) {
+    int seg = 0;
+    if (!kPair) {
+      while (task >= a.task_end[seg]) ++seg;
+    }
+    const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
+    const int rows = a.rows[seg];
+    constexpr int kMats = kPair ? 2 : 1;
+    float acc[kMats][R] = {};
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const int mi = kPair ? m : seg;
+      const uint8_t* code_rows[R];
+      const uint16_t* scale_rows[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, rows - 1);  // a short last task recomputes the last row; not stored
+        code_rows[r] = a.codes[mi] + row * row_bytes;
+        scale_rows[r] = a.scales[mi] + size_t(row) * scales_per_row;
+      }
+      dot_rows<T, R>(code_rows, scale_rows, s, chunks, lane, acc[m]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v0 = warp_sum(acc[0][r]) * inv_rms;
+      if constexpr (kPair) {
+        const float v1 = warp_sum(acc[kMats - 1][r]) * inv_rms;
+        if (lane == 0 && row0 + r < rows) a.y[0][row0 + r] = v0 / (1.0f + expf(-v0)) * v1;
+      } else {
+        if (lane == 0 && row0 + r < rows) {
+          float* y = a.y[seg] + row0 + r;
+          *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
+        }
+      }
+    }
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return count;
+  }();
+  return n;
+}
+
+// CTAs of one instance that stay resident per SM with `smem` bytes (cached per instance).
+template <TensorType T, bool kPair>
+int resident_ctas(size_t smem) {
+  static size_t configured = 0;
+  static int ctas = 1;
+  if (smem > configured) {
+    if (smem > 48 * 1024)
+      KVQ_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem)));
+    int n = 0;
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<T, kPair>, kThreads, smem));
+    ctas = std::max(1, n);
+    configured = smem;
+  }
+  return ctas;
+}
+
+template <TensorType T, bool kPair>
+void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
+  const size_t smem = staged_bytes(T, a.cols);
+  const int needed = (rows_total_tasks + kWarps - 1) / kWarps;
+  const int grid = std::max(1, std::min(needed, resident_ctas<T, kPair>(smem) * sm_count()));
+  gemv_kernel<T, kPair><<<grid, kThreads, smem, stream>>>(a);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kPair>
+void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream) {
+  switch (t) {
+    case TensorType::F32: return launch<TensorType::F32, kPair>(a, a.n_tasks, stream);
+    case TensorType::F16: return launch<TensorType::F16, kPair>(a, a.n_tasks, stream);
+    case TensorType::BF16: return launch<TensorType::BF16, kPair>(a, a.n_tasks, stream);
+    case TensorType::Q8_0: return launch<TensorType::Q8_0, kPair>(a, a.n_tasks, stream);
+    case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream);
+    case TensorType::Q1_0: return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
+    default: break;
+  }
+  fail(Errc::internal, "GPU GEMV: no kernel for ", gguf::tensor_type_name(t));
+}
+
+int rows_per_task(TensorType t) {
+  switch (t) {
+    case TensorType::F32: return Shape<TensorType::F32>::kRows;
+    case TensorType::F16: return Shape<TensorType::F16>::kRows;
+    case TensorType::BF16: return Shape<TensorType::BF16>::kRows;
+    case TensorType::Q8_0: return Shape<TensorType::Q8_0>::kRows;
+    case TensorType::Q4_0: return Shape<TensorType::Q4_0>::kRows;
+    default: return Shape<TensorType::Q1_0>::kRows;
+  }
 }
 
 }  // namespace
@@ -275,88 +449,64 @@ GpuMatrix GpuMatrix::upload(const GpuMatrixLayout& layout) {
   return m;
 }
 
-void GemvScratch::reserve(int64_t max_cols) {
-  const size_t groups = size_t((max_cols + 31) / 32);
-  if (xq.size() < groups * 32) {
-    xq.resize(groups * 32);
-    xscale.resize(groups);
-    xsum.resize(groups);
-  }
-}
-
 uint64_t gemv_bytes(const GpuMatrix& w) {
   return w.bytes() + uint64_t(w.cols) * sizeof(float) + uint64_t(w.rows) * sizeof(float);
 }
 
-namespace {
-
-// Rows per warp: enough warps to fill the GPU for small matrices (K/V
-// projections have 1024 rows), several rows per warp for big ones so that
-// each lane keeps several independent 16-byte loads in flight.
-int rows_per_warp(int rows) { return rows >= 8192 ? 4 : rows >= 3072 ? 2 : 1; }
-
-template <int R>
-void launch(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream,
-            bool x_quantized) {
-  const int rows = int(w.rows), cols = int(w.cols);
-  constexpr int kWarps = 4;
-  const int grid = (rows + kWarps * R - 1) / (kWarps * R);
-  const int threads = kWarps * 32;
-  switch (w.type) {
-    case TensorType::F32:
-      gemv_float_kernel<float, R><<<grid, threads, 0, stream>>>(
-          reinterpret_cast<const float*>(w.codes.data()), x, y, rows, cols);
-      return;
-    case TensorType::F16:
-      gemv_float_kernel<__half, R><<<grid, threads, 0, stream>>>(
-          reinterpret_cast<const __half*>(w.codes.data()), x, y, rows, cols);
-      return;
-    case TensorType::BF16:
-      gemv_float_kernel<__nv_bfloat16, R><<<grid, threads, 0, stream>>>(
-          reinterpret_cast<const __nv_bfloat16*>(w.codes.data()), x, y, rows, cols);
-      return;
-    default: break;
+void gemv(const GemvRequest& req, cudaStream_t stream) {
+  KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x, Errc::internal, "GPU GEMV: ", req.n_out,
+            " outputs requested (1..3 with an input)");
+  KVQ_CHECK(req.epilogue != GemvEpilogue::swiglu || req.n_out == 2, Errc::internal,
+            "GPU GEMV: swiglu needs exactly two matrices (gate, up)");
+  const GpuMatrix& w0 = *req.out[0].w;
+  KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU GEMV: unsupported ",
+            gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
+  // The staged input must fit in shared memory (200 KiB of the 227 available).
+  KVQ_CHECK(staged_bytes(w0.type, int(std::min<int64_t>(w0.cols, 1 << 24))) <= 200 * 1024 &&
+                w0.rows <= (int64_t(1) << 30),
+            Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
+  KernelArgs a{};
+  a.x = req.x;
+  a.norm = req.norm_weight;
+  a.eps = req.norm_eps;
+  a.cols = int(w0.cols);
+  a.epilogue = req.epilogue;
+  const int R = rows_per_task(w0.type);
+  int tasks = 0;
+  for (int i = 0; i < req.n_out; ++i) {
+    const GpuMatrix& w = *req.out[i].w;
+    const bool needs_y = req.epilogue != GemvEpilogue::swiglu || i == 0;
+    KVQ_CHECK(w.type == w0.type && w.cols == w0.cols && (req.out[i].y || !needs_y), Errc::internal,
+              "GPU GEMV: fused matrices must share type and width (", gguf::tensor_type_name(w.type), " x ", w.cols,
+              " vs ", gguf::tensor_type_name(w0.type), " x ", w0.cols, ")");
+    KVQ_CHECK(w.rows >= 1, Errc::internal, "GPU GEMV: empty matrix");
+    a.codes[i] = w.codes.data();
+    a.scales[i] = w.scales.data();
+    a.y[i] = req.out[i].y;
+    if (a.y[i]) {
+      const float* y = a.y[i];
+      const bool overlaps_x = y < req.x + w.cols && req.x < y + w.rows;
+      const bool overlaps_norm = req.norm_weight && y < req.norm_weight + w.cols && req.norm_weight < y + w.rows;
+      KVQ_CHECK(!overlaps_x && !overlaps_norm, Errc::internal, "GPU GEMV: an output overlaps the input");
+    }
+    a.rows[i] = int(w.rows);
+    if (req.epilogue != GemvEpilogue::swiglu || i == 0) tasks += int((w.rows + R - 1) / R);
+    a.task_end[i] = tasks;
   }
-  if (!x_quantized) {
-    scratch.reserve(cols);
-    const int groups = cols / 32;
-    quantize_x_kernel<<<(groups * 32 + 127) / 128, 128, 0, stream>>>(x, scratch.xq.data(), scratch.xscale.data(),
-                                                                     scratch.xsum.data(), groups);
-    KVQ_CUDA_CHECK_LAUNCH();
+  a.n_tasks = tasks;
+  if (req.epilogue == GemvEpilogue::swiglu) {
+    KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU GEMV: swiglu gate and up differ in rows");
+    dispatch<true>(w0.type, a, stream);
   } else {
-    KVQ_CHECK(scratch.xq.size() >= size_t(cols), Errc::internal, "gemv: x marked quantized but the scratch holds ",
-              scratch.xq.size(), " values for ", cols, " columns");
-  }
-  if (w.type == TensorType::Q8_0) {
-    gemv_q8_0_kernel<R><<<grid, threads, 0, stream>>>(reinterpret_cast<const int8_t*>(w.codes.data()),
-                                                      w.scales.data(), scratch.xq.data(), scratch.xscale.data(),
-                                                      y, rows, cols);
-  } else if (w.type == TensorType::Q4_0) {
-    gemv_q4_0_kernel<R><<<grid, threads, 0, stream>>>(w.codes.data(), w.scales.data(), scratch.xq.data(),
-                                                      scratch.xscale.data(), scratch.xsum.data(), y, rows, cols);
-  } else {
-    const int q1_grid = (rows + kQ1Warps * R - 1) / (kQ1Warps * R);
-    const size_t smem = size_t(cols / 128) * (8 * 16 + 16 + 16);
-    gemv_q1_0_kernel<R><<<q1_grid, kQ1Warps * 32, smem, stream>>>(
-        reinterpret_cast<const uint4*>(w.codes.data()), w.scales.data(), scratch.xq.data(), scratch.xscale.data(),
-        scratch.xsum.data(), y, rows, cols);
+    dispatch<false>(w0.type, a, stream);
   }
 }
 
-}  // namespace
-
-void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream, bool x_quantized) {
-  KVQ_CHECK(gpu_gemv_supported(w.type, w.cols), Errc::unsupported, "GPU GEMV: unsupported ",
-            gguf::tensor_type_name(w.type), " matrix with ", w.cols, " columns");
-  // Q1_0 stages x in shared memory: 160 bytes per 128 columns (48 KiB default limit).
-  KVQ_CHECK(w.rows <= (int64_t(1) << 30) && w.cols <= 300 * 128, Errc::out_of_range,
-            "GPU GEMV: matrix of ", w.rows, " x ", w.cols, " is too large");
-  switch (rows_per_warp(int(w.rows))) {
-    case 4: launch<4>(w, x, y, scratch, stream, x_quantized); break;
-    case 2: launch<2>(w, x, y, scratch, stream, x_quantized); break;
-    default: launch<1>(w, x, y, scratch, stream, x_quantized); break;
-  }
-  KVQ_CUDA_CHECK_LAUNCH();
+void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream) {
+  GemvRequest req;
+  req.x = x;
+  req.out[0] = {&w, y};
+  gemv(req, stream);
 }
 
 }  // namespace kvq::cuda

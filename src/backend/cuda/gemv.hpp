@@ -1,11 +1,21 @@
-// Decode-time matrix-vector products y = W x on the GPU, one kernel per
-// weight type, reading the layout of backend/gpu_layout.hpp.
+// Decode-time matrix-vector products on the GPU, reading the layout of
+// backend/gpu_layout.hpp, with the neighbouring elementwise work of the
+// forward pass fused in so that a decode step needs few launches:
 //
-// Float types (F32/F16/BF16) multiply in fp32 against fp32 x. Quantized types
-// (Q8_0/Q4_0/Q1_0) first quantize x to int8 per 32 values (scale = amax/127,
-// round to nearest) and use integer dot products (dp4a) per block; the only
-// difference from the CPU reference is that rounding of x, bounded per
-// element by half a quantization step (tests check exactly that bound).
+//   input     u = x, or u = RMSNorm(x) * norm_weight          (prologue)
+//   products  W_i u for up to three matrices of one type and width
+//             (Q/K/V of a layer share one launch)
+//   output    y_i = W_i u,  y_i += W_i u (residual),  or
+//             y = silu(W_gate u) * (W_up u)                   (epilogue)
+//
+// Every CTA stages u in shared memory once and its warps then stream weight
+// rows (16-byte loads, several in flight per lane). Float types (F32/F16/BF16)
+// multiply in fp32. Quantized types (Q8_0/Q4_0/Q1_0) stage u as int8 per 32
+// values (scale = amax/127, round to nearest) and use integer dot products
+// (dp4a); the only difference from the CPU reference is that rounding of u,
+// bounded per element by half a quantization step (tests check that bound).
+// With a norm, u = x * norm_weight is what gets staged and the row's 1/rms is
+// applied to each finished dot product (the same value up to rounding).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,22 +39,31 @@ struct GpuMatrix {
   size_t bytes() const { return codes.bytes() + scales.bytes(); }
 };
 
-// Scratch for the int8 copy of x (sized for the widest matrix).
-struct GemvScratch {
-  DeviceBuffer<int8_t> xq;     // [cols]
-  DeviceBuffer<float> xscale;  // [cols/32]
-  DeviceBuffer<int32_t> xsum;  // [cols/32]
-  void reserve(int64_t max_cols);
+enum class GemvEpilogue { store, add, swiglu };
+
+struct GemvOut {
+  const GpuMatrix* w = nullptr;
+  float* y = nullptr;  // device, w->rows floats
 };
 
-// y[rows] = W[rows][cols] x[cols]; x, y device pointers (fp32).
-// x_quantized: the scratch already holds this x quantized (a previous gemv of
-// a quantized matrix with the same x and cols, nothing written to x since);
-// then quantized types skip the quantize launch (Q/K/V and gate/up share x).
-void gemv(const GpuMatrix& w, const float* x, float* y, GemvScratch& scratch, cudaStream_t stream,
-          bool x_quantized = false);
+// One fused launch (see the top of this file). All matrices have the same
+// type and cols; for swiglu n_out == 2 (gate, up) with equal rows and the
+// result goes to out[0].y. No y may overlap x or norm_weight.
+struct GemvRequest {
+  const float* x = nullptr;            // device, cols floats
+  const float* norm_weight = nullptr;  // device, cols floats; null: no norm
+  float norm_eps = 0.0f;
+  GemvOut out[3];
+  int n_out = 1;
+  GemvEpilogue epilogue = GemvEpilogue::store;
+};
 
-// True when gemv() of this matrix type quantizes x into the scratch.
+void gemv(const GemvRequest& req, cudaStream_t stream);
+
+// y[rows] = W[rows][cols] x[cols] (no norm, store).
+void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
+
+// True when gemv() of this matrix type rounds its input to int8.
 inline bool gemv_quantizes_x(gguf::TensorType t) {
   return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
 }

@@ -3,6 +3,7 @@
 // GPU results match cpu:: to a few ulps (tests bound the difference).
 #include "backend/cuda/ops.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -71,11 +72,68 @@ __global__ void embed_kernel(MatrixView m, const int32_t* __restrict__ ids, int 
   }
 }
 
+// One thread per 8 consecutive weights of a row (one 16-byte store of bf16),
+// so consecutive threads read consecutive code bytes and write consecutive
+// 16-byte pieces: the prefill tile is written at bandwidth, not per element.
+// Values as weight_at() (d * q in fp32) rounded to bf16.
+__device__ __forceinline__ void dequant8(const MatrixView& m, int64_t r, int64_t c, float (&w)[8]) {
+  switch (m.type) {
+    case TensorType::F32: {
+      const float4* p = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(m.codes) + r * m.cols + c);
+      const float4 a = p[0], b = p[1];
+      w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+      return;
+    }
+    case TensorType::F16:
+    case TensorType::BF16: {
+      const uint4 u = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint16_t*>(m.codes) + r * m.cols + c);
+      const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+      for (int j = 0; j < 4; ++j) {
+        const uint16_t lo = uint16_t(q[j] & 0xffffu), hi = uint16_t(q[j] >> 16);
+        w[2 * j] = m.type == TensorType::F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+        w[2 * j + 1] = m.type == TensorType::F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+      }
+      return;
+    }
+    case TensorType::Q8_0: {
+      const float d = f16_to_f32(m.scales[r * (m.cols / 32) + c / 32]);
+      const int8_t* q = reinterpret_cast<const int8_t*>(m.codes) + r * m.cols + c;
+      const uint2 u = *reinterpret_cast<const uint2*>(q);
+      const int8_t* b = reinterpret_cast<const int8_t*>(&u);
+      for (int j = 0; j < 8; ++j) w[j] = d * float(b[j]);
+      return;
+    }
+    case TensorType::Q4_0: {
+      const int64_t blk = c / 32;
+      const int o = int(c % 32);  // 0, 8, 16 or 24
+      const float d = f16_to_f32(m.scales[r * (m.cols / 32) + blk]);
+      const uint2 u = *reinterpret_cast<const uint2*>(m.codes + r * (m.cols / 2) + blk * 16 + (o & 15));
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&u);
+      for (int j = 0; j < 8; ++j) w[j] = d * float((o < 16 ? (b[j] & 15) : (b[j] >> 4)) - 8);
+      return;
+    }
+    case TensorType::Q1_0: {
+      const float d = f16_to_f32(m.scales[r * (m.cols / 128) + c / 128]);
+      const uint8_t byte = m.codes[r * (m.cols / 8) + c / 8];
+      for (int j = 0; j < 8; ++j) w[j] = ((byte >> j) & 1) ? d : -d;
+      return;
+    }
+  }
+}
+
 __global__ void dequant_bf16_kernel(MatrixView m, int64_t r0, int64_t n_rows, uint16_t* __restrict__ out) {
-  const size_t total = size_t(n_rows) * m.cols;
+  const int64_t per_row = m.cols / 8;
+  const size_t total = size_t(n_rows) * per_row;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const int64_t r = int64_t(i / m.cols), c = int64_t(i % m.cols);
-    out[i] = ::kvq::f32_to_bf16(weight_at(m, r0 + r, c));
+    const int64_t r = int64_t(i / per_row), c = int64_t(i % per_row) * 8;
+    float w[8];
+    dequant8(m, r0 + r, c, w);
+    uint4 o;
+    o.x = uint32_t(::kvq::f32_to_bf16(w[0])) | (uint32_t(::kvq::f32_to_bf16(w[1])) << 16);
+    o.y = uint32_t(::kvq::f32_to_bf16(w[2])) | (uint32_t(::kvq::f32_to_bf16(w[3])) << 16);
+    o.z = uint32_t(::kvq::f32_to_bf16(w[4])) | (uint32_t(::kvq::f32_to_bf16(w[5])) << 16);
+    o.w = uint32_t(::kvq::f32_to_bf16(w[6])) | (uint32_t(::kvq::f32_to_bf16(w[7])) << 16);
+    reinterpret_cast<uint4*>(out)[i] = o;
   }
 }
 
@@ -126,47 +184,109 @@ __global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, i
   }
 }
 
-constexpr int kArgmaxThreads = 1024;
 
-__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
-  return v > bv || (v == bv && i < bi);
+// One warp per head: warps [0, nh) rotate q heads, [nh, nh + nkv) k heads,
+// [nh + nkv, nh + 2 nkv) copy v heads. Each lane holds kPer = D/32 values,
+// chosen so that both members of every RoPE pair sit in the same lane:
+// NEOX pairs (i, i + D/2): lane holds dims lane + 32 j; adjacent pairs
+// (2i, 2i+1): lane holds dims lane * kPer + j. Same arithmetic as the
+// separate rms_norm / rope kernels (sum of squares and angles in double).
+template <int kPer>
+__global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                     int nh, int nkv, const float* __restrict__ q_norm,
+                                     const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
+                                     const float* __restrict__ inv_freq, bool neox, double pos_scale,
+                                     KvLayerView kv) {
+  constexpr int D = kPer * 32;
+  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (warp >= nh + 2 * nkv) return;
+  if (pos_dev) pos = *pos_dev;
+  const bool is_q = warp < nh, is_k = !is_q && warp < nh + nkv;
+  const int head = is_q ? warp : is_k ? warp - nh : warp - nh - nkv;
+  const float* src = is_q ? q + size_t(head) * D : is_k ? k + size_t(head) * D : v + size_t(head) * D;
+  int dim[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) dim[j] = neox ? lane + 32 * j : lane * kPer + j;
+  float x[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) x[j] = src[dim[j]];
+  if (is_q || is_k) {
+    const float* w = is_q ? q_norm : k_norm;
+    if (w) {
+      double ss = 0.0;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) ss += double(x[j]) * x[j];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = float(1.0 / sqrt(ss / D + double(eps)));
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) x[j] = x[j] * inv * w[dim[j]];
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      // j indexes the pair's first member: NEOX j < kPer/2 pairs with j + kPer/2, adjacent even j with j + 1.
+      const bool first = neox ? j < kPer / 2 : (j % 2) == 0;
+      if (!first) continue;
+      const int partner = neox ? j + kPer / 2 : j + 1;
+      const int i = neox ? dim[j] : dim[j] / 2;
+      const double a = double(pos) * pos_scale * double(inv_freq[i]);
+      const float c = float(cos(a)), s = float(sin(a));
+      const float x0 = x[j], x1 = x[partner];
+      x[j] = x0 * c - x1 * s;
+      x[partner] = x0 * s + x1 * c;
+    }
+    float* dst = is_q ? q + size_t(head) * D : k + size_t(head) * D;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
+  }
+  if (!is_q && kv.k) {
+    uint16_t* cache = (is_k ? kv.k : kv.v) + (size_t(head) * kv.max_tokens + pos) * D;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float y = x[j] != x[j] ? 0.0f : fminf(fmaxf(x[j], -65504.0f), 65504.0f);  // as the CPU `none` block
+      cache[dim[j]] = ::kvq::f32_to_bf16(y);
+    }
+  }
+}
+
+// Greedy argmax in one launch over many CTAs. Each candidate is the 64-bit
+// key (order-preserving bits of the value << 32) | (~index), so the largest
+// key is the largest value with the lowest index among equals; NaN maps to
+// -inf and -0 to +0 (the host rule compares values, not bits). Every CTA
+// folds its best key into work[0] with atomicMax and takes a ticket in
+// work[1]; the last CTA, which therefore sees every CTA's key, writes the
+// index and resets both words to 0, so the next call (or graph replay) starts
+// clean.
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxMaxCtas = 264;
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  if (v != v) v = -INFINITY;
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(ordered) << 32) | static_cast<uint32_t>(~uint32_t(i));
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
-                                                                int32_t* __restrict__ out) {
-  __shared__ float sv[kArgmaxThreads / 32];
-  __shared__ int si[kArgmaxThreads / 32];
-  float bv = -INFINITY;
-  int bi = n;  // sentinel: loses to any real index on a tie
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = x[i];
-    if (v != v) v = -INFINITY;
-    if (argmax_better(v, i, bv, bi)) {
-      bv = v;
-      bi = i;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (argmax_better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+                                                                int32_t* __restrict__ out,
+                                                                unsigned long long* __restrict__ work) {
+  __shared__ unsigned long long warp_best[kArgmaxThreads / 32];
+  unsigned long long best = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    best = max(best, argmax_key(x[i], i));
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
-  }
+  if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x / 32); ++w)
-      if (argmax_better(sv[w], si[w], bv, bi)) {
-        bv = sv[w];
-        bi = si[w];
-      }
-    *out = bi < n ? bi : 0;  // every value NaN/-inf: index 0, as on the host
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kArgmaxThreads / 32; ++w) best = max(best, warp_best[w]);
+  atomicMax(&work[0], best);
+  __threadfence();
+  if (atomicAdd(&work[1], 1ull) == gridDim.x - 1) {
+    const unsigned long long final_key = atomicExch(&work[0], 0ull);
+    work[1] = 0;
+    *out = int32_t(~uint32_t(final_key & 0xffffffffull));
   }
 }
 
@@ -194,7 +314,8 @@ void dequantize_rows_bf16(const GpuMatrix& w, int64_t r0, int64_t n_rows, uint16
   KVQ_CHECK(r0 >= 0 && n_rows >= 0 && r0 + n_rows <= w.rows, Errc::internal, "dequantize_rows_bf16: rows [", r0,
             ", ", r0 + n_rows, ") outside a matrix of ", w.rows, " rows");
   if (n_rows == 0) return;
-  dequant_bf16_kernel<<<grid_for(size_t(n_rows) * w.cols), kThreads, 0, stream>>>(view_of(w), r0, n_rows, out);
+  KVQ_CHECK(w.cols % 8 == 0, Errc::internal, "dequantize_rows_bf16: ", w.cols, " columns (a multiple of 8 needed)");
+  dequant_bf16_kernel<<<grid_for(size_t(n_rows) * w.cols / 8), kThreads, 0, stream>>>(view_of(w), r0, n_rows, out);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -228,9 +349,10 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void argmax(const float* x, int n, int32_t* out, cudaStream_t stream) {
+void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream) {
   KVQ_CHECK(n > 0, Errc::internal, "argmax over an empty vector");
-  argmax_kernel<<<1, kArgmaxThreads, 0, stream>>>(x, n, out);
+  const int grid = std::min(kArgmaxMaxCtas, (n + kArgmaxThreads - 1) / kArgmaxThreads);
+  argmax_kernel<<<grid, kArgmaxThreads, 0, stream>>>(x, n, out, work);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -243,6 +365,33 @@ void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream
 void add(float* x, const float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+
+bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
+                   const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
+                   double pos_scale, const KvLayerView& kv, cudaStream_t stream) {
+  KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
+  KVQ_CHECK(!kv.k || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
+  const int warps = n_heads + 2 * n_kv_heads;
+  const int grid = (warps * 32 + 127) / 128;
+  switch (head_dim) {
+    case 64:
+      qk_rope_store_kernel<2><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
+                                                        inv_freq, neox, pos_scale, kv);
+      break;
+    case 128:
+      qk_rope_store_kernel<4><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
+                                                        inv_freq, neox, pos_scale, kv);
+      break;
+    default:
+      qk_rope_store_kernel<8><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
+                                                        inv_freq, neox, pos_scale, kv);
+      break;
+  }
   KVQ_CUDA_CHECK_LAUNCH();
 }
 

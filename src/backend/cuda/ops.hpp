@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/attention.hpp"
 #include "backend/cuda/gemv.hpp"
 
 namespace kvq::cuda {
@@ -38,8 +39,21 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
              double pos_scale, cudaStream_t stream);
 
 // *out = index of the largest of x[0..n) (device memory); NaN counts as -inf,
-// the lowest index wins ties (the greedy Sampler's rule). One CTA.
-void argmax(const float* x, int n, int32_t* out, cudaStream_t stream);
+// the lowest index wins ties (the greedy Sampler's rule). work: 2 words of
+// device memory, zero before the first call; every call leaves them zero.
+// Calls sharing a work buffer must not run concurrently.
+void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream);
+
+// The single-token form of: per-head RMSNorm of q and k (each only when its
+// weight is non-null), RoPE of both at position pos (or *pos_dev when set),
+// in place, and, when kv.k is set, k and v stored into that bf16 cache at the
+// position (sanitised like write_kv). One launch, one warp per head; the same
+// arithmetic as rms_norm + rope + write_kv. q [n_heads][head_dim], k and v
+// [n_kv_heads][head_dim] fp32 device memory.
+bool qk_rope_store_supported(int head_dim);
+void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
+                   const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
+                   double pos_scale, const KvLayerView& kv, cudaStream_t stream);
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
