@@ -9,7 +9,9 @@
 // 16-byte chunks strided by the warp, issuing U chunks x R rows of loads
 // before using any (bytes in flight hide HBM latency), and reuses each piece
 // of u for all R rows. Weights are loaded with ld.global.nc.L1::no_allocate:
-// they are read exactly once per step.
+// they are read exactly once per step. Launched as dependent launches
+// (dependent_launch.cuh): the first weight loads are issued before waiting
+// for the kernel that produces x.
 //
 // Shared memory:
 //   float types      float uf[cols]                 u = x (* norm weight)
@@ -29,6 +31,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/dependent_launch.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -229,101 +232,172 @@ size_t staged_bytes(TensorType t, int cols) {
 
 // Rows per task and chunks per lane in flight, per type: Q1_0 rows are short
 // (512 bytes at 4096 columns: one chunk per lane), so it takes more rows.
-template <TensorType T>
+// A SwiGLU task loads gate and up rows, so it takes half the rows.
+template <TensorType T, bool kPair>
 struct Shape {
-  static constexpr int kRows = T == TensorType::Q1_0 ? 4 : 2;
-  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : 4;
+  static constexpr int kRows = (T == TensorType::Q1_0 ? 4 : 2) / (kPair ? 2 : 1);
+  static constexpr int kUnroll = T == TensorType::Q1_0 ? 2 : 4;
 };
 
 // Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
+// Every thread reads float4s of x (and the norm) in batches of kBatch
+// independent loads, so the staging costs about one L2 round trip per batch
+// instead of one per 32 values. For quantized types the 8 lanes holding one
+// group of 32 values find its amax and code sum by shuffles.
 template <TensorType T>
 __device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
+  constexpr int kBatch = 4;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int cols = a.cols;
+  const int n4 = a.cols / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(a.x);
+  const float4* g4 = reinterpret_cast<const float4*>(a.norm);
+  float ss = 0.0f;
+  for (int base = 0; base < n4; base += kThreads * kBatch) {
+    float4 v[kBatch], g[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * kThreads + tid;
+      v[b] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      g[b] = a.norm && i < n4 ? g4[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * kThreads + tid;
+      ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
+      const float4 u = make_float4(v[b].x * g[b].x, v[b].y * g[b].y, v[b].z * g[b].z, v[b].w * g[b].w);
+      if constexpr (is_quantized(T)) {
+        // cols is a multiple of 256, so all lanes of a warp are in range or none.
+        if (base + b * kThreads + (tid & ~31) >= n4) continue;
+        float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float scale = amax / 127.0f;
+        int q[4] = {0, 0, 0, 0};
+        if (scale > 0.0f) {
+          q[0] = __float2int_rn(u.x / scale);
+          q[1] = __float2int_rn(u.y / scale);
+          q[2] = __float2int_rn(u.z / scale);
+          q[3] = __float2int_rn(u.w / scale);
+        }
+        // Values 4i..4i+3: byte (4i % 16) of 16-byte unit i / 4.
+        int* uq = reinterpret_cast<int*>(smem);
+        uq[swz(i >> 2) * 4 + (i & 3)] =
+            (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | (int(uint32_t(q[3]) << 24));
+        int sum = q[0] + q[1] + q[2] + q[3];
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((lane & 7) == 0) {
+          const int group = i >> 3;
+          reinterpret_cast<float*>(smem + a.cols)[group] = scale;
+          reinterpret_cast<int*>(smem + a.cols + (a.cols / 32) * 4)[group] = sum;
+        }
+      } else {
+        if (i < n4) reinterpret_cast<float4*>(smem)[i] = u;
+      }
+    }
+  }
   float inv_rms = 1.0f;
   if (a.norm) {
     __shared__ float partial[kWarps];
-    float ss = 0.0f;
-    for (int c = tid; c < cols; c += kThreads) {
-      const float v = a.x[c];
-      ss = fmaf(v, v, ss);
-    }
     ss = warp_sum(ss);
     if (lane == 0) partial[warp] = ss;
     __syncthreads();
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / float(cols) + a.eps);
-  }
-  if constexpr (is_quantized(T)) {
-    int8_t* uq = reinterpret_cast<int8_t*>(smem);
-    float* us = reinterpret_cast<float*>(smem + cols);
-    int* usum = reinterpret_cast<int*>(smem + cols + (cols / 32) * 4);
-    // One warp per 32 values.
-    for (int g = warp; g < cols / 32; g += kWarps) {
-      const int c = g * 32 + lane;
-      const float v = a.norm ? a.x[c] * a.norm[c] : a.x[c];
-      float amax = fabsf(v);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float scale = amax / 127.0f;
-      const int q = scale > 0.0f ? __float2int_rn(v / scale) : 0;
-      uq[swz(c >> 4) * 16 + (c & 15)] = int8_t(q);
-      int sum = q;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) {
-        us[g] = scale;
-        usum[g] = sum;
-      }
-    }
-  } else {
-    float* uf = reinterpret_cast<float*>(smem);
-    for (int c = tid; c < cols; c += kThreads) uf[c] = a.norm ? a.x[c] * a.norm[c] : a.x[c];
+    inv_rms = 1.0f / sqrtf(total / float(a.cols) + a.eps);
   }
   __syncthreads();
   return inv_rms;
 }
 
-// Accumulates the R rows starting at rows[0..R) (pointers to their codes and
-// scales) against the staged input: acc[r] += per-lane partial dot.
-template <TensorType T, int R>
-__device__ __forceinline__ void dot_rows(const uint8_t* const (&code_rows)[R], const uint16_t* const (&scale_rows)[R],
-                                         const Staged& s, int chunks, int lane, float (&acc)[R]) {
-  using W = Weights<T>;
-  constexpr int U = Shape<T>::kUnroll;
-  for (int base = lane; base < chunks; base += 32 * U) {
-    uint4 wv[U][R];
-    float d[U][R];
+// The weights of one task, loaded U chunks x R rows at a time.
+template <TensorType T, int R, int U>
+struct RowBatch {
+  uint4 w[U][R];
+  float d[U][R];
+
+  __device__ __forceinline__ void load(const uint8_t* const (&code_rows)[R], const uint16_t* const (&scale_rows)[R],
+                                       int base, int chunks) {
+    using W = Weights<T>;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i = base + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (i < chunks) {
-          wv[u][r] = load_stream(code_rows[r] + size_t(i) * 16);
+          w[u][r] = load_stream(code_rows[r] + size_t(i) * 16);
           if constexpr (W::kPerScale > 0)
             d[u][r] = half_bits_to_float(__ldg(scale_rows[r] + (i * W::kPerChunk) / W::kPerScale));
           else
             d[u][r] = 1.0f;
+        } else {
+          w[u][r] = make_uint4(0, 0, 0, 0);
+          d[u][r] = 0.0f;
         }
       }
     }
+  }
+  __device__ __forceinline__ void accumulate(const Staged& s, int base, int chunks, float (&acc)[R]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i = base + 32 * u;
       if (i < chunks) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += W::dot(wv[u][r], d[u][r], s, i);
+        for (int r = 0; r < R; ++r) acc[r] += Weights<T>::dot(w[u][r], d[u][r], s, i);
       }
     }
   }
-}
+};
 
 template <TensorType T, bool kPair>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int R = Shape<T, kPair>::kRows;
+  constexpr int U = Shape<T, kPair>::kUnroll;
+  constexpr int kMats = kPair ? 2 : 1;
+  const int lane = threadIdx.x & 31;
+  const int chunks = a.cols / Weights<T>::kPerChunk;
+  const int64_t row_bytes = code_row_bytes(T, a.cols);
+  const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
+
+  // Where a task's rows are: its output (segment), first row, row pointers.
+  int seg = 0, row0 = 0;
+  const uint8_t* code_rows[kMats][R];
+  const uint16_t* scale_rows[kMats][R];
+  auto locate = [&](int task) {
+    seg = 0;
+    if (!kPair) {
+      while (task >= a.task_end[seg]) ++seg;
+    }
+    row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
+    const int rows = a.rows[seg];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const int mi = kPair ? m : seg;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, rows - 1);  // a short last task recomputes the last row; not stored
+        code_rows[m][r] = a.codes[mi] + row * row_bytes;
+        scale_rows[m][r] = a.scales[mi] + size_t(row) * scales_per_row;
+      }
+    }
+  };
+
+  allow_dependents();
+  // The first batch of weights does not depend on the input: issue its loads
+  // before waiting for the kernel that writes x and before staging, so HBM
+  // latency overlaps the predecessor's tail and the staging's L2 round trips.
+  int task = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  RowBatch<T, R, U> batch[kMats];
+  bool prefetched = false;
+  if (task < a.n_tasks) {
+    locate(task);
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) batch[m].load(code_rows[m], scale_rows[m], lane, chunks);
+    prefetched = true;
+  }
+  wait_for_predecessor();
   const float inv_rms = stage_input<T>(a, smem);
   Staged s;
   s.uf = reinterpret_cast<const float*>(smem);
@@ -331,34 +405,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(KernelArgs a) {
   s.us = reinterpret_cast<const float*>(smem + a.cols);
   s.usum = reinterpret_cast<const int*>(smem + a.cols + (a.cols / 32) * 4);
 
-  constexpr int R = Shape<T>::kRows;
-  const int lane = threadIdx.x & 31;
-  const int chunks = a.cols / Weights<T>::kPerChunk;
-  const int64_t row_bytes = code_row_bytes(T, a.cols);
-  const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
-
-  for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < a.n_tasks; task += gridDim.x * kWarps) {
-    int seg = 0;
-    if (!kPair) {
-      while (task >= a.task_end[seg]) ++seg;
-    }
-    const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
-    const int rows = a.rows[seg];
-    constexpr int kMats = kPair ? 2 : 1;
+  for (; task < a.n_tasks; task += gridDim.x * kWarps) {
+    if (!prefetched) locate(task);
     float acc[kMats][R] = {};
+    for (int base = lane; base < chunks; base += 32 * U) {
+      if (!prefetched) {
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const int mi = kPair ? m : seg;
-      const uint8_t* code_rows[R];
-      const uint16_t* scale_rows[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int row = min(row0 + r, rows - 1);  // a short last task recomputes the last row; not stored
-        code_rows[r] = a.codes[mi] + row * row_bytes;
-        scale_rows[r] = a.scales[mi] + size_t(row) * scales_per_row;
+        for (int m = 0; m < kMats; ++m) batch[m].load(code_rows[m], scale_rows[m], base, chunks);
       }
-      dot_rows<T, R>(code_rows, scale_rows, s, chunks, lane, acc[m]);
+      prefetched = false;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) batch[m].accumulate(s, base, chunks, acc[m]);
     }
+    const int rows = a.rows[seg];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v0 = warp_sum(acc[0][r]) * inv_rms;
@@ -392,9 +451,10 @@ int resident_ctas(size_t smem) {
   static size_t configured = 0;
   static int ctas = 1;
   if (smem > configured) {
-    if (smem > 48 * 1024)
-      KVQ_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(smem)));
+    // Always raised: the static shared memory (the norm's partial sums) counts
+    // against the 48 KiB default too.
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
     int n = 0;
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<T, kPair>, kThreads, smem));
     ctas = std::max(1, n);
@@ -408,8 +468,7 @@ void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
   const size_t smem = staged_bytes(T, a.cols);
   const int needed = (rows_total_tasks + kWarps - 1) / kWarps;
   const int grid = std::max(1, std::min(needed, resident_ctas<T, kPair>(smem) * sm_count()));
-  gemv_kernel<T, kPair><<<grid, kThreads, smem, stream>>>(a);
-  KVQ_CUDA_CHECK_LAUNCH();
+  launch_dependent(gemv_kernel<T, kPair>, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
 template <bool kPair>
@@ -426,14 +485,15 @@ void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream) {
   fail(Errc::internal, "GPU GEMV: no kernel for ", gguf::tensor_type_name(t));
 }
 
+template <bool kPair>
 int rows_per_task(TensorType t) {
   switch (t) {
-    case TensorType::F32: return Shape<TensorType::F32>::kRows;
-    case TensorType::F16: return Shape<TensorType::F16>::kRows;
-    case TensorType::BF16: return Shape<TensorType::BF16>::kRows;
-    case TensorType::Q8_0: return Shape<TensorType::Q8_0>::kRows;
-    case TensorType::Q4_0: return Shape<TensorType::Q4_0>::kRows;
-    default: return Shape<TensorType::Q1_0>::kRows;
+    case TensorType::F32: return Shape<TensorType::F32, kPair>::kRows;
+    case TensorType::F16: return Shape<TensorType::F16, kPair>::kRows;
+    case TensorType::BF16: return Shape<TensorType::BF16, kPair>::kRows;
+    case TensorType::Q8_0: return Shape<TensorType::Q8_0, kPair>::kRows;
+    case TensorType::Q4_0: return Shape<TensorType::Q4_0, kPair>::kRows;
+    default: return Shape<TensorType::Q1_0, kPair>::kRows;
   }
 }
 
@@ -471,7 +531,7 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   a.eps = req.norm_eps;
   a.cols = int(w0.cols);
   a.epilogue = req.epilogue;
-  const int R = rows_per_task(w0.type);
+  const int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
   int tasks = 0;
   for (int i = 0; i < req.n_out; ++i) {
     const GpuMatrix& w = *req.out[i].w;

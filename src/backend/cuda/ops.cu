@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/dependent_launch.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -198,6 +199,8 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
                                      const float* __restrict__ inv_freq, bool neox, double pos_scale,
                                      KvLayerView kv) {
   constexpr int D = kPer * 32;
+  allow_dependents();
+  wait_for_predecessor();
   const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
   if (warp >= nh + 2 * nkv) return;
   if (pos_dev) pos = *pos_dev;
@@ -272,6 +275,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
                                                                 int32_t* __restrict__ out,
                                                                 unsigned long long* __restrict__ work) {
   __shared__ unsigned long long warp_best[kArgmaxThreads / 32];
+  allow_dependents();
+  wait_for_predecessor();
   unsigned long long best = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     best = max(best, argmax_key(x[i], i));
@@ -352,8 +357,7 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
 void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream) {
   KVQ_CHECK(n > 0, Errc::internal, "argmax over an empty vector");
   const int grid = std::min(kArgmaxMaxCtas, (n + kArgmaxThreads - 1) / kArgmaxThreads);
-  argmax_kernel<<<grid, kArgmaxThreads, 0, stream>>>(x, n, out, work);
-  KVQ_CUDA_CHECK_LAUNCH();
+  launch_dependent(argmax_kernel, dim3(grid), dim3(kArgmaxThreads), 0, stream, x, n, out, work);
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream) {
@@ -380,16 +384,16 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
   const int grid = (warps * 32 + 127) / 128;
   switch (head_dim) {
     case 64:
-      qk_rope_store_kernel<2><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
-                                                        inv_freq, neox, pos_scale, kv);
+      launch_dependent(qk_rope_store_kernel<2>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
+                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
       break;
     case 128:
-      qk_rope_store_kernel<4><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
-                                                        inv_freq, neox, pos_scale, kv);
+      launch_dependent(qk_rope_store_kernel<4>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
+                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
       break;
     default:
-      qk_rope_store_kernel<8><<<grid, 128, 0, stream>>>(q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos, pos_dev,
-                                                        inv_freq, neox, pos_scale, kv);
+      launch_dependent(qk_rope_store_kernel<8>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
+                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
       break;
   }
   KVQ_CUDA_CHECK_LAUNCH();
