@@ -226,11 +226,14 @@ class CudaBackend final : public Backend {
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
-      if (recording_) recorded_addresses_.push_back(g.scratch().part.data());
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
-      // The partial-state scratch is sized by the call above; record its
-      // address after it (it can only grow before recording: warm step).
-      if (recording_) recorded_addresses_.back() = g.scratch().part.data();
+      // The partial-state scratch and the decode kernel's arrival counters are
+      // sized by the call above; record their addresses after it (they can
+      // only grow before recording: warm step).
+      if (recording_) {
+        recorded_addresses_.push_back(g.scratch().part.data());
+        recorded_addresses_.push_back(g.scratch().decode_counters.data());
+      }
       return;
     }
     flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
@@ -301,6 +304,7 @@ class CudaBackend final : public Backend {
       const CudaLayerCache& lc = gpu_layer(cache.layer(l));
       now.push_back(lc.view().k);
       now.push_back(lc.scratch().part.data());
+      now.push_back(lc.scratch().decode_counters.data());
     }
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
@@ -355,7 +359,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<int32_t> step_dev_, argmax_dev_;
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
-  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch
+  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch, decode counters
   // The x whose int8 copy gemv_scratch_ holds (null: none). Every op but a
   // decode GEMV forgets it: any of them may write x (conservatively).
   const float* xq_of_ = nullptr;
