@@ -3,7 +3,10 @@
 // heads, 8 KV heads, head_dim 128), at contexts 4k..64k.
 //   kvq_bench_attention [iters]
 // decode: one query token at position L-1 (reads L * 4 KiB of K+V per layer);
-// prints time, GB/s and % of the device-to-device copy bandwidth.
+// prints time, GB/s and % of the device-to-device copy bandwidth, for
+// flash_attention(n = 1) (host position) and flash_attention_decode_at()
+// (position in device memory, the launch a recorded decode step replays; the
+// cache holds 65536 tokens, so its split is the same at every context).
 // prefill: a 512-token chunk at positions L-512..L-1 (causal); prints time and
 // the fp32 FLOP rate (4 * heads * D * visible keys per query), since prefill is
 // compute bound.
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_decode.hpp"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/device_buffer.hpp"
 #include "lab_timing.cuh"
@@ -59,20 +63,30 @@ int main(int argc, char** argv) {
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::KvLayerView layer{k.data(), v.data(), n_kv, D, max_tokens};
     cuda::AttentionScratch scratch;
+    cuda::DeviceBuffer<int> pos_dev(1);
     const float scale = 0.08838834764831845f;
-    std::printf("%8s %12s %10s %8s %14s %12s\n", "context", "decode_us", "GB/s", "%copy", "prefill512_ms",
-                "TFLOP/s");
+    const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, out.data());
+    std::printf("decode kernel: %s", tensor_core ? "tensor-core split-KV" : "general (CUDA cores)");
+    if (tensor_core) std::printf(", %d splits x %d KV heads", cuda::flash_decode_splits(layer, n_heads), n_kv);
+    std::printf("\n%8s %12s %10s %8s %12s %10s %8s %14s %12s\n", "context", "decode_us", "GB/s", "%copy", "dec_at_us",
+                "GB/s", "%copy", "prefill512_ms", "TFLOP/s");
     for (int L : {4096, 8192, 16384, 32768, 65536}) {
       const double dec = lab::time_ms([&] { cuda::flash_attention(layer, L - 1, 1, q.data(), n_heads, scale, out.data(),
                                                               scratch, nullptr); }, iters);
+      pos_dev.upload(std::vector<int>{L - 1});
+      const double dec_at = lab::time_ms([&] { cuda::flash_attention_decode_at(layer, pos_dev.data(), q.data(), n_heads,
+                                                                           scale, out.data(), scratch, nullptr); },
+                                         iters);
       const double bytes = double(L) * n_kv * D * 2 * 2;
       const double pre = lab::time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
                                                               out.data(), scratch, nullptr); }, std::max(3, iters / 4));
       double keys = 0;
       for (int t = 0; t < chunk; ++t) keys += L - chunk + t + 1;
       const double flops = 4.0 * n_heads * D * keys;
-      std::printf("%8d %12.1f %10.0f %7.1f%% %14.3f %12.2f\n", L, dec * 1e3, bytes / (dec * 1e-3) / 1e9,
-                  100.0 * bytes / (dec * 1e-3) / 1e9 / copy, pre, flops / (pre * 1e-3) / 1e12);
+      std::printf("%8d %12.1f %10.0f %7.1f%% %12.1f %10.0f %7.1f%% %14.3f %12.2f\n", L, dec * 1e3,
+                  bytes / (dec * 1e-3) / 1e9, 100.0 * bytes / (dec * 1e-3) / 1e9 / copy, dec_at * 1e3,
+                  bytes / (dec_at * 1e-3) / 1e9, 100.0 * bytes / (dec_at * 1e-3) / 1e9 / copy, pre,
+                  flops / (pre * 1e-3) / 1e12);
     }
     return 0;
   } catch (const std::exception& e) {

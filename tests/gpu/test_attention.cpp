@@ -1,7 +1,8 @@
 // GPU KV cache (codec none, bf16) and split-KV flash attention vs the CPU
-// `none` cache (kv/cpu_cache.cpp), decode (n == 1) and causal prefill
-// (n > 1), GQA ratios 1..8, head_dim 64/128/256, contexts that need one and
-// many key chunks.
+// `none` cache (kv/cpu_cache.cpp), decode (n == 1: the tensor-core kernel of
+// attention_decode.cu for all these shapes) and causal prefill (n > 1), GQA
+// ratios 1..8, head_dim 64/128/256, contexts that need one and many key
+// chunks.
 #include <gtest/gtest.h>
 
 #include <cmath>

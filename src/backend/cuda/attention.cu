@@ -7,6 +7,8 @@
 //   m_s, l_s, a_s [R]    running max, running sum, rescale factor of the tile
 #include "backend/cuda/attention.hpp"
 
+#include "backend/cuda/attention_decode.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -309,12 +311,20 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
                      AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, out)) {
+    flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
+    return;
+  }
   launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
 }
 
 void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
+  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, out)) {
+    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
+    return;
+  }
   // Split as for a full cache, but with chunks of at most kDecodeChunkCap keys:
   // with a cache much larger than the current context (a big --ctx) the keys
   // that exist still spread over enough CTAs; chunks past the position exit

@@ -14,8 +14,9 @@
 //   Tq = 1 with many chunks; prefill uses Tq up to 16.
 //   A merge kernel combines the chunks' partial states:
 //   M = max m_c, L = sum l_c e^(m_c-M), o = sum o_c e^(m_c-M) / L.
-// Scores and accumulation are fp32 on CUDA cores this session (no tensor
-// cores yet): correct first.
+// Scores and accumulation are fp32 on CUDA cores. Decode (n == 1) of the
+// common shapes runs the tensor-core kernel of attention_decode.hpp instead;
+// this kernel remains for prefill and for the shapes that one does not cover.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,8 +48,13 @@ void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, c
 
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).
+// decode_counters: per-KV-head arrival counters of the tensor-core decode
+// kernel (attention_decode.hpp), zeroed when allocated and left at zero by
+// every launch; allocated by the first decode call (before any recording),
+// and a recorded step bakes its address in like part's.
 struct AttentionScratch {
   DeviceBuffer<float> part;
+  DeviceBuffer<unsigned> decode_counters;
 };
 
 // True when the kernel supports this shape (head_dim a multiple of 32 up to
@@ -66,6 +72,9 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
 // chunks that start past the position write an empty partial state
 // (m = -inf, l = 0), which the merge skips. Same arithmetic per key as
 // flash_attention(); only the chunk boundaries (summation order) differ.
+// Shapes flash_decode_supported() accepts run the tensor-core decode kernel
+// (attention_decode.hpp; its split also ignores the position), the others
+// the kernel described here.
 void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream);
 

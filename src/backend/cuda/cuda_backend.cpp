@@ -272,11 +272,14 @@ class CudaBackend final : public Backend {
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
-      if (recording_) recorded_addresses_.push_back(g.scratch().part.data());
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
-      // The partial-state scratch is sized by the call above; record its
-      // address after it (it can only grow before recording: warm step).
-      if (recording_) recorded_addresses_.back() = g.scratch().part.data();
+      // The partial-state scratch and the decode kernel's arrival counters are
+      // sized by the call above; record their addresses after it (they can
+      // only grow before recording: warm step).
+      if (recording_) {
+        recorded_addresses_.push_back(g.scratch().part.data());
+        recorded_addresses_.push_back(g.scratch().decode_counters.data());
+      }
       return;
     }
     flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
@@ -343,6 +346,7 @@ class CudaBackend final : public Backend {
       const CudaLayerCache& lc = gpu_layer(cache.layer(l));
       now.push_back(lc.view().k);
       now.push_back(lc.scratch().part.data());
+      now.push_back(lc.scratch().decode_counters.data());
     }
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
@@ -406,7 +410,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
-  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch
+  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch, decode counters
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)

@@ -1,0 +1,46 @@
+// Tensor-core split-KV flash DECODE attention (one query token) over the bf16
+// GPU KV cache (layout in attention.hpp). flash_attention() with n == 1 and
+// flash_attention_decode_at() route here when flash_decode_supported();
+// prefill (n > 1) never does.
+//
+// Work split: grid (n_splits, n_kv_heads), 4 warps per CTA. n_splits is fixed
+// per launch (one resident wave of CTAs, at most kMaxDecodeSplits); each CTA
+// reads the position at run time and takes the keys
+//   [split * chunk, min((split + 1) * chunk, pos + 1)),
+//   chunk = round_up(ceil((pos + 1) / n_splits), 16),
+// so one recorded launch (CUDA graph) serves every position. Its warps run
+// independent online softmaxes over interleaved 16-key tiles with mma.sync
+// (bf16 in, fp32 accumulate), merge in shared memory, and the CTA writes one
+// partial state (m, l, o) per query head of its group. The last CTA of a KV
+// head to finish (an arrival counter in AttentionScratch) merges that head's
+// partials into `out` and resets the counter to 0: no second launch.
+// Fragment and permutation layouts: attention_decode.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/attention.hpp"
+
+namespace kvq::cuda {
+
+constexpr int kMaxDecodeSplits = 64;  // bounds the serial merge done by the last CTA of each KV head
+
+// True when the tensor-core decode kernel handles this shape: GQA group
+// G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `out`
+// 16-byte aligned (it is written with float4 stores).
+bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* out);
+
+// The number of key splits (gridDim.x) a decode launch of this shape uses when
+// the position is only known on the device; depends on the shape, the GPU and
+// the cache capacity, never on the position.
+int flash_decode_splits(const KvLayerView& layer, int n_heads);
+
+// Decode attention of one query token at position pos (or *pos_dev when
+// pos_dev is set: device memory, already range-checked; the launch then does
+// not depend on the position). q, out: [n_heads][head_dim] fp32, device.
+// Sizes scratch.part and scratch.decode_counters on first use (call once
+// before recording a graph).
+void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
+                  float* out, AttentionScratch& scratch, cudaStream_t stream);
+
+}  // namespace kvq::cuda
