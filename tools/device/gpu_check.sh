@@ -25,7 +25,16 @@ time cmake --build build-gpu -j "$J" --target kvq kvq_gpu_tests kvq_bench_gemv k
 if want tests; then
   echo "== gpu tests"
   (cd build-gpu && ctest -L gpu --output-on-failure -j 4 >"$OUT/gpu_tests.txt" 2>&1; tail -25 "$OUT/gpu_tests.txt")
-  build-gpu/tests/kvq_gpu_tests --gtest_filter='*CudaForward*' 2>&1 | grep -iE "worst|bound|FAIL|OK \]" | head -20
+  build-gpu/tests/kvq_gpu_tests --gtest_filter='*CudaForward*' 2>&1 | grep -iE "worst|bound|FAIL|OK \]|identical" | head -20
+fi
+if want sanitize; then
+  echo "== compute-sanitizer on small attention cases"
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  for tool in memcheck racecheck; do
+    timeout 120 "$CS" --tool $tool --error-exitcode 9 build-gpu/tests/kvq_gpu_tests \
+      --gtest_filter="${SANITIZE_FILTER:-*CudaDecodeAttention*G5_kv3_d64_cap4100:*GemvFused*Q1_0_c512*:*QkRopeStore*}" 2>&1 | tail -3
+    echo "$tool exit: $?"
+  done
 fi
 
 if want golden; then
