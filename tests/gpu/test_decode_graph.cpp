@@ -105,10 +105,12 @@ TEST_P(DecodeGraph, ReplayMatchesDirectLaunches) {
       ASSERT_EQ(lr[i], ld[i]) << "replayed vs direct, step " << s << " logit " << i;
       const double err = std::fabs(double(lr[i]) - lp[i]);
       worst_plain = std::max(worst_plain, err);
-      // Attention sums in another order: ~1e-6 relative; the quantized GEMVs'
-      // int8 rounding of x can turn that into one quantization step.
-      const double bound = weights ? 2e-2 : 1e-3;
-      ASSERT_LE(err, bound + 1e-3 * std::fabs(lp[i])) << "replayed vs graphs off, step " << s << " logit " << i;
+      // Attention sums in another order (another split count): ~1e-6
+      // relative; the quantized GEMVs' int8 rounding of x can turn that into
+      // whole quantization steps, i.e. the GPU-vs-CPU bound of
+      // test_forward_cuda.cpp for quantized weights.
+      const double abs_bound = weights ? 0.08 : 1e-3, rel_bound = weights ? 0.03 : 1e-3;
+      ASSERT_LE(err, abs_bound + rel_bound * std::fabs(lp[i])) << "replayed vs graphs off, step " << s << " logit " << i;
     }
     next = host_argmax(lr.data(), vocab);
   }

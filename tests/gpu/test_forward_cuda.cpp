@@ -145,8 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Synthetic, CudaForward, ::testing::ValuesIn(kCases), e2
 // The trained default model (models/kvq-tiny-code.gguf, Q8_0), a prompt,
 // 64 free-running greedy tokens on each device: the GPU must choose the very
 // tokens the CPU chooses (each device feeds back its own choice), through the
-// recorded decode step and the GPU argmax; and at every step the GPU's logits
-// stay within the Q8_0 bound above. A trained model's top-1 margins are
+// recorded decode step and the GPU argmax; then one step's logits are
+// compared value by value. A trained model's top-1 margins are
 // large, so the rounding differences cannot flip one; the smallest margin is
 // printed so a near-tie failure can be told from a real divergence.
 TEST(CudaForwardTrained, GreedyTokensIdenticalToCpu) {
@@ -188,10 +188,15 @@ TEST(CudaForwardTrained, GreedyTokensIdenticalToCpu) {
   const int pos = int(ids.size()) + steps - 1;
   cpu_model->forward(&cpu_next, 1, pos, *cpu_cache, lc.data(), false);
   gpu_model->forward(&gpu_next, 1, pos, *gpu_cache, lg.data(), false);
+  // The int8 rounding of GEMV inputs perturbs every logit by a fraction of the
+  // row's scale, not of its own magnitude (measured: 0.10 on a logit of 0.2
+  // with the row's largest near 15): 1 % of the largest |logit| plus 0.05.
+  float row_max = 0;
+  for (int i = 0; i < vocab; ++i) row_max = std::max(row_max, std::fabs(lc[i]));
   for (int i = 0; i < vocab; ++i) {
     const double err = std::fabs(double(lg[i]) - lc[i]);
     worst = std::max(worst, err);
-    ASSERT_LE(err, 0.08 + 0.03 * std::fabs(lc[i])) << "logit " << i;
+    ASSERT_LE(err, 0.05 + 0.01 * row_max) << "logit " << i << " (largest |logit| " << row_max << ")";
   }
   EXPECT_TRUE(gpu_model->step_graph_recorded()) << "the GPU steps were not replayed from a recording";
   std::printf("[ kvq-tiny-code ] 64 greedy tokens identical, smallest CPU top-1 margin %.3f, last-step max |logit "
