@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_prefill.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -309,6 +310,12 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
                      AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  // Prefill: the tensor-core kernel (attention_prefill.cu) for the shapes it
+  // supports; this file's CUDA-core kernel for decode and the other shapes.
+  if (n > 1 && flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim)) {
+    flash_attention_prefill(layer, pos, n, q, n_heads, scale, out, scratch, stream);
+    return;
+  }
   launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
 }
 

@@ -14,8 +14,10 @@
 //   Tq = 1 with many chunks; prefill uses Tq up to 16.
 //   A merge kernel combines the chunks' partial states:
 //   M = max m_c, L = sum l_c e^(m_c-M), o = sum o_c e^(m_c-M) / L.
-// Scores and accumulation are fp32 on CUDA cores this session (no tensor
-// cores yet): correct first.
+// Scores and accumulation are fp32 on CUDA cores.
+// Prefill (n > 1) of the shapes flash_attention_prefill_supported() accepts
+// (head_dim 64/128/256, GQA group <= 64) goes instead to the tensor-core
+// kernel of attention_prefill.hpp (bf16 Q and P, fp32 accumulation).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,6 +58,8 @@ struct AttentionScratch {
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why);
 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
+// n > 1 with a shape flash_attention_prefill_supported() accepts runs
+// flash_attention_prefill() (attention_prefill.hpp).
 void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
                      AttentionScratch& scratch, cudaStream_t stream);
 
