@@ -1,20 +1,24 @@
-// Kernel lab: the production split-KV flash attention (backend/cuda/attention)
-// over one layer of a bf16 cache of the Qwen3-8B / Bonsai-8B shape (32 query
-// heads, 8 KV heads, head_dim 128), at contexts 4k..64k.
+// Kernel lab: production attention (backend/cuda/attention*) over one layer
+// of a bf16 cache of the Qwen3-8B / Bonsai-8B shape (32 query heads, 8 KV
+// heads, head_dim 128), at contexts 2k..64k.
 //   kvq_bench_attention [iters]
 // decode: one query token at position L-1 (reads L * 4 KiB of K+V per layer);
 // prints time, GB/s and % of the device-to-device copy bandwidth, for
 // flash_attention(n = 1) (host position) and flash_attention_decode_at()
 // (position in device memory, the launch a recorded decode step replays; the
 // cache holds 65536 tokens, so its split is the same at every context).
-// prefill: a 512-token chunk at positions L-512..L-1 (causal); prints time and
-// the fp32 FLOP rate (4 * heads * D * visible keys per query), since prefill is
-// compute bound.
+// prefill: a 512- and a 2048-token chunk ending at position L-1 (causal; the
+// tensor-core kernel of attention_prefill.cu); prints time and TFLOP/s
+// counting only unmasked work, 4 * heads * D * visible keys per query token.
+// Last line: the attention time of a whole 64k-token prompt prefilled in
+// 2048-token chunks over 36 layers, from the measured chunk times
+// (interpolated linearly in the context between the measured points).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
@@ -57,8 +61,9 @@ int main(int argc, char** argv) {
     cuda::DeviceBuffer<uint16_t> k(size_t(n_kv) * max_tokens * D), v(k.size());
     fill_bf16<<<1024, 256>>>(k.data(), k.size(), 1);
     fill_bf16<<<1024, 256>>>(v.data(), v.size(), 2);
-    const int chunk = 512;
-    cuda::DeviceBuffer<float> q(size_t(chunk) * n_heads * D), out(q.size());
+    constexpr int kChunks[2] = {512, 2048};
+    const int max_chunk = kChunks[1];
+    cuda::DeviceBuffer<float> q(size_t(max_chunk) * n_heads * D), out(q.size());
     fill_f32<<<1024, 256>>>(q.data(), q.size(), 3);
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::KvLayerView layer{k.data(), v.data(), n_kv, D, max_tokens};
@@ -68,9 +73,17 @@ int main(int argc, char** argv) {
     const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, out.data());
     std::printf("decode kernel: %s", tensor_core ? "tensor-core split-KV" : "general (CUDA cores)");
     if (tensor_core) std::printf(", %d splits x %d KV heads", cuda::flash_decode_splits(layer, n_heads), n_kv);
-    std::printf("\n%8s %12s %10s %8s %12s %10s %8s %14s %12s\n", "context", "decode_us", "GB/s", "%copy", "dec_at_us",
-                "GB/s", "%copy", "prefill512_ms", "TFLOP/s");
-    for (int L : {4096, 8192, 16384, 32768, 65536}) {
+    std::printf("\n");
+    // 4 * heads * D * sum over the chunk's queries of their visible keys.
+    auto prefill_flops = [&](int L, int chunk) {
+      double keys = 0;
+      for (int t = 0; t < chunk; ++t) keys += L - chunk + t + 1;
+      return 4.0 * n_heads * D * keys;
+    };
+    std::printf("%8s %10s %8s %7s %10s %8s %7s %14s %9s %15s %9s\n", "context", "decode_us", "GB/s", "%copy",
+                "dec_at_us", "GB/s", "%copy", "prefill512_ms", "TFLOP/s", "prefill2048_ms", "TFLOP/s");
+    std::vector<std::pair<int, double>> chunk2048_ms;  // (context, ms) for the whole-prompt estimate
+    for (int L : {2048, 4096, 8192, 16384, 32768, 65536}) {
       const double dec = lab::time_ms([&] { cuda::flash_attention(layer, L - 1, 1, q.data(), n_heads, scale, out.data(),
                                                               scratch, nullptr); }, iters);
       pos_dev.upload(std::vector<int>{L - 1});
@@ -78,16 +91,37 @@ int main(int argc, char** argv) {
                                                                            scale, out.data(), scratch, nullptr); },
                                          iters);
       const double bytes = double(L) * n_kv * D * 2 * 2;
-      const double pre = lab::time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
-                                                              out.data(), scratch, nullptr); }, std::max(3, iters / 4));
-      double keys = 0;
-      for (int t = 0; t < chunk; ++t) keys += L - chunk + t + 1;
-      const double flops = 4.0 * n_heads * D * keys;
-      std::printf("%8d %12.1f %10.0f %7.1f%% %12.1f %10.0f %7.1f%% %14.3f %12.2f\n", L, dec * 1e3,
+      double pre[2];
+      for (int c = 0; c < 2; ++c) {
+        const int chunk = kChunks[c];
+        pre[c] = lab::time_ms([&] { cuda::flash_attention(layer, L - chunk, chunk, q.data(), n_heads, scale,
+                                                         out.data(), scratch, nullptr); }, std::max(3, iters / 4));
+      }
+      chunk2048_ms.emplace_back(L, pre[1]);
+      std::printf("%8d %10.1f %8.0f %6.1f%% %10.1f %8.0f %6.1f%% %14.3f %9.1f %15.3f %9.1f\n", L, dec * 1e3,
                   bytes / (dec * 1e-3) / 1e9, 100.0 * bytes / (dec * 1e-3) / 1e9 / copy, dec_at * 1e3,
-                  bytes / (dec_at * 1e-3) / 1e9, 100.0 * bytes / (dec_at * 1e-3) / 1e9 / copy, pre,
-                  flops / (pre * 1e-3) / 1e12);
+                  bytes / (dec_at * 1e-3) / 1e9, 100.0 * bytes / (dec_at * 1e-3) / 1e9 / copy, pre[0],
+                  prefill_flops(L, 512) / (pre[0] * 1e-3) / 1e12, pre[1],
+                  prefill_flops(L, 2048) / (pre[1] * 1e-3) / 1e12);
     }
+    // Whole 64k prompt: chunks ending at 2048, 4096, ..., 65536.
+    auto interpolate_ms = [&](int L) {
+      for (size_t i = 1; i < chunk2048_ms.size(); ++i)
+        if (L <= chunk2048_ms[i].first) {
+          const auto [l0, t0] = chunk2048_ms[i - 1];
+          const auto [l1, t1] = chunk2048_ms[i];
+          return t0 + (t1 - t0) * double(L - l0) / double(l1 - l0);
+        }
+      return chunk2048_ms.back().second;
+    };
+    double prompt_ms = 0, prompt_flops = 0;
+    for (int L = 2048; L <= 65536; L += 2048) {
+      prompt_ms += interpolate_ms(L);
+      prompt_flops += prefill_flops(L, 2048);
+    }
+    constexpr int kLayers = 36;
+    std::printf("64k-token prompt, 2048-token chunks, %d layers: attention %.2f s (%.1f TFLOP/s)\n", kLayers,
+                kLayers * prompt_ms * 1e-3, prompt_flops / (prompt_ms * 1e-3) / 1e12);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvq_bench_attention: %s\n", e.what());

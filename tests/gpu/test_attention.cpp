@@ -1,18 +1,22 @@
 // GPU KV cache (codec none, bf16) and split-KV flash attention vs the CPU
 // `none` cache (kv/cpu_cache.cpp), decode (n == 1: the tensor-core kernel of
 // attention_decode.cu for all these shapes) and causal prefill (n > 1), GQA
-// ratios 1..8, head_dim 64/128/256, contexts that need one and many key
-// chunks.
+// ratios 1..8, head_dim 64/96/128/256, contexts that need one and many key
+// chunks. Prefill of the shapes the tensor-core kernel supports runs it (bf16
+// Q and P): those cases use its bounds (prefill_test_util.hpp); the rest keep
+// the fp32 kernel's bound.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "backend/cuda/attention_prefill.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gpu_test_util.hpp"
 #include "kv/cache.hpp"
+#include "prefill_test_util.hpp"
 
 using namespace kvq;
 using gputest::Guarded;
@@ -67,16 +71,39 @@ TEST_P(CudaAttention, MatchesCpuNoneCache) {
   Guarded dq(q.size(), &q), out(ref.size());
   gpu_cache->layer(layer).attend(c.pos, c.n, dq.data(), c.n_heads, scale, out.data());
   const auto y = out.result();
-  // Both read the same bf16 K/V and compute in fp32 in different orders: score
-  // errors ~ head_dim * 2^-24 * |q||k| (~1e-5 here), hence output errors of
-  // that order relative to max|v| (~4): 1e-4 absolute is ~10x that.
+  // fp32 kernel: both read the same bf16 K/V and compute in fp32 in
+  // different orders: score errors ~ head_dim * 2^-24 * |q||k| (~1e-5 here),
+  // hence output errors of that order relative to max|v| (~4): 1e-4 absolute
+  // is ~10x that.
+  // Tensor-core prefill: bounds (1) and (2) of prefill_test_util.hpp, (1)
+  // against the reference run on the kernel's own bf16 queries.
+  const bool tensor_core_prefill =
+      c.n > 1 && cuda::flash_attention_prefill_supported(c.n_heads, c.n_kv, c.head_dim);
+  std::vector<float> ref_bf16q;
+  gputest::KvHeadStats stats;
+  if (tensor_core_prefill) {
+    const auto q_bf16 = gputest::prefill_bf16_queries(q, scale);
+    ref_bf16q.resize(ref.size());
+    cpu_cache->layer(layer).attend(c.pos, c.n, q_bf16.data(), c.n_heads, gputest::kLn2, ref_bf16q.data());
+    stats = gputest::kv_head_stats(k, v, total, c.n_kv, c.head_dim);
+  }
+  const int group = c.n_heads / c.n_kv;
   double worst = 0;
   for (size_t i = 0; i < y.size(); ++i) {
     ASSERT_TRUE(std::isfinite(y[i])) << "element " << i << " not written";
+    const size_t t = i / q_row, hq = (i % q_row) / c.head_dim;
     const double err = std::fabs(double(y[i]) - ref[i]);
     worst = std::max(worst, err);
-    ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i]))
-        << "token " << i / q_row << " head " << (i % q_row) / c.head_dim << " dim " << i % c.head_dim;
+    if (!tensor_core_prefill) {
+      ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i])) << "token " << t << " head " << hq << " dim " << i % c.head_dim;
+      continue;
+    }
+    const int h = int(hq) / group;
+    ASSERT_LE(std::fabs(double(y[i]) - ref_bf16q[i]), gputest::prefill_bound_bf16_queries(ref_bf16q[i], stats.v_max[h]))
+        << "vs bf16-query reference: token " << t << " head " << hq << " dim " << i % c.head_dim;
+    const double q_norm = gputest::row_norm(q.data() + (t * c.n_heads + hq) * c.head_dim, c.head_dim);
+    ASSERT_LE(err, gputest::prefill_bound_fp32_queries(ref[i], stats.v_max[h], scale, q_norm, stats.k_norm_max[h]))
+        << "vs fp32 reference: token " << t << " head " << hq << " dim " << i % c.head_dim;
   }
   RecordProperty("max_abs_err", std::to_string(worst));
 
@@ -114,6 +141,7 @@ std::vector<AttnCase> attn_cases() {
       {16, 2, 256, 0, 70},
       {40, 8, 128, 33, 17},
       {8, 8, 128, 1500, 3},
+      {8, 4, 96, 20, 33},      // head_dim 96: not a tensor-core shape, the fp32 kernel
   };
 }
 

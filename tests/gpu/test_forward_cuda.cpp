@@ -6,6 +6,9 @@
 // Why the logits differ at all, and the bound:
 //  - prefill GEMMs round activations and dequantized weights to bf16 (each
 //    <= 2^-9 relative) before the tensor-core product;
+//  - prefill attention (n > 1, attention_prefill.cu) rounds the scaled
+//    queries and the probabilities to bf16 (output error <= 2^-8 max|v| from
+//    P, plus the score shift of the bf16 queries: tests/gpu/prefill_test_util.hpp);
 //  - quantized-weight decode GEMVs round x to int8 per 32 values (<= half a
 //    step, ~0.4% of the group's max);
 //  - both caches store bf16 K/V, but a K/V value that differs slightly

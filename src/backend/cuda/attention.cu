@@ -7,11 +7,11 @@
 //   m_s, l_s, a_s [R]    running max, running sum, rescale factor of the tile
 #include "backend/cuda/attention.hpp"
 
-#include "backend/cuda/attention_decode.hpp"
-
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_decode.hpp"
+#include "backend/cuda/attention_prefill.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -311,8 +311,15 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
                      AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+  // Decode: the tensor-core split-KV kernel (attention_decode.cu); prefill:
+  // the tensor-core flash kernel (attention_prefill.cu), each for the shapes
+  // it supports; this file's CUDA-core kernel for the other shapes.
   if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, out)) {
     flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
+    return;
+  }
+  if (n > 1 && flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim)) {
+    flash_attention_prefill(layer, pos, n, q, n_heads, scale, out, scratch, stream);
     return;
   }
   launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);

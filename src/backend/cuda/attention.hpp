@@ -15,8 +15,11 @@
 //   A merge kernel combines the chunks' partial states:
 //   M = max m_c, L = sum l_c e^(m_c-M), o = sum o_c e^(m_c-M) / L.
 // Scores and accumulation are fp32 on CUDA cores. Decode (n == 1) of the
-// common shapes runs the tensor-core kernel of attention_decode.hpp instead;
-// this kernel remains for prefill and for the shapes that one does not cover.
+// common shapes runs the tensor-core kernel of attention_decode.hpp instead,
+// and prefill (n > 1) of the shapes flash_attention_prefill_supported()
+// accepts (head_dim 64/128/256, GQA group <= 64) the tensor-core kernel of
+// attention_prefill.hpp (bf16 Q and P, fp32 accumulation); this kernel remains
+// for the shapes those do not cover.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,6 +65,8 @@ struct AttentionScratch {
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why);
 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
+// n > 1 with a shape flash_attention_prefill_supported() accepts runs
+// flash_attention_prefill() (attention_prefill.hpp).
 void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
                      AttentionScratch& scratch, cudaStream_t stream);
 

@@ -1,0 +1,560 @@
+// Tensor-core causal GQA prefill attention (FlashAttention-2 style) over the
+// bf16 cache; API in attention_prefill.hpp.
+//
+// WORK SPLIT
+//   grid = (n_kv, query tiles, key chunks); block = 4 warps (128 threads).
+//   A CTA owns 64 query ROWS of one KV head: row r = (token t0 + r / G, query
+//   head kvh * G + r % G), Tq = floor(64 / G) tokens, so every K/V tile it
+//   loads serves all G heads of the group. Rows r >= Tq * G (G not dividing
+//   64) and rows of tokens >= n are padding: zero queries, never written.
+//   Warp w owns rows 16w .. 16w+15 (one m16 MMA tile).
+//   blockIdx.y runs over the query tiles in REVERSE (the last tokens, which
+//   see the most keys, start first) so the long CTAs do not end up in a
+//   final partial wave.
+//   Keys [0, pos + t0 + nt) (nt valid tokens in the tile) are streamed in
+//   tiles of kKeys (64; 32 for head_dim 256). With one key chunk (the usual
+//   prefill case, many query tiles) the CTA writes normalised output. When
+//   the query tiles alone cannot fill the GPU (small n, long context) the
+//   keys are split into chunks (multiples of kKeys); each CTA writes its
+//   partial (m, l, o) state and merge_kernel combines them.
+//
+// PER TILE (per warp; D = head_dim, K = kKeys)
+//   S[16][K]  = Q[16][D] . K_tile^T     mma m16n8k16: A = Q, B = K rows
+//   causal mask (only on tiles with keys past the CTA's first row limit)
+//   m' = max(m, rowmax S); P = exp2(S - m'); l = l exp2(m - m') + rowsum P
+//   O[16][D]  = O exp2(m - m') + bf16(P)[16][K] . V_tile[K][D]
+//   Q is pre-multiplied by scale * log2 e before its bf16 rounding, so S is
+//   in log2 units and softmax is ex2.approx (one MUFU op per score).
+//   Tiles are visited in increasing key order: the first one holds key 0,
+//   which every row sees, so a row's max is finite from then on (with key
+//   chunks a row may see nothing: m stays -inf, exp2 uses 0 instead).
+//   A warp skips the compute (not the barriers) of a tile none of its valid
+//   rows can see.
+//
+// MMA FRAGMENTS (PTX ISA, mma.m16n8k16 .bf16; lane = 4 * gid + tig)
+//   A 16x16 (row-major): a0 = (gid, 2tig..+1), a1 = (gid+8, 2tig..+1),
+//                        a2 = (gid, 2tig+8..+9), a3 = (gid+8, 2tig+8..+9)
+//   B 16x8  (k x n):     b0 = (k 2tig..+1, n gid), b1 = (k 2tig+8..+9, n gid)
+//   C 16x8  fp32:        c0,c1 = (gid, 2tig..+1), c2,c3 = (gid+8, 2tig..+1)
+//   Each thread thus holds two rows of S and O: gid ("lo") and gid+8 ("hi");
+//   row max / sum reduce over the 4 lanes of a quad (shfl_xor 1, 2).
+//   Registers per thread: S s[K/8][4], O o[D/8][4] fp32; Q qf[D/16][4]
+//   (bf16x2) for D <= 128, else Q is re-read from shared memory per k-step.
+//   P needs no shuffle: the C fragments of S n-blocks 2c and 2c+1 are exactly
+//   the A fragment of P for keys 16c..16c+15 (a0 = s[2c][0..1], a1 =
+//   s[2c][2..3], a2 = s[2c+1][0..1], a3 = s[2c+1][2..3]), packed to bf16x2.
+//   ldmatrix.x4 (each lane addresses one 16-byte row of one of four 8x8
+//   matrices; lanes 8i..8i+7 matrix i; register i of every lane = matrix i):
+//     Q  A operand:  matrix i = rows +8*(i&1), columns +8*(i>>1)
+//     K  B operand:  matrix i = keys +8*(i>>1), dims +8*(i&1)
+//                    -> regs 0,1 = n-block 2j, regs 2,3 = n-block 2j+1
+//     V  B operand (.trans, V rows are keys = the k dimension):
+//                    matrix i = keys +8*(i&1), dims +8*(i>>1)
+//                    -> regs 0,1 = d-block 2j, regs 2,3 = d-block 2j+1
+//
+// SHARED MEMORY (bf16; every tile row-major [row][D], D*2 bytes per row)
+//   stage 0: K tile [K][D], V tile [K][D];  stage 1: the same
+//   Q [64][D]: aliases stage 1 when Q lives in registers (D <= 128: it is
+//   read once, before stage 1 is first written), else its own region.
+//   D=64: 32 KiB, D=128: 64 KiB, D=256 (K=32): 96 KiB per CTA.
+//   Swizzle: the 16-byte chunk c of row r is stored at chunk c ^ (r & 7).
+//   ldmatrix reads one chunk column of 8 consecutive rows; rows are a
+//   multiple of 128 bytes apart, so unswizzled they would hit the same 4
+//   banks (8-way conflict); XOR with r & 7 spreads them over all 32 banks.
+//   The cp.async writes (consecutive threads = consecutive chunks of a row)
+//   stay conflict free.
+//   Pipeline: double buffered with cp.async (16 bytes, .cg: K/V are streamed
+//   from L2, not L1): tile i+1 loads while tile i computes; keys past the
+//   CTA's range are zero-filled (src-size 0) and never read from memory, so
+//   nothing past pos + n (possibly past the cache allocation) is touched.
+#include "backend/cuda/attention_prefill.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.hpp"
+
+namespace kvq::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kRows = 64;  // query rows per CTA (16 per warp)
+constexpr int kMaxGroup = kRows;
+constexpr int kMinTilesPerChunk = 4;  // shortest key chunk when splitting: amortises the merge
+constexpr size_t kPartialBudgetFloats = size_t(32) << 20;  // 128 MB of partial states at most
+
+template <int D>
+struct Tile {
+  static constexpr int kKeys = D <= 128 ? 64 : 32;  // 32 for D=256 keeps S in 16 registers and smem at 96 KiB
+  static constexpr bool kQInRegs = D <= 128;        // D=256: O alone is 128 registers; Q stays in smem
+  static constexpr int kRowChunks = D / 8;          // 16-byte chunks per row
+  static constexpr int kTileElems = kKeys * D;      // one K or V tile (bf16)
+  static constexpr int kStageElems = 2 * kTileElems;
+  static constexpr int kQElems = kRows * D;
+  static constexpr int kSmemElems = kQInRegs ? 2 * kStageElems : 2 * kStageElems + kQElems;
+  static constexpr size_t kSmemBytes = size_t(kSmemElems) * 2;
+  static_assert(!kQInRegs || kQElems <= kStageElems, "Q must fit in the stage it aliases");
+  static_assert((kKeys * kRowChunks) % kThreads == 0, "tile loads spread evenly over the threads");
+  static_assert((kRows * kRowChunks) % kThreads == 0, "Q loads spread evenly over the threads");
+  static_assert(kRowChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
+};
+
+struct Params {
+  const uint16_t* k;  // layer's K cache [n_kv][max_tokens][D]
+  const uint16_t* v;
+  const float* q;
+  float* out;     // one key chunk: normalised output
+  float* part_m;  // key chunks: [n * n_heads][n_chunks] (log2 units)
+  float* part_l;
+  float* part_o;  // [n * n_heads][n_chunks][D], unnormalised
+  int pos, n, n_heads, G, Tq, max_tokens, chunk_len, n_chunks;
+  float q_factor;  // scale * log2 e
+};
+
+// Element offset of (row, 16-byte chunk) in a swizzled [rows][D] bf16 tile.
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 zero-fills (src is not read).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile (bf16 inputs, fp32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> bf16x2 (round to nearest even); `lo` (the lower column) in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// K and V rows [kt, kt + kKeys) of KV head kvh into one stage; rows at or past
+// key_end are zero-filled without reading memory.
+template <int D>
+__device__ __forceinline__ void load_kv_tile(const Params& p, int kvh, int kt, int key_end, uint16_t* sk,
+                                             uint16_t* sv, int tid) {
+  using T = Tile<D>;
+#pragma unroll
+  for (int i = 0; i < T::kKeys * T::kRowChunks / kThreads; ++i) {
+    const int e = tid + i * kThreads;
+    const int r = e / T::kRowChunks, c = e % T::kRowChunks;
+    const int key = kt + r;
+    const bool inside = key < key_end;
+    // kt < key_end always: an outside row points at the tile's first row (valid, not read).
+    const size_t src = (size_t(kvh) * p.max_tokens + (inside ? key : kt)) * D + c * 8;
+    const int off = swizzled<D>(r, c);
+    cp_async_16(smem_u32(sk + off), p.k + src, inside ? 16 : 0);
+    cp_async_16(smem_u32(sv + off), p.v + src, inside ? 16 : 0);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
+  using T = Tile<D>;
+  constexpr int K = T::kKeys;
+  extern __shared__ uint4 smem_raw[];  // uint4: 16-byte alignment for cp.async and ldmatrix
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(smem_raw);
+  // Stage s starts at smem + s * kStageElems (arithmetic, not a pointer
+  // array: a dynamically indexed array would go to local memory).
+  uint16_t* const sq = smem + (T::kQInRegs ? T::kStageElems : 2 * T::kStageElems);
+
+  const int kvh = blockIdx.x;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
+  const int chunk = blockIdx.z;
+  const int nt = min(p.Tq, p.n - t0);  // valid tokens in this tile
+  const int G = p.G;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+
+  // Key range of this CTA: causal end (the last valid token's position + 1)
+  // cut to its key chunk.
+  const int first_limit = p.pos + t0;  // last key the tile's first token sees
+  const int key_begin = chunk * p.chunk_len;
+  const int key_end = min(first_limit + nt, key_begin + p.chunk_len);
+  const int n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
+
+  // This thread's two rows (gid and gid + 8 of the warp's 16): last visible key.
+  const int row_lo = warp * 16 + gid, row_hi = row_lo + 8;
+  const int tq_lo = row_lo / G, tq_hi = row_hi / G;
+  const int limit_lo = first_limit + tq_lo, limit_hi = first_limit + tq_hi;  // padding rows: larger, harmless
+  // Last key any valid row of this warp sees (-1: the warp has no valid row).
+  const int warp_last_key = (warp * 16) / G < nt ? first_limit + min((warp * 16 + 15) / G, nt - 1) : -1;
+
+  if (n_tiles > 0) {
+    load_kv_tile<D>(p, kvh, key_begin, key_end, smem, smem + T::kTileElems, tid);
+    cp_async_commit();
+  }
+  // Q rows -> bf16 (x scale * log2 e) -> swizzled shared memory; padding rows
+  // 0. (A CTA without keys, a key chunk past its tile's last token, only
+  // writes its empty partial state.)
+#pragma unroll
+  for (int i = 0; i < kRows * T::kRowChunks / kThreads; ++i) {
+    if (n_tiles == 0) break;
+    const int e = tid + i * kThreads;
+    const int r = e / T::kRowChunks, c = e % T::kRowChunks;
+    const int tq = r / G;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (tq < nt) {
+      const float* src = p.q + (size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (r - tq * G)) * D + c * 8;
+      const float f = p.q_factor;
+      packed.x = pack_bf16(src[0] * f, src[1] * f);
+      packed.y = pack_bf16(src[2] * f, src[3] * f);
+      packed.z = pack_bf16(src[4] * f, src[5] * f);
+      packed.w = pack_bf16(src[6] * f, src[7] * f);
+    }
+    *reinterpret_cast<uint4*>(sq + swizzled<D>(r, c)) = packed;
+  }
+  __syncthreads();
+
+  // ldmatrix lane addressing (see the header comment).
+  const int a_row = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);  // Q: rows +8 for matrices 1, 3
+  const int a_chunk = lane >> 4;                                        // Q: columns +8 for matrices 2, 3
+  const int k_key = (lane & 7) + ((lane >> 4) << 3);                    // K: keys +8 for matrices 2, 3
+  const int k_chunk = (lane >> 3) & 1;                                  // K: dims +8 for matrices 1, 3
+  const int v_key = (lane & 7) + (((lane >> 3) & 1) << 3);              // V: keys +8 for matrices 1, 3
+  const int v_chunk = lane >> 4;                                        // V: dims +8 for matrices 2, 3
+
+  uint32_t qf[T::kQInRegs ? D / 16 : 1][4];
+  if constexpr (T::kQInRegs) {
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(smem_u32(sq + swizzled<D>(a_row, 2 * kc + a_chunk)), qf[kc]);
+    __syncthreads();  // Q's shared memory is stage 1, which the first iteration below refills
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max (log2 units), quad-uniform
+  float l_lo = 0.0f, l_hi = 0.0f;            // running sum, this thread's columns only
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kt = key_begin + it * K;
+    if (it + 1 < n_tiles) {
+      uint16_t* next = smem + ((it + 1) & 1) * T::kStageElems;
+      load_kv_tile<D>(p, kvh, kt + K, key_end, next, next + T::kTileElems, tid);
+      cp_async_commit();
+      cp_async_wait<1>();  // tile `it` has landed, tile it+1 may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    if (kt <= warp_last_key) {
+      const uint16_t* sk = smem + (it & 1) * T::kStageElems;
+      const uint16_t* sv = sk + T::kTileElems;
+
+      // S = Q K^T
+      float s[K / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < K / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t a[4];
+        if constexpr (T::kQInRegs) {
+          a[0] = qf[kc][0];
+          a[1] = qf[kc][1];
+          a[2] = qf[kc][2];
+          a[3] = qf[kc][3];
+        } else {
+          ldmatrix_x4(smem_u32(sq + swizzled<D>(a_row, 2 * kc + a_chunk)), a);
+        }
+#pragma unroll
+        for (int nb2 = 0; nb2 < K / 16; ++nb2) {
+          uint32_t b[4];
+          ldmatrix_x4(smem_u32(sk + swizzled<D>(nb2 * 16 + k_key, 2 * kc + k_chunk)), b);
+          mma_bf16(s[2 * nb2], a, b[0], b[1]);
+          mma_bf16(s[2 * nb2 + 1], a, b[2], b[3]);
+        }
+      }
+
+      // Causal mask: only tiles that reach past the first row's limit (this
+      // includes the zero-filled keys past key_end, which lie past every
+      // valid row's limit).
+      if (kt + K - 1 > first_limit) {
+#pragma unroll
+        for (int nb = 0; nb < K / 8; ++nb) {
+          const int key = kt + nb * 8 + 2 * tig;
+          if (key > limit_lo) s[nb][0] = -INFINITY;
+          if (key + 1 > limit_lo) s[nb][1] = -INFINITY;
+          if (key > limit_hi) s[nb][2] = -INFINITY;
+          if (key + 1 > limit_hi) s[nb][3] = -INFINITY;
+        }
+      }
+
+      // Online softmax (log2 units).
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int nb = 0; nb < K / 8; ++nb) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      // A row that has seen no key yet (only possible with key chunks) keeps
+      // m = -inf; subtracting 0 instead gives p = 0, alpha = 0, no NaN.
+      const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
+      const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
+      const float alpha_lo = fast_exp2(m_lo - base_lo), alpha_hi = fast_exp2(m_hi - base_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int nb = 0; nb < K / 8; ++nb) {
+        s[nb][0] = fast_exp2(s[nb][0] - base_lo);
+        s[nb][1] = fast_exp2(s[nb][1] - base_lo);
+        s[nb][2] = fast_exp2(s[nb][2] - base_hi);
+        s[nb][3] = fast_exp2(s[nb][3] - base_hi);
+        sum_lo += s[nb][0] + s[nb][1];
+        sum_hi += s[nb][2] + s[nb][3];
+      }
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        o[db][0] *= alpha_lo;
+        o[db][1] *= alpha_lo;
+        o[db][2] *= alpha_hi;
+        o[db][3] *= alpha_hi;
+      }
+
+      // O += P V, P from the S accumulators (no shuffle, see the header).
+#pragma unroll
+      for (int kc = 0; kc < K / 16; ++kc) {
+        const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                               pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                               pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+        for (int db2 = 0; db2 < D / 16; ++db2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(smem_u32(sv + swizzled<D>(kc * 16 + v_key, 2 * db2 + v_chunk)), b);
+          mma_bf16(o[2 * db2], a, b[0], b[1]);
+          mma_bf16(o[2 * db2 + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+  }
+
+  // Row sums over the quad (each thread summed its own columns).
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int tq = half ? tq_hi : tq_lo;
+    if (tq >= nt) continue;  // padding row
+    const int row = half ? row_hi : row_lo;
+    const size_t q_index = size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (row - tq * G);
+    const float m = half ? m_hi : m_lo, l = half ? l_hi : l_lo;
+    if (p.n_chunks == 1) {
+      const float inv_l = 1.0f / l;  // l >= 1: every row sees key 0 (its max scores 2^0)
+      float* dst = p.out + q_index * D + 2 * tig;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        dst[db * 8] = o[db][2 * half] * inv_l;
+        dst[db * 8 + 1] = o[db][2 * half + 1] * inv_l;
+      }
+    } else {
+      const size_t part = q_index * p.n_chunks + chunk;
+      float* dst = p.part_o + part * D + 2 * tig;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        dst[db * 8] = o[db][2 * half];
+        dst[db * 8 + 1] = o[db][2 * half + 1];
+      }
+      if (tig == 0) {
+        p.part_m[part] = m;
+        p.part_l[part] = l;
+      }
+    }
+  }
+}
+
+// One block per (token, head) row: out = sum_c o_c 2^(m_c - M) / sum_c l_c 2^(m_c - M).
+__global__ void merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                             const float* __restrict__ part_o, int n_chunks, int D, float* __restrict__ out) {
+  const size_t base = size_t(blockIdx.x) * n_chunks;
+  float M = -INFINITY;
+  for (int c = 0; c < n_chunks; ++c) M = fmaxf(M, part_m[base + c]);
+  float L = 0.0f;
+  for (int c = 0; c < n_chunks; ++c) {
+    const float m = part_m[base + c];
+    if (m != -INFINITY) L += part_l[base + c] * exp2f(m - M);
+  }
+  const float inv_L = L > 0.0f ? 1.0f / L : 0.0f;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+      const float m = part_m[base + c];
+      if (m != -INFINITY) acc += part_o[(base + c) * D + d] * exp2f(m - M);
+    }
+    out[size_t(blockIdx.x) * D + d] = acc * inv_L;
+  }
+}
+
+int current_device() {
+  int dev = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+int sm_count(int dev) {
+  int count = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+  return count;
+}
+
+// Opts the kernel into its dynamic shared memory (once per device) and
+// returns how many of its CTAs fit on one SM.
+template <int D>
+int configure_kernel(int dev) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> ctas_per_sm[kMaxDevices];  // static storage: starts at 0 (unknown)
+  if (dev >= 0 && dev < kMaxDevices) {
+    const int known = ctas_per_sm[dev].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  KVQ_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(Tile<D>::kSmemBytes)));
+  int ctas = 0;
+  KVQ_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, prefill_attn_kernel<D>, kThreads, Tile<D>::kSmemBytes));
+  ctas = std::max(ctas, 1);
+  if (dev >= 0 && dev < kMaxDevices) ctas_per_sm[dev].store(ctas, std::memory_order_relaxed);
+  return ctas;
+}
+
+template <int D>
+void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+                    AttentionScratch& scratch, cudaStream_t stream, int key_splits) {
+  constexpr int K = Tile<D>::kKeys;
+  const int n_kv = layer.n_kv_heads;
+  const int G = n_heads / n_kv;
+  const int Tq = kRows / G;
+  const int q_tiles = (n + Tq - 1) / Tq;
+  KVQ_CHECK(q_tiles <= 65535, Errc::out_of_range, "GPU prefill attention: ", n,
+            " query tokens in one call is too many (lower --prefill-chunk)");
+  const int dev = current_device();
+  const int ctas_per_sm = configure_kernel<D>(dev);
+
+  // Key chunks: none when the query tiles fill the GPU's CTA slots at least
+  // half way; otherwise as many as fill them in one wave, each at least
+  // kMinTilesPerChunk tiles long, within the partial-state budget.
+  const int len = pos + n;
+  const int len_tiles = (len + K - 1) / K;
+  int n_chunks = 1;
+  if (key_splits > 0) {
+    n_chunks = std::min(key_splits, len_tiles);
+  } else {
+    const int slots = sm_count(dev) * ctas_per_sm;
+    const int base = n_kv * q_tiles;
+    n_chunks = std::max(1, std::min(slots / base, (len_tiles + kMinTilesPerChunk - 1) / kMinTilesPerChunk));
+  }
+  const size_t per_chunk = size_t(n) * n_heads * (D + 2);
+  n_chunks = int(std::max<size_t>(1, std::min<size_t>(n_chunks, kPartialBudgetFloats / per_chunk)));
+  const int chunk_tiles = (len_tiles + n_chunks - 1) / n_chunks;
+  n_chunks = (len_tiles + chunk_tiles - 1) / chunk_tiles;  // no empty trailing chunk
+
+  Params p{};
+  p.k = layer.k;
+  p.v = layer.v;
+  p.q = q;
+  p.out = out;
+  p.pos = pos;
+  p.n = n;
+  p.n_heads = n_heads;
+  p.G = G;
+  p.Tq = Tq;
+  p.max_tokens = layer.max_tokens;
+  p.chunk_len = chunk_tiles * K;
+  p.n_chunks = n_chunks;
+  p.q_factor = prefill_query_factor(scale);
+  const size_t rows = size_t(n) * n_heads;
+  if (n_chunks > 1) {
+    const size_t need = rows * n_chunks * (D + 2);
+    if (scratch.part.size() < need) scratch.part.resize(need);
+    p.part_m = scratch.part.data();
+    p.part_l = p.part_m + rows * n_chunks;
+    p.part_o = p.part_l + rows * n_chunks;
+  }
+  const dim3 grid(n_kv, q_tiles, n_chunks);
+  prefill_attn_kernel<D><<<grid, kThreads, Tile<D>::kSmemBytes, stream>>>(p);
+  KVQ_CUDA_CHECK_LAUNCH();
+  if (n_chunks > 1) {
+    merge_kernel<<<unsigned(rows), std::min(D, 128), 0, stream>>>(p.part_m, p.part_l, p.part_o, n_chunks, D, out);
+    KVQ_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+bool flash_attention_prefill_supported(int n_heads, int n_kv_heads, int head_dim) {
+  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;
+  if (n_heads / n_kv_heads > kMaxGroup) return false;
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+void flash_attention_prefill(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale,
+                             float* out, AttentionScratch& scratch, cudaStream_t stream, int key_splits) {
+  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range,
+            "GPU prefill attention: tokens [", pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ",
+            layer.max_tokens);
+  KVQ_CHECK(flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim), Errc::unsupported,
+            "GPU prefill attention: unsupported shape (", n_heads, " heads, ", layer.n_kv_heads,
+            " KV heads, head_dim ", layer.head_dim, "); needs head_dim 64/128/256 and a GQA group of at most ",
+            kMaxGroup);
+  // cp.async moves 16-byte chunks: rows (D * 2 bytes, D a multiple of 8) stay
+  // aligned when the layer's base pointers are (cudaMalloc'd caches are).
+  KVQ_CHECK((reinterpret_cast<uintptr_t>(layer.k) | reinterpret_cast<uintptr_t>(layer.v)) % 16 == 0, Errc::internal,
+            "GPU prefill attention: K/V cache pointers not 16-byte aligned");
+  switch (layer.head_dim) {
+    case 64: launch_prefill<64>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
+    case 128: launch_prefill<128>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
+    default: launch_prefill<256>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
+  }
+}
+
+}  // namespace kvq::cuda
