@@ -90,6 +90,28 @@ if want bench; then
       grep -E "run [0-9]|median|rror"
   done
 fi
+# Per-kernel time inside the recorded decode step (nsys traces graph nodes).
+if want profile; then
+  [ -f "$W/bonsai.gguf" ] || $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NSYS" ]; then
+    for L in ${PROFILE_L:-4096}; do
+      echo "-- nsys: bonsai-8b, L=$L, 64 generated"
+      timeout 240 "$NSYS" profile --cuda-graph-trace=node -o "$W/prof$L" --force-overwrite true \
+        $K run -m "$W/bonsai.gguf" --device cuda --random-prompt "$L" -n 64 --temp 0 >/dev/null 2>&1
+      "$NSYS" stats --report cuda_gpu_kern_sum --format csv "$W/prof$L.nsys-rep" 2>/dev/null |
+        python3 -c "
+import csv,sys
+rows=[r for r in csv.reader(sys.stdin) if len(r)>8]
+hdr=rows[0]; rows=rows[1:]
+i_t=hdr.index('Total Time (ns)'); i_n=hdr.index('Instances'); i_a=hdr.index('Avg (ns)'); i_k=hdr.index('Name')
+for r in rows[:14]: print(f'{float(r[i_t])/1e6:9.2f} ms {int(r[i_n]):7d} x {float(r[i_a])/1e3:8.2f} us  {r[i_k][:110]}')
+"
+    done
+  else
+    echo "nsys not found"
+  fi
+fi
 if want qwen3; then
   echo "-- synthetic qwen3-8b (bf16 weights), L=4096"
   time $K synth --shape qwen3-8b -o "$W/qwen3.gguf" 2>&1 | tail -1

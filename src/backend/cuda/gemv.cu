@@ -5,10 +5,10 @@
 // the same R rows of gate and of up). A CTA of 8 warps first stages the input
 // u in shared memory, then each warp takes tasks strided over the whole grid
 // (the grid is capped near what stays resident, so the staging is paid once
-// per CTA, not once per task). Within a task each lane walks the rows in
-// 16-byte chunks strided by the warp, issuing U chunks x R rows of loads
-// before using any (bytes in flight hide HBM latency), and reuses each piece
-// of u for all R rows. Weights are loaded with ld.global.nc.L1::no_allocate:
+// per CTA, not once per task). Each lane walks the rows in 16-byte chunks
+// strided by the warp, U chunks x R rows per pipeline step, and loads step
+// k+1 (of this task or the next) before computing step k, so HBM latency
+// overlaps the dot products; each piece of u serves all R rows. Weights are loaded with ld.global.nc.L1::no_allocate:
 // they are read exactly once per step. Launched as dependent launches
 // (dependent_launch.cuh): the first weight loads are issued before waiting
 // for the kernel that produces x.
@@ -232,11 +232,14 @@ size_t staged_bytes(TensorType t, int cols) {
 
 // Rows per task and chunks per lane in flight, per type: Q1_0 rows are short
 // (512 bytes at 4096 columns: one chunk per lane), so it takes more rows.
-// A SwiGLU task loads gate and up rows, so it takes half the rows.
+// Rows per task and 16-byte chunks per lane and row in one pipeline step. A
+// SwiGLU task loads gate and up rows, so it takes half the rows. Q1_0 rows
+// are short (512 bytes at 4096 columns: one chunk per lane), so its tasks are
+// one or a few steps and the pipeline runs across tasks.
 template <TensorType T, bool kPair>
 struct Shape {
-  static constexpr int kRows = (T == TensorType::Q1_0 ? 4 : 2) / (kPair ? 2 : 1);
-  static constexpr int kUnroll = T == TensorType::Q1_0 ? 2 : 4;
+  static constexpr int kRows = kPair ? 1 : 2;
+  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : (kPair ? 4 : 2);
 };
 
 // Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
@@ -311,24 +314,28 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
   return inv_rms;
 }
 
-// The weights of one task, loaded U chunks x R rows at a time.
+// The weights of one pipeline step: U chunks of R consecutive rows (rows past
+// the matrix end re-read its last row; their results are never stored).
 template <TensorType T, int R, int U>
 struct RowBatch {
   uint4 w[U][R];
   float d[U][R];
 
-  __device__ __forceinline__ void load(const uint8_t* const (&code_rows)[R], const uint16_t* const (&scale_rows)[R],
-                                       int base, int chunks) {
+  __device__ __forceinline__ void load(const uint8_t* codes, const uint16_t* scales, int row0, int rows,
+                                       int64_t row_bytes, int scales_per_row, int base, int chunks) {
     using W = Weights<T>;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + 32 * u;
+    for (int r = 0; r < R; ++r) {
+      const int row = min(row0 + r, rows - 1);
+      const uint8_t* code_row = codes + row * row_bytes;
+      const uint16_t* scale_row = scales + size_t(row) * scales_per_row;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+      for (int u = 0; u < U; ++u) {
+        const int i = base + 32 * u;
         if (i < chunks) {
-          w[u][r] = load_stream(code_rows[r] + size_t(i) * 16);
+          w[u][r] = load_stream(code_row + size_t(i) * 16);
           if constexpr (W::kPerScale > 0)
-            d[u][r] = half_bits_to_float(__ldg(scale_rows[r] + (i * W::kPerChunk) / W::kPerScale));
+            d[u][r] = half_bits_to_float(__ldg(scale_row + (i * W::kPerChunk) / W::kPerScale));
           else
             d[u][r] = 1.0f;
         } else {
@@ -358,45 +365,38 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
   constexpr int kMats = kPair ? 2 : 1;
   const int lane = threadIdx.x & 31;
   const int chunks = a.cols / Weights<T>::kPerChunk;
+  const int steps_per_task = (chunks + 32 * U - 1) / (32 * U);  // warp-uniform
   const int64_t row_bytes = code_row_bytes(T, a.cols);
   const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
+  const int stride = gridDim.x * kWarps;
 
-  // Where a task's rows are: its output (segment), first row, row pointers.
-  int seg = 0, row0 = 0;
-  const uint8_t* code_rows[kMats][R];
-  const uint16_t* scale_rows[kMats][R];
-  auto locate = [&](int task) {
-    seg = 0;
+  // A pipeline step is (task, step within the task); the warp walks its tasks
+  // (strided over the grid) step by step, loading step k+1 while computing k.
+  auto segment_of = [&](int task) {
+    int seg = 0;
     if (!kPair) {
       while (task >= a.task_end[seg]) ++seg;
     }
-    row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
-    const int rows = a.rows[seg];
+    return seg;
+  };
+  auto load = [&](RowBatch<T, R, U> (&batch)[kMats], int task, int step) {
+    const int seg = segment_of(task);
+    const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
       const int mi = kPair ? m : seg;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int row = min(row0 + r, rows - 1);  // a short last task recomputes the last row; not stored
-        code_rows[m][r] = a.codes[mi] + row * row_bytes;
-        scale_rows[m][r] = a.scales[mi] + size_t(row) * scales_per_row;
-      }
+      batch[m].load(a.codes[mi], a.scales[mi], row0, a.rows[seg], row_bytes, scales_per_row,
+                    lane + step * 32 * U, chunks);
     }
   };
 
   allow_dependents();
-  // The first batch of weights does not depend on the input: issue its loads
+  // The first step's weights do not depend on the input: issue their loads
   // before waiting for the kernel that writes x and before staging, so HBM
   // latency overlaps the predecessor's tail and the staging's L2 round trips.
-  int task = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  RowBatch<T, R, U> batch[kMats];
-  bool prefetched = false;
-  if (task < a.n_tasks) {
-    locate(task);
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) batch[m].load(code_rows[m], scale_rows[m], lane, chunks);
-    prefetched = true;
-  }
+  int task = blockIdx.x * kWarps + (threadIdx.x >> 5), step = 0;
+  RowBatch<T, R, U> cur[kMats], next[kMats];
+  if (task < a.n_tasks) load(cur, task, 0);
   wait_for_predecessor();
   const float inv_rms = stage_input<T>(a, smem);
   Staged s;
@@ -405,32 +405,40 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
   s.us = reinterpret_cast<const float*>(smem + a.cols);
   s.usum = reinterpret_cast<const int*>(smem + a.cols + (a.cols / 32) * 4);
 
-  for (; task < a.n_tasks; task += gridDim.x * kWarps) {
-    if (!prefetched) locate(task);
-    float acc[kMats][R] = {};
-    for (int base = lane; base < chunks; base += 32 * U) {
-      if (!prefetched) {
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) batch[m].load(code_rows[m], scale_rows[m], base, chunks);
-      }
-      prefetched = false;
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) batch[m].accumulate(s, base, chunks, acc[m]);
+  float acc[kMats][R] = {};
+  while (task < a.n_tasks) {
+    int next_task = task, next_step = step + 1;
+    if (next_step == steps_per_task) {
+      next_step = 0;
+      next_task += stride;
     }
-    const int rows = a.rows[seg];
+    if (next_task < a.n_tasks) load(next, next_task, next_step);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float v0 = warp_sum(acc[0][r]) * inv_rms;
-      if constexpr (kPair) {
-        const float v1 = warp_sum(acc[kMats - 1][r]) * inv_rms;
-        if (lane == 0 && row0 + r < rows) a.y[0][row0 + r] = v0 / (1.0f + expf(-v0)) * v1;
-      } else {
-        if (lane == 0 && row0 + r < rows) {
-          float* y = a.y[seg] + row0 + r;
-          *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
+    for (int m = 0; m < kMats; ++m) cur[m].accumulate(s, lane + step * 32 * U, chunks, acc[m]);
+    if (next_step == 0) {
+      const int seg = segment_of(task);
+      const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
+      const int rows = a.rows[seg];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v0 = warp_sum(acc[0][r]) * inv_rms;
+        if constexpr (kPair) {
+          const float v1 = warp_sum(acc[kMats - 1][r]) * inv_rms;
+          if (lane == 0 && row0 + r < rows) a.y[0][row0 + r] = v0 / (1.0f + expf(-v0)) * v1;
+        } else {
+          if (lane == 0 && row0 + r < rows) {
+            float* y = a.y[seg] + row0 + r;
+            *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
+          }
         }
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) acc[m][r] = 0.0f;
       }
     }
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) cur[m] = next[m];
+    task = next_task;
+    step = next_step;
   }
 }
 
