@@ -33,6 +33,22 @@ class GemvTest : public ::testing::TestWithParam<Case> {
 
 bool quantized(TensorType t) { return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0; }
 
+// The quantization step of each input element as the GPU rounds it: int8
+// per 32 values, or int16 per 128 values for Q1_0 on the binary tensor cores
+// (gemv.hpp). The rounding error of an element is at most half its step.
+std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
+  const bool int16 = t == TensorType::Q1_0 && cuda::gemv_q1_uses_mma();
+  const size_t group = int16 ? 128 : 32;
+  const float levels = int16 ? 32767.0f : 127.0f;
+  std::vector<float> step(u.size());
+  for (size_t g0 = 0; g0 < u.size(); g0 += group) {
+    float amax = 0;
+    for (size_t j = g0; j < std::min(u.size(), g0 + group); ++j) amax = std::max(amax, std::fabs(u[j]));
+    for (size_t j = g0; j < std::min(u.size(), g0 + group); ++j) step[j] = amax / levels;
+  }
+  return step;
+}
+
 TEST_P(GemvTest, MatchesCpuReference) {
   const Case c = GetParam();
   Rng rng(uint64_t(c.rows) * 131 + c.cols + int(c.type));
@@ -50,19 +66,14 @@ TEST_P(GemvTest, MatchesCpuReference) {
   std::vector<double> ref(c.rows), bound(c.rows);
   // (Only quantized types round x; float types have cols that need not be a
   // multiple of 32, so the last group may be short.)
-  std::vector<float> step((c.cols + 31) / 32);
-  for (size_t g = 0; g < step.size(); ++g) {
-    float amax = 0;
-    for (int j = int(g) * 32; j < std::min(c.cols, int(g) * 32 + 32); ++j) amax = std::max(amax, std::fabs(x[j]));
-    step[g] = amax / 127.0f;
-  }
+  const std::vector<float> step = input_steps(c.type, x);
   for (int r = 0; r < c.rows; ++r) {
     gguf::dequantize_row(c.type, w.data() + r * rb, row.data(), c.cols);
     double s = 0, mag = 0, qerr = 0;
     for (int j = 0; j < c.cols; ++j) {
       s += double(row[j]) * x[j];
       mag += std::fabs(double(row[j]) * x[j]);
-      qerr += std::fabs(double(row[j])) * 0.5 * step[j / 32];
+      qerr += std::fabs(double(row[j])) * 0.5 * step[j];
     }
     ref[r] = s;
     // fp32 accumulation: each lane sums cols/32 products then a 5-level tree.
@@ -145,8 +156,7 @@ TEST_P(GemvFusedTest, MatchesCpuReference) {
   const double inv = c.norm ? 1.0 / std::sqrt(ss / c.cols + eps) : 1.0;
   std::vector<float> u(c.cols);
   for (int j = 0; j < c.cols; ++j) u[j] = c.norm ? x[j] * g[j] : x[j];
-  std::vector<float> step(c.cols / 32 + 1, 0.0f);
-  for (int j = 0; j < c.cols; ++j) step[j / 32] = std::max(step[j / 32], std::fabs(u[j]) / 127.0f);
+  const std::vector<float> step = input_steps(c.type, u);
 
   std::vector<cuda::GpuMatrix> mats;
   std::vector<std::vector<double>> ref(n_out), bound(n_out);
@@ -161,7 +171,7 @@ TEST_P(GemvFusedTest, MatchesCpuReference) {
       for (int j = 0; j < c.cols; ++j) {
         s += double(row[j]) * u[j];
         mag += std::fabs(double(row[j]) * u[j]);
-        qerr += std::fabs(double(row[j])) * 0.5 * step[j / 32];
+        qerr += std::fabs(double(row[j])) * 0.5 * step[j];
       }
       ref[m].push_back(s * inv);
       bound[m].push_back(inv * (1.2e-7 * (c.cols / 32 + 16) * mag + (quantized(c.type) ? qerr * 1.0001 : 0.0)) +

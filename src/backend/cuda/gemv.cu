@@ -29,6 +29,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
@@ -239,7 +241,7 @@ size_t staged_bytes(TensorType t, int cols) {
 template <TensorType T, bool kPair>
 struct Shape {
   static constexpr int kRows = kPair ? 1 : 2;
-  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : (kPair ? 4 : 2);
+  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : 4;
 };
 
 // Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
@@ -442,6 +444,181 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
   }
 }
 
+// --- Q1_0 on the binary tensor cores ---------------------------------------
+// The dp4a kernel above spends ~5 integer instructions per 4 weights turning
+// sign bits into bytes, which makes 1-bit GEMVs ALU-bound (~1.5 TB/s). Here
+// the bits never leave their words: the input is staged as int16 (one scale
+// per 128 values, i.e. per Q1_0 block) in 16 bit-planes, and
+//   mma.m8n8k128.and.popc   D[r][p] = popc(W_r & plane_p)
+// counts, for 8 weight rows r and 8 planes p at once, the set bits that a
+// row's sign bits share with a plane. For one block of 128 weights
+//   sum_{bit=1} q_j = sum_{p<15} 2^p D[r][p] - 2^15 D[r][15]
+// (two's complement), and sum_j s_j q_j = 2 * that - sum_j q_j, scaled by the
+// block's weight scale d and input scale. int16 per 128 values is finer than
+// the dp4a path's int8 per 32 for any input whose block maxima are within
+// 258x of their 32-value maxima.
+//
+// Fragments (PTX m8n8k128 .b1, g = lane / 4, t = lane % 4): A holds row g,
+// bits [32t, 32t + 32) of the block, i.e. word t of the row's 16-byte block;
+// B holds plane g (then plane 8 + g), word t; D holds D[g][2t], D[g][2t + 1].
+// Both operands use bit i of a word for k = 32t + i, so the pairing of bits
+// in the AND is the same whatever order the hardware sums them in.
+//
+// Shared memory: float u[cols] (the staged input, as the float kernels),
+// then uint32 planes[blocks][16][4] (word t of plane p of block b at
+// (b * 16 + p) * 4 + t: the 32 lanes of one B load hit 32 consecutive words),
+// float scale[blocks], int sum[blocks].
+constexpr int kQ1Rows = 8;     // rows per task (mma M)
+constexpr int kQ1Blocks = 8;   // blocks per pipeline step: one 4-byte word per lane and block
+
+size_t q1_mma_smem(int cols) { return size_t(cols) * 4 + size_t(cols / 128) * (256 + 8); }
+
+// Words of one pipeline step: block words of row g of each matrix, and their
+// fp16 scales two to a word (blocks per row is even: cols % 256 == 0).
+template <int kMats>
+struct Q1Step {
+  uint32_t w[kMats][kQ1Blocks];
+  uint32_t d[kMats][kQ1Blocks / 2];
+};
+
+template <bool kPair>
+__global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kMats = kPair ? 2 : 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int blocks = a.cols / 128;
+  const int steps_per_task = (blocks + kQ1Blocks - 1) / kQ1Blocks;
+  const int64_t row_bytes = a.cols / 8;
+  const int stride = gridDim.x * kWarps;
+  uint32_t* planes = reinterpret_cast<uint32_t*>(smem + size_t(a.cols) * 4);
+  float* block_scale = reinterpret_cast<float*>(planes + size_t(blocks) * 64);
+  int* block_sum = reinterpret_cast<int*>(block_scale + blocks);
+
+  auto segment_of = [&](int task) {
+    int seg = 0;
+    if (!kPair) {
+      while (task >= a.task_end[seg]) ++seg;
+    }
+    return seg;
+  };
+  auto load = [&](Q1Step<kMats>& st, int task, int step) {
+    const int seg = segment_of(task);
+    const int row = min((task - (seg ? a.task_end[seg - 1] : 0)) * kQ1Rows + g, a.rows[seg] - 1);
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      const int mi = kPair ? m : seg;
+      const uint8_t* code_row = a.codes[mi] + row * row_bytes;
+      const uint16_t* scale_row = a.scales[mi] + size_t(row) * blocks;
+#pragma unroll
+      for (int k = 0; k < kQ1Blocks; ++k) {
+        const int b = step * kQ1Blocks + k;
+        st.w[m][k] = b < blocks ? __ldg(reinterpret_cast<const uint32_t*>(code_row + size_t(b) * 16) + t) : 0u;
+        if (k % 2 == 0) st.d[m][k / 2] = b < blocks ? __ldg(reinterpret_cast<const uint32_t*>(scale_row + b)) : 0u;
+      }
+    }
+  };
+
+  allow_dependents();
+  int task = blockIdx.x * kWarps + warp, step = 0;
+  Q1Step<kMats> cur, next;
+  if (task < a.n_tasks) load(cur, task, 0);  // weights: independent of the predecessor
+  wait_for_predecessor();
+  const float inv_rms = stage_input<TensorType::F32>(a, smem);
+  // Bit-planes: one warp per block, lane l holding values 128 b + 32 k + l.
+  const float* uf = reinterpret_cast<const float*>(smem);
+  for (int b = warp; b < blocks; b += kWarps) {
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = uf[b * 128 + 32 * k + lane];
+      amax = fmaxf(amax, fabsf(v[k]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax / 32767.0f;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int q = scale > 0.0f ? __float2int_rn(v[k] / scale) : 0;
+      sum += q;
+      uint32_t mine = 0;
+#pragma unroll
+      for (int p = 0; p < 16; ++p) {
+        const uint32_t r = __ballot_sync(0xffffffffu, (q >> p) & 1);
+        if (lane == p) mine = r;
+      }
+      if (lane < 16) planes[(b * 16 + lane) * 4 + k] = mine;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+      block_scale[b] = scale;
+      block_sum[b] = sum;
+    }
+  }
+  __syncthreads();
+
+  float acc[kMats] = {};
+  while (task < a.n_tasks) {
+    int next_task = task, next_step = step + 1;
+    if (next_step == steps_per_task) {
+      next_step = 0;
+      next_task += stride;
+    }
+    if (next_task < a.n_tasks) load(next, next_task, next_step);
+#pragma unroll
+    for (int k = 0; k < kQ1Blocks; ++k) {
+      const int b = step * kQ1Blocks + k;
+      if (b < blocks) {  // warp-uniform
+        const uint32_t p_lo = planes[(b * 16 + g) * 4 + t], p_hi = planes[(b * 16 + 8 + g) * 4 + t];
+        const float sb = block_scale[b];
+        const int usum = t == 0 ? block_sum[b] : 0;  // subtracted once per row
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) {
+          int d0, d1, d2, d3;
+          asm volatile("mma.sync.aligned.m8n8k128.row.col.s32.b1.b1.s32.and.popc {%0, %1}, {%2}, {%3}, {%4, %5};"
+                       : "=r"(d0), "=r"(d1)
+                       : "r"(cur.w[m][k]), "r"(p_lo), "r"(0), "r"(0));
+          asm volatile("mma.sync.aligned.m8n8k128.row.col.s32.b1.b1.s32.and.popc {%0, %1}, {%2}, {%3}, {%4, %5};"
+                       : "=r"(d2), "=r"(d3)
+                       : "r"(cur.w[m][k]), "r"(p_hi), "r"(0), "r"(0));
+          // Planes 2t, 2t+1 (d0, d1) and 8+2t, 9+2t (d2, d3); plane 15 (t == 3, d3) weighs -2^15.
+          const int set_sum = (d0 << (2 * t)) + (d1 << (2 * t + 1)) + (d2 << (8 + 2 * t)) +
+                              (t == 3 ? -(d3 << 15) : (d3 << (9 + 2 * t)));
+          const uint16_t d = uint16_t(k % 2 ? cur.d[m][k / 2] >> 16 : cur.d[m][k / 2] & 0xffffu);
+          acc[m] = fmaf(half_bits_to_float(d) * sb, float(2 * set_sum - usum), acc[m]);
+        }
+      }
+    }
+    if (next_step == 0) {
+      // Row g's sum is spread over the 4 lanes of its group.
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 1);
+        acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 2);
+      }
+      const int seg = segment_of(task);
+      const int row = (task - (seg ? a.task_end[seg - 1] : 0)) * kQ1Rows + g;
+      if (t == 0 && row < a.rows[seg]) {
+        const float v0 = acc[0] * inv_rms;
+        if constexpr (kPair) {
+          const float v1 = acc[kMats - 1] * inv_rms;
+          a.y[0][row] = v0 / (1.0f + expf(-v0)) * v1;
+        } else {
+          float* y = a.y[seg] + row;
+          *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) acc[m] = 0.0f;
+    }
+    cur = next;
+    task = next_task;
+    step = next_step;
+  }
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
@@ -453,18 +630,17 @@ int sm_count() {
   return n;
 }
 
-// CTAs of one instance that stay resident per SM with `smem` bytes (cached per instance).
-template <TensorType T, bool kPair>
-int resident_ctas(size_t smem) {
+// CTAs of one kernel that stay resident per SM with `smem` bytes (cached per kernel).
+template <typename Kernel>
+int resident_ctas(Kernel kernel, size_t smem) {
   static size_t configured = 0;
   static int ctas = 1;
   if (smem > configured) {
     // Always raised: the static shared memory (the norm's partial sums) counts
     // against the 48 KiB default too.
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem)));
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int n = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<T, kPair>, kThreads, smem));
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     ctas = std::max(1, n);
     configured = smem;
   }
@@ -475,8 +651,16 @@ template <TensorType T, bool kPair>
 void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
   const size_t smem = staged_bytes(T, a.cols);
   const int needed = (rows_total_tasks + kWarps - 1) / kWarps;
-  const int grid = std::max(1, std::min(needed, resident_ctas<T, kPair>(smem) * sm_count()));
+  const int grid = std::max(1, std::min(needed, resident_ctas(gemv_kernel<T, kPair>, smem) * sm_count()));
   launch_dependent(gemv_kernel<T, kPair>, dim3(grid), dim3(kThreads), smem, stream, a);
+}
+
+template <bool kPair>
+void launch_q1_mma(KernelArgs& a, cudaStream_t stream) {
+  const size_t smem = q1_mma_smem(a.cols);
+  const int needed = (a.n_tasks + kWarps - 1) / kWarps;
+  const int grid = std::max(1, std::min(needed, resident_ctas(gemv_q1_mma_kernel<kPair>, smem) * sm_count()));
+  launch_dependent(gemv_q1_mma_kernel<kPair>, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
 template <bool kPair>
@@ -487,7 +671,9 @@ void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream) {
     case TensorType::BF16: return launch<TensorType::BF16, kPair>(a, a.n_tasks, stream);
     case TensorType::Q8_0: return launch<TensorType::Q8_0, kPair>(a, a.n_tasks, stream);
     case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream);
-    case TensorType::Q1_0: return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
+    case TensorType::Q1_0:
+      if (gemv_q1_uses_mma()) return launch_q1_mma<kPair>(a, stream);
+      return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
     default: break;
   }
   fail(Errc::internal, "GPU GEMV: no kernel for ", gguf::tensor_type_name(t));
@@ -501,11 +687,19 @@ int rows_per_task(TensorType t) {
     case TensorType::BF16: return Shape<TensorType::BF16, kPair>::kRows;
     case TensorType::Q8_0: return Shape<TensorType::Q8_0, kPair>::kRows;
     case TensorType::Q4_0: return Shape<TensorType::Q4_0, kPair>::kRows;
-    default: return Shape<TensorType::Q1_0, kPair>::kRows;
+    default: return gemv_q1_uses_mma() ? kQ1Rows : Shape<TensorType::Q1_0, kPair>::kRows;
   }
 }
 
 }  // namespace
+
+bool gemv_q1_uses_mma() {
+  static const bool on = [] {
+    const char* env = std::getenv("KVQ_Q1_DP4A");
+    return !(env && std::strcmp(env, "1") == 0);
+  }();
+  return on;
+}
 
 GpuMatrix GpuMatrix::upload(const GpuMatrixLayout& layout) {
   GpuMatrix m;
@@ -530,7 +724,10 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU GEMV: unsupported ",
             gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
   // The staged input must fit in shared memory (200 KiB of the 227 available).
-  KVQ_CHECK(staged_bytes(w0.type, int(std::min<int64_t>(w0.cols, 1 << 24))) <= 200 * 1024 &&
+  const int capped_cols = int(std::min<int64_t>(w0.cols, 1 << 24));
+  const size_t staged = w0.type == TensorType::Q1_0 && gemv_q1_uses_mma() ? q1_mma_smem(capped_cols)
+                                                                          : staged_bytes(w0.type, capped_cols);
+  KVQ_CHECK(staged <= 200 * 1024 &&
                 w0.rows <= (int64_t(1) << 30),
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
   KernelArgs a{};

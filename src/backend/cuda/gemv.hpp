@@ -63,7 +63,13 @@ void gemv(const GemvRequest& req, cudaStream_t stream);
 // y[rows] = W[rows][cols] x[cols] (no norm, store).
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
 
-// True when gemv() of this matrix type rounds its input to int8.
+// Q1_0 runs on the binary tensor cores (gemv.cu) with its input rounded to
+// int16 per 128 values; KVQ_Q1_DP4A=1 selects the dp4a kernel with int8 per
+// 32 values instead (for A/B measurements).
+bool gemv_q1_uses_mma();
+
+// True when gemv() of this matrix type rounds its input to integers (int8 per
+// 32 values; Q1_0 on tensor cores: int16 per 128, see gemv_q1_uses_mma).
 inline bool gemv_quantizes_x(gguf::TensorType t) {
   return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
 }
