@@ -49,8 +49,27 @@ std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
   return step;
 }
 
+// Runs body once per Q1_0 kernel for Q1_0 cases (restoring the default), once otherwise.
+template <typename Body>
+void for_each_q1_kernel(TensorType t, Body body) {
+  if (t != TensorType::Q1_0) return body();
+  const cuda::Q1Kernel saved = cuda::q1_kernel();
+  for (cuda::Q1Kernel k : {cuda::Q1Kernel::dp4a, cuda::Q1Kernel::binary_mma}) {
+    SCOPED_TRACE(k == cuda::Q1Kernel::dp4a ? "Q1_0 kernel dp4a" : "Q1_0 kernel binary mma");
+    cuda::set_q1_kernel(k);
+    body();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  cuda::set_q1_kernel(saved);
+}
+
+void check_gemv(const Case& c);
+
 TEST_P(GemvTest, MatchesCpuReference) {
-  const Case c = GetParam();
+  for_each_q1_kernel(GetParam().type, [&] { check_gemv(GetParam()); });
+}
+
+void check_gemv(const Case& c) {
   Rng rng(uint64_t(c.rows) * 131 + c.cols + int(c.type));
   const uint64_t rb = gguf::tensor_row_bytes(c.type, c.cols);
   std::vector<uint8_t> w(rb * c.rows);
@@ -142,8 +161,13 @@ class GemvFusedTest : public ::testing::TestWithParam<FusedCase> {
   }
 };
 
+void check_fused(const FusedCase& c);
+
 TEST_P(GemvFusedTest, MatchesCpuReference) {
-  const FusedCase c = GetParam();
+  for_each_q1_kernel(GetParam().type, [&] { check_fused(GetParam()); });
+}
+
+void check_fused(const FusedCase& c) {
   Rng rng(uint64_t(c.cols) * 7 + c.rows.size() * 3 + int(c.type) * 11 + int(c.epilogue) + (c.norm ? 5 : 0));
   const int n_out = int(c.rows.size());
   const uint64_t rb = gguf::tensor_row_bytes(c.type, c.cols);

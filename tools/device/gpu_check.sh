@@ -66,8 +66,8 @@ fi
 if want lab; then
   echo "== kernel lab: GEMV"
   build-gpu/kvq_bench_gemv bonsai-8b 20
-  echo "-- the same with the dp4a Q1_0 kernel (KVQ_Q1_DP4A=1)"
-  KVQ_Q1_DP4A=1 build-gpu/kvq_bench_gemv bonsai-8b 20 | tail -2
+  echo "-- the same with the binary tensor-core Q1_0 kernel (KVQ_Q1_KERNEL=mma)"
+  KVQ_Q1_KERNEL=mma build-gpu/kvq_bench_gemv bonsai-8b 20 | tail -2
   build-gpu/kvq_bench_gemv qwen3-8b 10
   echo "== kernel lab: attention"
   timeout 120 build-gpu/kvq_bench_attention 20

@@ -78,8 +78,6 @@ __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2
 
 __device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
 
-// Spread 4 sign bits (LSB = first weight) into 4 bytes of 0/1.
-__device__ __forceinline__ int spread_nibble(uint32_t n) { return int(((n & 0xfu) * 0x00204081u) & 0x01010101u); }
 
 // The staged input, as the per-type dot products read it.
 struct Staged {
@@ -186,15 +184,24 @@ struct Weights<TensorType::Q4_0> {
 
 // sum_j s_j u_j with signs s = +-1 equals 2 * sum_{bit=1} u_j - sum_j u_j; the
 // sum over set bits is a dp4a of the 0/1-spread sign nibbles with int8 u.
+// Nibble 2m of w is the low nibble of byte m, so it is isolated once per word
+// (w & 0x0f0f0f0f, and the same of w >> 4) and each nibble is then moved to
+// byte 0 by one byte permute: 4 instructions per 4 weights with the dp4a.
+__device__ __forceinline__ int spread_byte0(uint32_t nibbles, int m) {
+  const uint32_t n = __byte_perm(nibbles, 0u, 0x4440u | uint32_t(m));  // byte m alone, in byte 0
+  return int((n * 0x00204081u) & 0x01010101u);
+}
+
 __device__ __forceinline__ int q1_set_sum(uint32_t w, int4 ua, int4 ub) {
-  int acc = __dp4a(spread_nibble(w), ua.x, 0);
-  acc = __dp4a(spread_nibble(w >> 4), ua.y, acc);
-  acc = __dp4a(spread_nibble(w >> 8), ua.z, acc);
-  acc = __dp4a(spread_nibble(w >> 12), ua.w, acc);
-  acc = __dp4a(spread_nibble(w >> 16), ub.x, acc);
-  acc = __dp4a(spread_nibble(w >> 20), ub.y, acc);
-  acc = __dp4a(spread_nibble(w >> 24), ub.z, acc);
-  return __dp4a(spread_nibble(w >> 28), ub.w, acc);
+  const uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;  // nibbles 0,2,4,6 / 1,3,5,7
+  int acc = __dp4a(spread_byte0(lo, 0), ua.x, 0);
+  acc = __dp4a(spread_byte0(hi, 0), ua.y, acc);
+  acc = __dp4a(spread_byte0(lo, 1), ua.z, acc);
+  acc = __dp4a(spread_byte0(hi, 1), ua.w, acc);
+  acc = __dp4a(spread_byte0(lo, 2), ub.x, acc);
+  acc = __dp4a(spread_byte0(hi, 2), ub.y, acc);
+  acc = __dp4a(spread_byte0(lo, 3), ub.z, acc);
+  return __dp4a(spread_byte0(hi, 3), ub.w, acc);
 }
 
 template <>
@@ -444,10 +451,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
   }
 }
 
-// --- Q1_0 on the binary tensor cores ---------------------------------------
+// --- Q1_0 on the binary tensor cores (opt-in: set_q1_kernel) --------------
 // The dp4a kernel above spends ~5 integer instructions per 4 weights turning
-// sign bits into bytes, which makes 1-bit GEMVs ALU-bound (~1.5 TB/s). Here
-// the bits never leave their words: the input is staged as int16 (one scale
+// sign bits into bytes, which makes large 1-bit GEMVs ALU-bound (~1-1.5 TB/s
+// marginal on the H200). Here the bits never leave their words: the input is staged as int16 (one scale
 // per 128 values, i.e. per Q1_0 block) in 16 bit-planes, and
 //   mma.m8n8k128.and.popc   D[r][p] = popc(W_r & plane_p)
 // counts, for 8 weight rows r and 8 planes p at once, the set bits that a
@@ -457,6 +464,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
 // block's weight scale d and input scale. int16 per 128 values is finer than
 // the dp4a path's int8 per 32 for any input whose block maxima are within
 // 258x of their 32-value maxima.
+//
+// Measured (docs/perf.md): correct, but 2.7x slower than dp4a per decode
+// step, because every CTA rebuilds the bit-planes of the whole input (~64
+// ballots per 128 values) before its first product; the next step is to build
+// them once per input in the kernel that produces it, or in a small kernel
+// whose latency the weight prefetch hides.
 //
 // Fragments (PTX m8n8k128 .b1, g = lane / 4, t = lane % 4): A holds row g,
 // bits [32t, 32t + 32) of the block, i.e. word t of the row's 16-byte block;
@@ -693,13 +706,17 @@ int rows_per_task(TensorType t) {
 
 }  // namespace
 
-bool gemv_q1_uses_mma() {
-  static const bool on = [] {
-    const char* env = std::getenv("KVQ_Q1_DP4A");
-    return !(env && std::strcmp(env, "1") == 0);
-  }();
-  return on;
+namespace {
+Q1Kernel initial_q1_kernel() {
+  const char* env = std::getenv("KVQ_Q1_KERNEL");
+  return env && std::strcmp(env, "mma") == 0 ? Q1Kernel::binary_mma : Q1Kernel::dp4a;
 }
+Q1Kernel g_q1_kernel = initial_q1_kernel();
+}  // namespace
+
+Q1Kernel q1_kernel() { return g_q1_kernel; }
+void set_q1_kernel(Q1Kernel k) { g_q1_kernel = k; }
+bool gemv_q1_uses_mma() { return g_q1_kernel == Q1Kernel::binary_mma; }
 
 GpuMatrix GpuMatrix::upload(const GpuMatrixLayout& layout) {
   GpuMatrix m;

@@ -63,9 +63,13 @@ void gemv(const GemvRequest& req, cudaStream_t stream);
 // y[rows] = W[rows][cols] x[cols] (no norm, store).
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
 
-// Q1_0 runs on the binary tensor cores (gemv.cu) with its input rounded to
-// int16 per 128 values; KVQ_Q1_DP4A=1 selects the dp4a kernel with int8 per
-// 32 values instead (for A/B measurements).
+// The Q1_0 kernel: dp4a over int8 inputs (per 32 values; the default), or the
+// binary tensor cores over int16 bit-planes of the input (per 128 values; an
+// experiment, slower today: see gemv.cu). KVQ_Q1_KERNEL=mma in the
+// environment starts with the latter; tests switch with set_q1_kernel.
+enum class Q1Kernel { dp4a, binary_mma };
+Q1Kernel q1_kernel();
+void set_q1_kernel(Q1Kernel k);
 bool gemv_q1_uses_mma();
 
 // True when gemv() of this matrix type rounds its input to integers (int8 per
