@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
               " columns (quantized types need a multiple of 256 columns, float types a multiple of 8)");
     auto gm = std::make_unique<GpuMatrix>(
         GpuMatrix::upload(pack_matrix_for_gpu(host.type, host.rows, host.cols, host.data)));
+    if (host.type == gguf::TensorType::Q1_0) gemv_scratch_.reserve(host.cols);  // before any recording
     Matrix dev = host;
     dev.data = gm->codes.data();  // device address: only this backend dereferences it
     dev.handle = gm.get();
@@ -141,7 +142,11 @@ class CudaBackend final : public Backend {
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     const GpuMatrix& m = find(w);
     if (n == 1) {
-      gemv(m, x, y, stream_);
+      GemvRequest req;
+      req.x = x;
+      req.out[0] = {&m, y};
+      req.scratch = &gemv_scratch_;
+      gemv(req, stream_);
       return;
     }
     if (n <= 0) return;
@@ -195,6 +200,7 @@ class CudaBackend final : public Backend {
       return;
     }
     GemvRequest req;
+    req.scratch = &gemv_scratch_;
     req.x = x;
     req.norm_weight = norm_w;
     req.norm_eps = eps;
@@ -210,6 +216,7 @@ class CudaBackend final : public Backend {
       return;
     }
     GemvRequest req;
+    req.scratch = &gemv_scratch_;
     req.x = a;
     req.out[0] = {&find(w), x};
     req.epilogue = GemvEpilogue::add;
@@ -223,6 +230,7 @@ class CudaBackend final : public Backend {
       return;
     }
     GemvRequest req;
+    req.scratch = &gemv_scratch_;
     req.x = x;
     req.norm_weight = norm_w;
     req.norm_eps = eps;
@@ -401,6 +409,7 @@ class CudaBackend final : public Backend {
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
     a.push_back(inv_freq_.data());
+    a.push_back(gemv_scratch_.q1.data());
   }
 
   cudaStream_t stream_ = nullptr;
@@ -418,6 +427,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;
   std::vector<float> inv_freq_host_;
+  GemvScratch gemv_scratch_;  // the Q1_0 tensor-core kernel's prepared input
 };
 
 }  // namespace

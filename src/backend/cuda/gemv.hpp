@@ -46,6 +46,15 @@ struct GemvOut {
   float* y = nullptr;  // device, w->rows floats
 };
 
+// Device scratch of the fused GEMVs: the input prepared once per launch for
+// the binary tensor-core Q1_0 kernel. Sized by reserve() for the widest
+// matrix before any recorded (graph) step uses it; its address is part of a
+// recording.
+struct GemvScratch {
+  DeviceBuffer<unsigned char> q1;
+  void reserve(int64_t max_cols);
+};
+
 // One fused launch (see the top of this file). All matrices have the same
 // type and cols; for swiglu n_out == 2 (gate, up) with equal rows and the
 // result goes to out[0].y. No y may overlap x or norm_weight.
@@ -56,6 +65,9 @@ struct GemvRequest {
   GemvOut out[3];
   int n_out = 1;
   GemvEpilogue epilogue = GemvEpilogue::store;
+  // Scratch for the Q1_0 tensor-core kernel; null: a shared internal buffer
+  // (fine for tests and the lab; calls on concurrent streams must pass their own).
+  GemvScratch* scratch = nullptr;
 };
 
 void gemv(const GemvRequest& req, cudaStream_t stream);
