@@ -141,3 +141,31 @@ TEST(EngineCli, PromptFileStopStringAndChatLoop) {
   for (size_t p = d.err.find("prefill"); p != std::string::npos; p = d.err.find("prefill", p + 1)) ++turns;
   EXPECT_EQ(turns, 2u) << d.err;
 }
+
+namespace {
+
+// The speed-run flags: an exact-length random prompt, repeated runs on fresh
+// caches with medians, and the combinations they refuse.
+TEST(EngineCli, RandomPromptAndRepeat) {
+  const std::string m = "run -m " + tiny_path("tiny") + " -n 4 --temp 0 -t 1";
+  const Out o = sh(m + " --random-prompt 37 --repeat 3");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.out, "") << "--repeat prints speed, not text";
+  for (const char* run : {"run 1/3: prefill 37 tokens", "run 2/3: prefill 37 tokens", "run 3/3: prefill 37 tokens"})
+    EXPECT_NE(o.err.find(run), std::string::npos) << "missing '" << run << "' in: " << o.err;
+  EXPECT_NE(o.err.find("median of 3 runs: prompt 37 tokens"), std::string::npos) << o.err;
+  // The same seed draws the same prompt, hence (greedy) the same text.
+  const Out a = sh(m + " --random-prompt 21 --seed 4"), b = sh(m + " --random-prompt 21 --seed 4");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.err.find("prefill 21 tokens"), std::string::npos) << a.err;
+  // Refusals: a clear one-line usage error (exit 2).
+  for (const std::string bad : {" --random-prompt 5 -p hi", " -p hi --repeat 0", " -p hi --random-prompt -3",
+                                " -p hi --repeat 2 --dump-logits /tmp/x.npy"}) {
+    const Out e = sh(m + bad);
+    EXPECT_EQ(e.rc, 2) << bad << ": " << e.err;
+    EXPECT_NE(e.err.find("kvq: error"), std::string::npos) << bad << ": " << e.err;
+  }
+}
+
+}  // namespace

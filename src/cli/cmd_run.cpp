@@ -54,6 +54,7 @@ int run(RunArgs& a) {
   KVQ_CHECK(a.random_prompt == 0 || (a.prompt.empty() && a.prompt_file.empty() && !a.chat), Errc::invalid_argument,
             "--random-prompt replaces -p/-f/--chat; give only one of them");
   KVQ_CHECK(a.repeat >= 1, Errc::invalid_argument, "--repeat must be at least 1");
+  KVQ_CHECK(a.random_prompt >= 0, Errc::invalid_argument, "--random-prompt takes a token count (0 or more)");
   KVQ_CHECK(a.repeat == 1 || a.dump_logits.empty(), Errc::invalid_argument, "--repeat and --dump-logits exclude each other");
   const std::string text = a.random_prompt > 0 || a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
   KVQ_CHECK(a.random_prompt > 0 || !text.empty(), Errc::invalid_argument,
@@ -151,12 +152,10 @@ KVQ_REGISTER_COMMAND(
                      "Write the logits of every prompt position and generated token to FILE.npy "
                      "(float32 [tokens, vocab]) and their token ids to FILE.tokens.npy (int32 [tokens])");
       app.add_option("--random-prompt", a->random_prompt,
-                     "Use N pseudo-random token ids (seeded by --seed) as the prompt: speed runs at an exact context")
-          ->check(CLI::NonNegativeNumber);
+                     "Use N pseudo-random token ids (seeded by --seed) as the prompt: speed runs at an exact context");
       app.add_option("--repeat", a->repeat,
                      "Generate R times, each on a fresh KV cache, printing each run's speed and the medians "
-                     "(text is not printed)")
-          ->check(CLI::PositiveNumber);
+                     "(text is not printed)");
       return [a] { return run(*a); };
     });
 
