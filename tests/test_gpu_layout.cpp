@@ -50,7 +50,24 @@ TEST(GpuLayout, Q1_0SplitsScaleFromSignBits) {
   EXPECT_FLOAT_EQ(f16_to_f32(p.scales[0]), 0.5f);
   EXPECT_FLOAT_EQ(f16_to_f32(p.scales[1]), 0.25f);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(p.codes[i], 0xff);
-  for (int i = 16; i < 32; ++i) EXPECT_EQ(p.codes[i], 0xaa);  // weight 129, 131, ... positive: LSB-first
+  // Block 1: weights 129, 131, ... positive, i.e. GGUF words 0xaaaaaaaa; in the
+  // transposed word weight 4k + b sits at bit 8b + k, so the odd weights
+  // (b = 1, 3) fill bytes 1 and 3.
+  for (int i = 16; i < 32; ++i) EXPECT_EQ(p.codes[i], (i % 2) ? 0xff : 0x00) << "byte " << i;
+}
+
+TEST(GpuLayout, Q1_0WordTransposeIsABijection) {
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t w = q1_transpose_word(1u << j);
+    EXPECT_EQ(w, 1u << (8 * (j % 4) + j / 4)) << "weight " << j;
+    EXPECT_EQ(q1_untranspose_word(w), 1u << j);
+  }
+  uint32_t x = 0x12345678u;
+  for (int i = 0; i < 1000; ++i, x = x * 1664525u + 1013904223u) EXPECT_EQ(q1_untranspose_word(q1_transpose_word(x)), x);
+  // weights 4k..4k+3 as bytes: (word >> k) & 0x01010101
+  const uint32_t w = q1_transpose_word(0xf0u);  // weights 4..7 set: k = 1
+  EXPECT_EQ((w >> 1) & 0x01010101u, 0x01010101u);
+  EXPECT_EQ(w & 0x01010101u, 0u);
 }
 
 TEST(GpuLayout, RejectsUnsupportedShapes) {

@@ -27,6 +27,31 @@ bool has_scales(TensorType t) {
 
 }  // namespace
 
+uint32_t q1_transpose_word(uint32_t w) {
+  uint32_t out = 0;
+  for (int j = 0; j < 32; ++j) out |= ((w >> j) & 1u) << (8 * (j % 4) + j / 4);
+  return out;
+}
+
+uint32_t q1_untranspose_word(uint32_t w) {
+  uint32_t out = 0;
+  for (int j = 0; j < 32; ++j) out |= ((w >> (8 * (j % 4) + j / 4)) & 1u) << j;
+  return out;
+}
+
+namespace {
+// Applies f to every 32-bit word of a Q1_0 code array (little-endian words).
+template <typename F>
+void for_each_q1_word(std::vector<uint8_t>& codes, F f) {
+  for (size_t i = 0; i + 4 <= codes.size(); i += 4) {
+    uint32_t w;
+    std::memcpy(&w, codes.data() + i, 4);
+    w = f(w);
+    std::memcpy(codes.data() + i, &w, 4);
+  }
+}
+}  // namespace
+
 bool gpu_gemv_supported(TensorType type, int64_t cols) {
   switch (type) {
     case TensorType::F32:
@@ -62,6 +87,7 @@ GpuMatrixLayout pack_matrix_for_gpu(TensorType type, int64_t rows, int64_t cols,
     std::memcpy(&m.scales[b], src, 2);
     std::memcpy(m.codes.data() + b * cpb, src + 2, cpb);
   }
+  if (type == TensorType::Q1_0) for_each_q1_word(m.codes, q1_transpose_word);
   return m;
 }
 
@@ -74,10 +100,12 @@ std::vector<uint8_t> unpack_matrix_from_gpu(const GpuMatrixLayout& m) {
     return out;
   }
   const uint32_t cpb = codes_per_block(m.type);
+  std::vector<uint8_t> codes = m.codes;
+  if (m.type == TensorType::Q1_0) for_each_q1_word(codes, q1_untranspose_word);
   for (size_t b = 0; b < n_blocks; ++b) {
     uint8_t* dst = out.data() + b * info.block_bytes;
     std::memcpy(dst, &m.scales[b], 2);
-    std::memcpy(dst + 2, m.codes.data() + b * cpb, cpb);
+    std::memcpy(dst + 2, codes.data() + b * cpb, cpb);
   }
   return out;
 }

@@ -8,8 +8,12 @@
 //   Q4_0  : codes uint8 [rows][cols/2]      scales fp16 [rows][cols/32]
 //           each 16-byte chunk is one block's nibbles in ggml order
 //           (byte j: low nibble = weight j, high nibble = weight j+16), w = (q-8)*d
-//   Q1_0  : codes uint8 [rows][cols/8]      scales fp16 [rows][cols/128]
-//           bits LSB-first: weight j of a row is bit (j%8) of byte j/8, w = bit ? +d : -d
+//   Q1_0  : codes uint32 [rows][cols/32]    scales fp16 [rows][cols/128]
+//           w = bit ? +d : -d. GGUF stores weight 32i + j of a row at bit j of
+//           (little-endian) word i; here each word is transposed as 4 x 8:
+//           weight 32i + 4k + b sits at bit 8b + k, so (word >> k) & 0x01010101
+//           is weights 4k..4k+3 as four 0/1 bytes, ready for one dp4a with
+//           four int8 inputs (q1_transpose_word).
 //
 // This is plain CPU code (tested in CI); the CUDA backend uploads the result.
 #pragma once
@@ -37,6 +41,10 @@ bool gpu_gemv_supported(gguf::TensorType type, int64_t cols);
 // naming the type and shape when gpu_gemv_supported() is false.
 GpuMatrixLayout pack_matrix_for_gpu(gguf::TensorType type, int64_t rows, int64_t cols,
                                     const uint8_t* data);
+
+// The Q1_0 word transpose above (weight bit j -> bit 8 (j % 4) + j / 4) and its inverse.
+uint32_t q1_transpose_word(uint32_t gguf_word);
+uint32_t q1_untranspose_word(uint32_t gpu_word);
 
 // Inverse of pack_matrix_for_gpu (tests): back to GGUF block bytes.
 std::vector<uint8_t> unpack_matrix_from_gpu(const GpuMatrixLayout& m);

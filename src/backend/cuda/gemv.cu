@@ -183,25 +183,19 @@ struct Weights<TensorType::Q4_0> {
 };
 
 // sum_j s_j u_j with signs s = +-1 equals 2 * sum_{bit=1} u_j - sum_j u_j; the
-// sum over set bits is a dp4a of the 0/1-spread sign nibbles with int8 u.
-// Nibble 2m of w is the low nibble of byte m, so it is isolated once per word
-// (w & 0x0f0f0f0f, and the same of w >> 4) and each nibble is then moved to
-// byte 0 by one byte permute: 4 instructions per 4 weights with the dp4a.
-__device__ __forceinline__ int spread_byte0(uint32_t nibbles, int m) {
-  const uint32_t n = __byte_perm(nibbles, 0u, 0x4440u | uint32_t(m));  // byte m alone, in byte 0
-  return int((n * 0x00204081u) & 0x01010101u);
-}
-
+// sum over set bits is a dp4a of 0/1 bytes with int8 u. The GPU layout
+// transposes each word of sign bits (weight 4k + b at bit 8b + k,
+// gpu_layout.hpp), so weights 4k..4k+3 as 0/1 bytes are (w >> k) & 0x01010101:
+// 3 instructions per 4 weights with the dp4a.
 __device__ __forceinline__ int q1_set_sum(uint32_t w, int4 ua, int4 ub) {
-  const uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;  // nibbles 0,2,4,6 / 1,3,5,7
-  int acc = __dp4a(spread_byte0(lo, 0), ua.x, 0);
-  acc = __dp4a(spread_byte0(hi, 0), ua.y, acc);
-  acc = __dp4a(spread_byte0(lo, 1), ua.z, acc);
-  acc = __dp4a(spread_byte0(hi, 1), ua.w, acc);
-  acc = __dp4a(spread_byte0(lo, 2), ub.x, acc);
-  acc = __dp4a(spread_byte0(hi, 2), ub.y, acc);
-  acc = __dp4a(spread_byte0(lo, 3), ub.z, acc);
-  return __dp4a(spread_byte0(hi, 3), ub.w, acc);
+  int acc = __dp4a(int(w & 0x01010101u), ua.x, 0);
+  acc = __dp4a(int((w >> 1) & 0x01010101u), ua.y, acc);
+  acc = __dp4a(int((w >> 2) & 0x01010101u), ua.z, acc);
+  acc = __dp4a(int((w >> 3) & 0x01010101u), ua.w, acc);
+  acc = __dp4a(int((w >> 4) & 0x01010101u), ub.x, acc);
+  acc = __dp4a(int((w >> 5) & 0x01010101u), ub.y, acc);
+  acc = __dp4a(int((w >> 6) & 0x01010101u), ub.z, acc);
+  return __dp4a(int((w >> 7) & 0x01010101u), ub.w, acc);
 }
 
 template <>
@@ -469,8 +463,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
 // Fragments (PTX m8n8k128 .b1, g = lane / 4, t = lane % 4): A holds row g,
 // bits [32t, 32t + 32) of the block, i.e. word t of the row's 16-byte block;
 // B holds plane g (then plane 8 + g), word t; D holds D[g][2t], D[g][2t + 1].
-// Both operands use bit i of a word for k = 32t + i, so the pairing of bits
-// in the AND is the same whatever order the hardware sums them in.
+// Both operands use bit i of a word for the same weight (the planes are
+// built in the transposed bit order of the sign words), so the pairing of
+// bits in the AND is the same whatever order the hardware sums them in.
 //
 // The planes of an input are built once, by q1_prepare_kernel (one warp per
 // block, 64 ballots per 128 values, plus one CTA for the norm's 1/rms), into
@@ -521,13 +516,17 @@ __global__ void __launch_bounds__(kThreads) q1_prepare_kernel(const float* __res
     }
     return;
   }
-  const int b = blockIdx.x * kWarps + warp;  // one warp per block; lane l holds values 128 b + 32 k + l
+  // One warp per block. A ballot's bit l is lane l's predicate and must pair
+  // with weight bit l of the transposed sign words (weight 4i + j at bit
+  // 8j + i, gpu_layout.hpp): lane l holds value 4 (l % 8) + l / 8 of each 32.
+  const int b = blockIdx.x * kWarps + warp;
   if (b >= blocks) return;
+  const int value_of_lane = 4 * (lane & 7) + (lane >> 3);
   float v[4];
   float amax = 0.0f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int c = b * 128 + 32 * k + lane;
+    const int c = b * 128 + 32 * k + value_of_lane;
     v[k] = norm ? x[c] * norm[c] : x[c];
     amax = fmaxf(amax, fabsf(v[k]));
   }

@@ -56,10 +56,11 @@ __device__ __forceinline__ float weight_at(const MatrixView& m, int64_t r, int64
       const float d = f16_to_f32(m.scales[r * (m.cols / 32) + b]);
       return d * float(q - 8);
     }
-    case TensorType::Q1_0: {
-      const uint8_t byte = m.codes[r * (m.cols / 8) + c / 8];
+    case TensorType::Q1_0: {  // transposed words: weight 4k + b of a word at bit 8b + k (gpu_layout.hpp)
+      const uint32_t word = reinterpret_cast<const uint32_t*>(m.codes)[r * (m.cols / 32) + c / 32];
+      const int j = int(c % 32);
       const float d = f16_to_f32(m.scales[r * (m.cols / 128) + c / 128]);
-      return ((byte >> (c % 8)) & 1) ? d : -d;
+      return ((word >> (8 * (j % 4) + j / 4)) & 1u) ? d : -d;
     }
   }
   return 0.0f;
@@ -113,10 +114,11 @@ __device__ __forceinline__ void dequant8(const MatrixView& m, int64_t r, int64_t
       for (int j = 0; j < 8; ++j) w[j] = d * float((o < 16 ? (b[j] & 15) : (b[j] >> 4)) - 8);
       return;
     }
-    case TensorType::Q1_0: {
+    case TensorType::Q1_0: {  // transposed words (gpu_layout.hpp); c is a multiple of 8
       const float d = f16_to_f32(m.scales[r * (m.cols / 128) + c / 128]);
-      const uint8_t byte = m.codes[r * (m.cols / 8) + c / 8];
-      for (int j = 0; j < 8; ++j) w[j] = ((byte >> j) & 1) ? d : -d;
+      const uint32_t word = reinterpret_cast<const uint32_t*>(m.codes)[r * (m.cols / 32) + c / 32];
+      const int j0 = int(c % 32);
+      for (int j = 0; j < 8; ++j) w[j] = ((word >> (8 * ((j0 + j) % 4) + (j0 + j) / 4)) & 1u) ? d : -d;
       return;
     }
   }
