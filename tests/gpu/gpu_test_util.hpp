@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/device_buffer.hpp"
+#include "core/rng.hpp"
 
 namespace kvq::gputest {
 
@@ -37,6 +38,13 @@ struct Guarded {
   size_t n;
   cuda::DeviceBuffer<float> buf;
 };
+
+// n values of N(0, s^2).
+inline std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(rng.normal()) * s;
+  return v;
+}
 
 #define KVQ_SKIP_WITHOUT_GPU() \
   if (!::kvq::cuda::device_available()) GTEST_SKIP() << "no CUDA device"

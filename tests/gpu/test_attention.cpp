@@ -19,6 +19,7 @@
 #include "prefill_test_util.hpp"
 
 using namespace kvq;
+using gputest::normal;
 using gputest::Guarded;
 
 namespace {
@@ -32,11 +33,6 @@ class CudaAttention : public ::testing::TestWithParam<AttnCase> {
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
 };
 
-std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(rng.normal()) * s;
-  return v;
-}
 
 TEST_P(CudaAttention, MatchesCpuNoneCache) {
   const AttnCase c = GetParam();

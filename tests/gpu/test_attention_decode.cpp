@@ -23,6 +23,7 @@
 #include "kv/cache.hpp"
 
 using namespace kvq;
+using gputest::normal;
 
 namespace {
 
@@ -33,11 +34,6 @@ struct DecodeCase {
   int G, n_kv, head_dim, max_tokens;
 };
 
-std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(rng.normal()) * s;
-  return v;
-}
 
 // Device output buffer with NaN payload and trailing sentinels, reset before
 // every launch (its address must stay fixed: a recorded graph writes it).

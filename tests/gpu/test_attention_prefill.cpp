@@ -21,6 +21,7 @@
 #include "prefill_test_util.hpp"
 
 using namespace kvq;
+using gputest::normal;
 using gputest::Guarded;
 
 namespace {
@@ -35,11 +36,6 @@ class CudaPrefillAttention : public ::testing::TestWithParam<PrefillCase> {
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
 };
 
-std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(rng.normal()) * s;
-  return v;
-}
 
 // One case: the kernel (direct call) vs both CPU references, and the routed
 // flash_attention() for automatic splits. Fatal gtest failures on mismatch.

@@ -20,16 +20,12 @@
 #include "gpu_test_util.hpp"
 
 using namespace kvq;
+using gputest::normal;
 using gguf::TensorType;
 using gputest::Guarded;
 
 namespace {
 
-std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = float(rng.normal()) * s;
-  return v;
-}
 
 // Quantized test matrix [rows][cols] of type t, values ~ N(0, 0.05^2).
 std::vector<uint8_t> random_matrix(Rng& rng, TensorType t, int rows, int cols) {

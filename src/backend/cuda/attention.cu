@@ -198,15 +198,6 @@ __global__ void write_kv_kernel(uint16_t* __restrict__ kc, uint16_t* __restrict_
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return count;
-  }();
-  return n;
-}
 
 }  // namespace
 

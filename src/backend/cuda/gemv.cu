@@ -245,6 +245,15 @@ struct Shape {
   static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : 4;
 };
 
+// A warp's pipeline walks (task, step within the task), its tasks strided by
+// the grid's warp count: the position after (task, step).
+struct PipelineStep {
+  int task, step;
+};
+__device__ __forceinline__ PipelineStep next_pipeline_step(int task, int step, int steps_per_task, int stride) {
+  return step + 1 == steps_per_task ? PipelineStep{task + stride, 0} : PipelineStep{task, step + 1};
+}
+
 // Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
 // Every thread reads float4s of x (and the norm) in batches of kBatch
 // independent loads, so the staging costs about one L2 round trip per batch
@@ -410,11 +419,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
 
   float acc[kMats][R] = {};
   while (task < a.n_tasks) {
-    int next_task = task, next_step = step + 1;
-    if (next_step == steps_per_task) {
-      next_step = 0;
-      next_task += stride;
-    }
+    const auto [next_task, next_step] = next_pipeline_step(task, step, steps_per_task, stride);
     if (next_task < a.n_tasks) load(next, next_task, next_step);
 #pragma unroll
     for (int m = 0; m < kMats; ++m) cur[m].accumulate(s, lane + step * 32 * U, chunks, acc[m]);
@@ -616,11 +621,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, 
 
   float acc[kMats] = {};
   while (task < a.n_tasks) {
-    int next_task = task, next_step = step + 1;
-    if (next_step == steps_per_task) {
-      next_step = 0;
-      next_task += stride;
-    }
+    const auto [next_task, next_step] = next_pipeline_step(task, step, steps_per_task, stride);
     if (next_task < a.n_tasks) load(next, next_task, next_step);
 #pragma unroll
     for (int k = 0; k < kBlocks; ++k) {
@@ -674,16 +675,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, 
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return count;
-  }();
-  return n;
-}
 
 // CTAs of one kernel that stay resident per SM with `smem` bytes (cached per kernel).
 template <typename Kernel>
