@@ -86,9 +86,7 @@ class CudaBackend final : public Backend {
   }
   const char* name() const override { return "cuda"; }
 
-  std::unique_ptr<Buffer> alloc(size_t n) override {
-    return std::make_unique<DeviceFloatBuffer>(n);
-  }
+  std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
 
   Matrix upload(const Matrix& host) override {
     // Tied embeddings upload the same host tensor twice: keep one copy. The key

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <cstring>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -676,21 +677,26 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, 
 }
 
 
-// CTAs of one kernel that stay resident per SM with `smem` bytes (cached per kernel).
+// CTAs of one kernel that stay resident per SM with `smem` bytes, cached per
+// kernel (keyed by its address: instances share a function-pointer type).
 template <typename Kernel>
 int resident_ctas(Kernel kernel, size_t smem) {
-  static size_t configured = 0;
-  static int ctas = 1;
-  if (smem > configured) {
+  struct Entry {
+    size_t configured = 0;
+    int ctas = 1;
+  };
+  static std::map<const void*, Entry> cache;
+  Entry& e = cache[reinterpret_cast<const void*>(kernel)];
+  if (smem > e.configured) {
     // Always raised: the static shared memory (the norm's partial sums) counts
     // against the 48 KiB default too.
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int n = 0;
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-    ctas = std::max(1, n);
-    configured = smem;
+    e.ctas = std::max(1, n);
+    e.configured = smem;
   }
-  return ctas;
+  return e.ctas;
 }
 
 template <TensorType T, bool kPair>
