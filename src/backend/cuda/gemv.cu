@@ -8,8 +8,9 @@
 // per CTA, not once per task). Each lane walks the rows in 16-byte chunks
 // strided by the warp, U chunks x R rows per pipeline step, and loads step
 // k+1 (of this task or the next) before computing step k, so HBM latency
-// overlaps the dot products; each piece of u serves all R rows. Weights are loaded with ld.global.nc.L1::no_allocate:
-// they are read exactly once per step. Launched as dependent launches
+// overlaps the dot products; each piece of u serves all R rows. Weights are
+// loaded with ld.global.nc.L1::no_allocate: they are read exactly once per
+// step. Launched as dependent launches
 // (dependent_launch.cuh): the first weight loads are issued before waiting
 // for the kernel that produces x.
 //
@@ -23,6 +24,8 @@
 //                    int   usum[cols/32] (sum of their int8 codes).
 // Chunk of 16 code bytes per type: F32 4 weights, F16/BF16 8, Q8_0 16 (half a
 // block), Q4_0 32 (one block), Q1_0 128 (one block).
+// Q1_0 also has an experimental kernel on the binary tensor cores (further
+// down, opt-in): its own staging and work split.
 #include "backend/cuda/gemv.hpp"
 
 #include <cuda_bf16.h>
@@ -30,8 +33,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
