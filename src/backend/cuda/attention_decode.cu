@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   for (int e = tid; e < n_vec; e += kThreads) {
     const int row = e / (D / 4), d = (e % (D / 4)) * 4;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s < n_splits; ++s) {
       const float w = split_w[s * G + row];
       const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_o + (head_base + size_t(s) * G + row) * D + d));
