@@ -31,8 +31,6 @@ class GemvTest : public ::testing::TestWithParam<Case> {
   }
 };
 
-bool quantized(TensorType t) { return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0; }
-
 // The quantization step of each input element as the GPU rounds it: int8
 // per 32 values, or int16 per 128 values for Q1_0 on the binary tensor cores
 // (gemv.hpp). The rounding error of an element is at most half its step.
@@ -96,7 +94,7 @@ void check_gemv(const Case& c) {
     }
     ref[r] = s;
     // fp32 accumulation: each lane sums cols/32 products then a 5-level tree.
-    bound[r] = 1.2e-7 * (c.cols / 32 + 16) * mag + 1e-6 + (quantized(c.type) ? qerr * 1.0001 : 0.0);
+    bound[r] = 1.2e-7 * (c.cols / 32 + 16) * mag + 1e-6 + (cuda::gemv_quantizes_x(c.type) ? qerr * 1.0001 : 0.0);
   }
 
   auto gw = cuda::GpuMatrix::upload(pack_matrix_for_gpu(c.type, c.rows, c.cols, w.data()));
@@ -198,7 +196,7 @@ void check_fused(const FusedCase& c) {
         qerr += std::fabs(double(row[j])) * 0.5 * step[j];
       }
       ref[m].push_back(s * inv);
-      bound[m].push_back(inv * (1.2e-7 * (c.cols / 32 + 16) * mag + (quantized(c.type) ? qerr * 1.0001 : 0.0)) +
+      bound[m].push_back(inv * (1.2e-7 * (c.cols / 32 + 16) * mag + (cuda::gemv_quantizes_x(c.type) ? qerr * 1.0001 : 0.0)) +
                          2e-6 * std::fabs(s * inv) + 1e-6);
     }
     mats.push_back(cuda::GpuMatrix::upload(pack_matrix_for_gpu(c.type, c.rows[m], c.cols, w.data())));

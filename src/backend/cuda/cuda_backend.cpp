@@ -140,10 +140,8 @@ class CudaBackend final : public Backend {
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     const GpuMatrix& m = find(w);
     if (n == 1) {
-      GemvRequest req;
-      req.x = x;
+      GemvRequest req = step_gemv(x);
       req.out[0] = {&m, y};
-      req.scratch = &gemv_scratch_;
       gemv(req, stream_);
       return;
     }
@@ -197,15 +195,10 @@ class CudaBackend final : public Backend {
       Backend::norm_matmul(x, norm_w, n, dim, eps, h, ws, ys, count);
       return;
     }
-    GemvRequest req;
-    req.scratch = &gemv_scratch_;
-    req.x = x;
-    req.norm_weight = norm_w;
-    req.norm_eps = eps;
+    check_width(*ws[0], dim, "norm_matmul");
+    GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = count;
     for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
-    KVQ_CHECK(find(*ws[0]).cols == dim, Errc::internal, "norm_matmul: ", dim, " inputs for a matrix of ",
-              find(*ws[0]).cols, " columns");
     gemv(req, stream_);
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
@@ -213,9 +206,7 @@ class CudaBackend final : public Backend {
       Backend::matmul_add(w, a, n, x, tmp);
       return;
     }
-    GemvRequest req;
-    req.scratch = &gemv_scratch_;
-    req.x = a;
+    GemvRequest req = step_gemv(a);
     req.out[0] = {&find(w), x};
     req.epilogue = GemvEpilogue::add;
     gemv(req, stream_);
@@ -227,11 +218,8 @@ class CudaBackend final : public Backend {
       Backend::norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, out);
       return;
     }
-    GemvRequest req;
-    req.scratch = &gemv_scratch_;
-    req.x = x;
-    req.norm_weight = norm_w;
-    req.norm_eps = eps;
+    check_width(w_gate, dim, "norm_swiglu");
+    GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = 2;
     req.out[0] = {&find(w_gate), out};
     req.out[1] = {&find(w_up), nullptr};
@@ -393,6 +381,21 @@ class CudaBackend final : public Backend {
       inv_freq_host_ = r.inv_freq;
       inv_freq_.upload(inv_freq_host_);
     }
+  }
+  // A single-token GEMV launch over input x (RMSNorm(x) * norm_w when norm_w
+  // is set), with this backend's scratch; the caller adds the outputs.
+  GemvRequest step_gemv(const float* x, const float* norm_w = nullptr, float eps = 0.0f) {
+    GemvRequest req;
+    req.scratch = &gemv_scratch_;
+    req.x = x;
+    req.norm_weight = norm_w;
+    req.norm_eps = eps;
+    return req;
+  }
+  // A fused norm + GEMV normalizes `dim` inputs: the matrix must take that many.
+  void check_width(const Matrix& w, int dim, const char* op) const {
+    KVQ_CHECK(find(w).cols == dim, Errc::internal, op, ": ", dim, " inputs for a matrix of ", find(w).cols,
+              " columns");
   }
   // Matrices one fused launch can take: the same type and width.
   bool same_kind(const Matrix* const* ws, int count) const {

@@ -219,10 +219,6 @@ struct Weights<TensorType::Q1_0> {
   }
 };
 
-constexpr bool is_quantized(TensorType t) {
-  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
-}
-
 // Bytes of codes per row: cols * bits / 8.
 __host__ __device__ constexpr int64_t code_row_bytes(TensorType t, int64_t cols) {
   return t == TensorType::F32    ? cols * 4
@@ -234,7 +230,7 @@ __host__ __device__ constexpr int64_t code_row_bytes(TensorType t, int64_t cols)
 }
 
 size_t staged_bytes(TensorType t, int cols) {
-  return is_quantized(t) ? size_t(cols) + size_t(cols / 32) * 8 : size_t(cols) * 4;
+  return gemv_quantizes_x(t) ? size_t(cols) + size_t(cols / 32) * 8 : size_t(cols) * 4;
 }
 
 // Rows per task and chunks per lane in flight, per type: Q1_0 rows are short
@@ -284,7 +280,7 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
       const int i = base + b * kThreads + tid;
       ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
       const float4 u = make_float4(v[b].x * g[b].x, v[b].y * g[b].y, v[b].z * g[b].z, v[b].w * g[b].w);
-      if constexpr (is_quantized(T)) {
+      if constexpr (gemv_quantizes_x(T)) {
         // cols is a multiple of 256, so all lanes of a warp are in range or none.
         if (base + b * kThreads + (tid & ~31) >= n4) continue;
         float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));

@@ -86,7 +86,7 @@ bool gemv_q1_uses_mma();
 
 // True when gemv() of this matrix type rounds its input to integers (int8 per
 // 32 values; Q1_0 on tensor cores: int16 per 128, see gemv_q1_uses_mma).
-inline bool gemv_quantizes_x(gguf::TensorType t) {
+constexpr bool gemv_quantizes_x(gguf::TensorType t) {
   return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
 }
 
