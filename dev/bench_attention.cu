@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     cuda::AttentionScratch scratch;
     cuda::DeviceBuffer<int> pos_dev(1);
     const float scale = 0.08838834764831845f;
-    const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, out.data());
+    const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, q.data(), out.data());
     std::printf("decode kernel: %s", tensor_core ? "tensor-core split-KV" : "general (CUDA cores)");
     if (tensor_core) std::printf(", %d splits x %d KV heads", cuda::flash_decode_splits(layer, n_heads), n_kv);
     std::printf("\n");
@@ -103,6 +103,61 @@ int main(int argc, char** argv) {
                   bytes / (dec_at * 1e-3) / 1e9, 100.0 * bytes / (dec_at * 1e-3) / 1e9 / copy, pre[0],
                   prefill_flops(L, 512) / (pre[0] * 1e-3) / 1e12, pre[1],
                   prefill_flops(L, 2048) / (pre[1] * 1e-3) / 1e12);
+    }
+    // The recorded step's launch against its L2 prefetch distance (tiles of a
+    // warp; 0 = off). The table above used the default.
+    {
+      const int defaults = cuda::decode_prefetch_tiles();
+      const int dists[] = {0, 1, 2};
+      std::printf("decode_at us by L2 prefetch distance (default %d):\n%8s", defaults, "context");
+      for (int dist : dists) std::printf(" %9s%-3d", "prefetch ", dist);
+      std::printf("\n");
+      for (int L : {2048, 4096, 8192, 16384, 32768, 65536}) {
+        pos_dev.upload(std::vector<int>{L - 1});
+        std::printf("%8d", L);
+        for (int dist : dists) {
+          cuda::set_decode_prefetch_tiles(dist);
+          const double ms = lab::time_ms([&] { cuda::flash_attention_decode_at(layer, pos_dev.data(), q.data(), n_heads,
+                                                                           scale, out.data(), scratch, nullptr); },
+                                         iters);
+          std::printf(" %12.1f", ms * 1e3);
+        }
+        std::printf("\n");
+      }
+      cuda::set_decode_prefetch_tiles(defaults);
+    }
+    // Timeline of the recorded step's launch (default prefetch), us after the
+    // first CTA's start: wait returned (first, last), Q fragments built (last),
+    // key loop done (first, last), arrival counted (last), merge done.
+    {
+      std::vector<unsigned long long> init(12);
+      for (int i = 0; i < 12; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+      cuda::DeviceBuffer<unsigned long long> trace(12);
+      std::printf("decode_at timeline, us after the first CTA start:\n%8s %11s %11s %11s %11s %11s %11s %11s\n",
+                  "context", "first wait", "last wait", "last qfrag", "first loop", "last loop", "last arrive",
+                  "merged");
+      for (int L : {2048, 4096, 16384, 65536}) {
+        pos_dev.upload(std::vector<int>{L - 1});
+        std::vector<double> sum(7, 0.0);
+        const int reps = 5;
+        for (int r = 0; r < reps + 1; ++r) {
+          trace.upload(init);
+          cuda::flash_decode_trace(trace.data());
+          cuda::flash_attention_decode_at(layer, pos_dev.data(), q.data(), n_heads, scale, out.data(), scratch,
+                                          nullptr);
+          cuda::flash_decode_trace(nullptr);
+          KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto e = trace.download();
+          if (r == 0) continue;  // warm-up
+          const double t0 = double(e[0]);
+          const double v[7] = {double(e[2]), double(e[3]), double(e[5]), double(e[6]), double(e[7]), double(e[9]),
+                               double(e[11])};
+          for (int i = 0; i < 7; ++i) sum[i] += (v[i] - t0) * 1e-3 / reps;
+        }
+        std::printf("%8d", L);
+        for (double x : sum) std::printf(" %11.2f", x);
+        std::printf("\n");
+      }
     }
     // Whole 64k prompt: chunks ending at 2048, 4096, ..., 65536.
     auto interpolate_ms = [&](int L) {

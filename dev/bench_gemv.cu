@@ -113,44 +113,89 @@ int main(int argc, char** argv) {
     norm.upload(ones);
     xr.upload(std::vector<float>(hx.begin(), hx.begin() + d));
     act.upload(hx);
-    const double ms = lab::time_ms(
-        [&] {
-          for (int l = 0; l < layers; ++l) {
-            cuda::GemvRequest qkv;
-            qkv.x = xr.data();
-            qkv.norm_weight = norm.data();
-            qkv.norm_eps = 1e-6f;
-            qkv.n_out = 3;
-            qkv.out[0] = {&mats[0][l], q.data()};
-            qkv.out[1] = {&mats[1][l], k.data()};
-            qkv.out[2] = {&mats[2][l], v.data()};
-            cuda::gemv(qkv, nullptr);
-            cuda::GemvRequest o;
-            o.x = q.data();
-            o.out[0] = {&mats[3][l], xr.data()};
-            o.epilogue = cuda::GemvEpilogue::add;
-            cuda::gemv(o, nullptr);
-            cuda::GemvRequest gu;
-            gu.x = xr.data();
-            gu.norm_weight = norm.data();
-            gu.norm_eps = 1e-6f;
-            gu.n_out = 2;
-            gu.out[0] = {&mats[4][l], act.data()};
-            gu.out[1] = {&mats[5][l], nullptr};
-            gu.epilogue = cuda::GemvEpilogue::swiglu;
-            cuda::gemv(gu, nullptr);
-            cuda::GemvRequest down;
-            down.x = act.data();
-            down.out[0] = {&mats[6][l], xr.data()};
-            down.epilogue = cuda::GemvEpilogue::add;
-            cuda::gemv(down, nullptr);
-          }
-        },
-        iters, 3);
+    constexpr int kEvents = 8;  // GemvRequest::trace
+    auto fused_step = [&](unsigned long long* trace) {
+      for (int l = 0; l < layers; ++l) {
+        auto slot = [&](int i) { return trace ? trace + (4 * l + i) * kEvents : nullptr; };
+        cuda::GemvRequest qkv;
+        qkv.x = xr.data();
+        qkv.norm_weight = norm.data();
+        qkv.norm_eps = 1e-6f;
+        qkv.n_out = 3;
+        qkv.out[0] = {&mats[0][l], q.data()};
+        qkv.out[1] = {&mats[1][l], k.data()};
+        qkv.out[2] = {&mats[2][l], v.data()};
+        qkv.trace = slot(0);
+        cuda::gemv(qkv, nullptr);
+        cuda::GemvRequest o;
+        o.x = q.data();
+        o.out[0] = {&mats[3][l], xr.data()};
+        o.epilogue = cuda::GemvEpilogue::add;
+        o.trace = slot(1);
+        cuda::gemv(o, nullptr);
+        cuda::GemvRequest gu;
+        gu.x = xr.data();
+        gu.norm_weight = norm.data();
+        gu.norm_eps = 1e-6f;
+        gu.n_out = 2;
+        gu.out[0] = {&mats[4][l], act.data()};
+        gu.out[1] = {&mats[5][l], nullptr};
+        gu.epilogue = cuda::GemvEpilogue::swiglu;
+        gu.trace = slot(2);
+        cuda::gemv(gu, nullptr);
+        cuda::GemvRequest down;
+        down.x = act.data();
+        down.out[0] = {&mats[6][l], xr.data()};
+        down.epilogue = cuda::GemvEpilogue::add;
+        down.trace = slot(3);
+        cuda::gemv(down, nullptr);
+      }
+    };
     double bytes = 0;
     for (int kk = 0; kk < 7; ++kk) bytes += double(cuda::gemv_bytes(mats[kk][0])) * layers;
-    std::printf("fused: 4 launches per layer, %d layers: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of copy bandwidth\n",
-                layers, ms, bytes / 1e9, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+    const cuda::GemvTuning defaults = cuda::gemv_tuning();
+    // The fused step at 16 (the default) and 8 warps per CTA.
+    for (int warps : {16, 8}) {
+      cuda::set_gemv_tuning({warps});
+      const double ms = lab::time_ms([&] { fused_step(nullptr); }, iters, 3);
+      std::printf("fused: 4 launches per layer, %d layers, %d warps per CTA: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of "
+                  "copy bandwidth\n",
+                  layers, warps, ms, bytes / 1e9, bytes / (ms * 1e-3) / 1e9,
+                  100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
+    }
+    cuda::set_gemv_tuning(defaults);
+    // Timeline of one fused step with the default tuning: per launch kind,
+    // the mean over layers 1..35 of (us, relative to the previous launch's
+    // last CTA end) the first (0) and last (1) CTA to start, to return from
+    // the wait for its predecessor, to finish staging the input, and to end.
+    {
+      const size_t n = size_t(layers) * 4 * kEvents;
+      std::vector<unsigned long long> init(n);
+      for (size_t i = 0; i < n; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+      cuda::DeviceBuffer<unsigned long long> trace(n);
+      for (int rep = 0; rep < 3; ++rep) {  // the last of three warm runs is reported
+        trace.upload(init);
+        fused_step(trace.data());
+        KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      const std::vector<unsigned long long> tr = trace.download();
+      const char* names[4] = {"norm+QKV", "O+add", "norm+gate/up", "down+add"};
+      std::printf("timeline (us after the previous launch's last CTA end; mean of layers 1..%d):\n", layers - 1);
+      std::printf("%-14s %8s %8s %8s %8s %8s %8s %8s %8s\n", "launch", "start0", "start1", "wait0", "wait1",
+                  "staged0", "staged1", "end0", "end1");
+      for (int kind = 0; kind < 4; ++kind) {
+        double sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int l = 1; l < layers; ++l) {
+          const unsigned long long* e = tr.data() + (4 * l + kind) * kEvents;
+          const int prev = 4 * l + kind - 1;
+          const double ref = double(tr[prev * kEvents + 7]);
+          for (int i = 0; i < 8; ++i) sum[i] += (double(e[i]) - ref) * 1e-3;
+        }
+        std::printf("%-14s", names[kind]);
+        for (int i = 0; i < 8; ++i) std::printf(" %8.2f", sum[i] / (layers - 1));
+        std::printf("\n");
+      }
+    }
   }
   KVQ_CUDA_CHECK(cudaGetLastError());
   return 0;

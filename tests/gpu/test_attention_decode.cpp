@@ -124,7 +124,7 @@ class CudaDecodeAttention : public ::testing::TestWithParam<DecodeCase> {
 TEST_P(CudaDecodeAttention, RecordedLaunchMatchesCpuAtEveryPosition) {
   const DecodeCase c = GetParam();
   DecodeFixture f(c);
-  ASSERT_TRUE(cuda::flash_decode_supported(f.n_heads, c.n_kv, c.head_dim, nullptr)) << "not the tensor-core path";
+  ASSERT_TRUE(cuda::flash_decode_supported(f.n_heads, c.n_kv, c.head_dim, nullptr, nullptr)) << "not the tensor-core path";
   const int splits = cuda::flash_decode_splits(f.view(), f.n_heads);
   EXPECT_GT(splits, 1) << "one split would not exercise the merge";
   EXPECT_LE(splits, cuda::kMaxDecodeSplits);
@@ -243,12 +243,13 @@ std::string decode_name(const ::testing::TestParamInfo<DecodeCase>& info) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttention, ::testing::ValuesIn(decode_cases()), decode_name);
 
 TEST(CudaDecodeSupport, UnsupportedShapesKeepTheGeneralKernel) {
-  EXPECT_FALSE(cuda::flash_decode_supported(34, 2, 128, nullptr));  // G = 17
-  EXPECT_FALSE(cuda::flash_decode_supported(8, 8, 96, nullptr));    // head_dim 96
-  EXPECT_FALSE(cuda::flash_decode_supported(8, 3, 128, nullptr));   // not a multiple
+  EXPECT_FALSE(cuda::flash_decode_supported(34, 2, 128, nullptr, nullptr));  // G = 17
+  EXPECT_FALSE(cuda::flash_decode_supported(8, 8, 96, nullptr, nullptr));    // head_dim 96
+  EXPECT_FALSE(cuda::flash_decode_supported(8, 3, 128, nullptr, nullptr));   // not a multiple
   alignas(16) static float buf[8];
-  EXPECT_FALSE(cuda::flash_decode_supported(8, 8, 128, buf + 1));  // out not 16-byte aligned
-  EXPECT_TRUE(cuda::flash_decode_supported(8, 8, 128, buf));
+  EXPECT_FALSE(cuda::flash_decode_supported(8, 8, 128, buf, buf + 1));  // out not 16-byte aligned
+  EXPECT_FALSE(cuda::flash_decode_supported(8, 8, 128, buf + 1, buf));  // q not 16-byte aligned
+  EXPECT_TRUE(cuda::flash_decode_supported(8, 8, 128, buf, buf));
 }
 
 }  // namespace

@@ -47,24 +47,36 @@ std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
   return step;
 }
 
-// Runs body once per Q1_0 kernel for Q1_0 cases (restoring the default), once otherwise.
+// Runs body once per launch variant (restoring the defaults): 16 and 8
+// warps per CTA, and for Q1_0 also the binary tensor-core kernel.
 template <typename Body>
-void for_each_q1_kernel(TensorType t, Body body) {
-  if (t != TensorType::Q1_0) return body();
-  const cuda::Q1Kernel saved = cuda::q1_kernel();
-  for (cuda::Q1Kernel k : {cuda::Q1Kernel::dp4a, cuda::Q1Kernel::binary_mma}) {
-    SCOPED_TRACE(k == cuda::Q1Kernel::dp4a ? "Q1_0 kernel dp4a" : "Q1_0 kernel binary mma");
-    cuda::set_q1_kernel(k);
+void for_each_kernel_variant(TensorType t, Body body) {
+  const cuda::Q1Kernel saved_q1 = cuda::q1_kernel();
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  struct Variant {
+    const char* name;
+    int warps;
+    cuda::Q1Kernel q1;
+  };
+  const Variant variants[] = {{"16 warps per CTA", 16, cuda::Q1Kernel::dp4a},
+                              {"8 warps per CTA", 8, cuda::Q1Kernel::dp4a},
+                              {"Q1_0 kernel binary mma", 16, cuda::Q1Kernel::binary_mma}};
+  for (const Variant& v : variants) {
+    if (v.q1 == cuda::Q1Kernel::binary_mma && t != TensorType::Q1_0) continue;
+    SCOPED_TRACE(v.name);
+    cuda::set_gemv_tuning({v.warps});
+    cuda::set_q1_kernel(v.q1);
     body();
     if (::testing::Test::HasFatalFailure()) break;
   }
-  cuda::set_q1_kernel(saved);
+  cuda::set_gemv_tuning(saved);
+  cuda::set_q1_kernel(saved_q1);
 }
 
 void check_gemv(const Case& c);
 
 TEST_P(GemvTest, MatchesCpuReference) {
-  for_each_q1_kernel(GetParam().type, [&] { check_gemv(GetParam()); });
+  for_each_kernel_variant(GetParam().type, [&] { check_gemv(GetParam()); });
 }
 
 void check_gemv(const Case& c) {
@@ -162,7 +174,7 @@ class GemvFusedTest : public ::testing::TestWithParam<FusedCase> {
 void check_fused(const FusedCase& c);
 
 TEST_P(GemvFusedTest, MatchesCpuReference) {
-  for_each_q1_kernel(GetParam().type, [&] { check_fused(GetParam()); });
+  for_each_kernel_variant(GetParam().type, [&] { check_fused(GetParam()); });
 }
 
 void check_fused(const FusedCase& c) {

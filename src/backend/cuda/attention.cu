@@ -305,7 +305,7 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
   // Decode: the tensor-core split-KV kernel (attention_decode.cu); prefill:
   // the tensor-core flash kernel (attention_prefill.cu), each for the shapes
   // it supports; this file's CUDA-core kernel for the other shapes.
-  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, out)) {
+  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out)) {
     flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
     return;
   }
@@ -319,7 +319,7 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
 void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
-  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, out)) {
+  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out)) {
     flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
     return;
   }

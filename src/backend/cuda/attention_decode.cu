@@ -60,10 +60,10 @@
 //
 // Latency: a warp's tile loop keeps the next tile's K and this tile's V in
 // flight while it computes S (D <= 128; D = 256 has no registers to spare:
-// o alone takes 128 per lane), and the first tile's K and V are requested
-// before the prologue builds q_frag. Register use (-Xptxas -v, sm_90): D = 64
-// 148, D = 128 242, D = 256 250, no spills: 2 CTAs (8 warps) per SM for
-// D >= 128, 3 for D = 64.
+// o alone takes 128 per lane); the first tile is asked into L2 before the
+// wait for the predecessor and loaded right after the q loads of the
+// prologue. Register use (-Xptxas -v, sm_90): D = 64 148, D = 128 242,
+// D = 256 250, no spills: 2 CTAs (8 warps) per SM for D >= 128, 3 for D = 64.
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
@@ -72,9 +72,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/l2_prefetch.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -104,7 +106,19 @@ struct DecodeParams {
   int G;
   int max_tokens;
   float q_scale;         // scale * log2(e)
+  int prefetch_tiles;    // tiles per warp prefetched before the wait (decode_prefetch_tiles())
+  unsigned long long* trace;  // kernel-lab timeline (flash_decode_trace), or null
 };
+
+// Folds this CTA's global-timer reading into min/max pair `event` of the
+// lab timeline. Thread 0 only.
+__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
+  if (trace && threadIdx.x == 0) {
+    const unsigned long long t = global_timer_ns();
+    atomicMin(trace + 2 * event, t);
+    atomicMax(trace + 2 * event + 1, t);
+  }
+}
 
 __host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQParts * 32 * 16; }
 __host__ __device__ constexpr int merge_row_stride(int D) { return D + 16; }    // floats; = 4 * (D/4 + 4)
@@ -186,23 +200,54 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   float* split_w = warp_l + kWarps * kMaxGroup;
   int* is_last = reinterpret_cast<int*>(split_w + gridDim.x * G);
 
-  // Dependent launch (dependent_launch.cuh): the K/V row at the position was
-  // just written by the preceding kernel, so wait before any load.
-  allow_dependents();
-  wait_for_predecessor();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, n_splits = gridDim.x, kvh = blockIdx.y;
+  const uint16_t* k_head = p.k + size_t(kvh) * p.max_tokens * D;
+  const uint16_t* v_head = p.v + size_t(kvh) * p.max_tokens * D;
 
   // This CTA's keys: whole 16-key tiles from a multiple of 16; the last tile of
   // the context may run past it (those keys are masked, their loads clamped).
+  struct Range {
+    int key0, key_end, n_tiles;
+  };
+  auto range_of = [&](int len) {
+    const int chunk = ((len + n_splits - 1) / n_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+    Range r;
+    r.key0 = split * chunk;
+    r.key_end = min(r.key0 + chunk, len);
+    r.n_tiles = r.key_end > r.key0 ? (r.key_end - r.key0 + kTileKeys - 1) / kTileKeys : 0;
+    return r;
+  };
+  // Lane 0 asks L2 for the K and V rows of one of this CTA's tiles (a hint:
+  // see l2_prefetch.cuh), clamped to the cache.
+  auto prefetch_tile = [&](const Range& r, int tile) {
+    if (lane != 0 || tile >= r.n_tiles) return;
+    const int kb = r.key0 + tile * kTileKeys;
+    const int n = min(kTileKeys, p.max_tokens - kb);
+    if (n <= 0) return;
+    prefetch_l2(k_head + size_t(kb) * D, uint64_t(n) * D * 2);
+    prefetch_l2(v_head + size_t(kb) * D, uint64_t(n) * D * 2);
+  };
+
+  // Dependent launch (dependent_launch.cuh): the K/V row at the position was
+  // just written by the preceding kernel, so no load before the wait. The
+  // keys before it were written by earlier steps, so their first tiles may
+  // be prefetched into L2 first, from the position as it reads now (a hint:
+  // a stale position only makes the hint less useful).
+  trace_event(p.trace, 0);
+  allow_dependents();
+  if (p.prefetch_tiles > 0) {
+    const int early_pos = p.pos_dev ? *reinterpret_cast<const volatile int*>(p.pos_dev) : p.pos;
+    const Range early = range_of(min(max(early_pos, 0), p.max_tokens - 1) + 1);
+    for (int j = 0; j < p.prefetch_tiles; ++j) prefetch_tile(early, warp + j * kWarps);
+  }
+  wait_for_predecessor();
+  trace_event(p.trace, 1);
+
   const int len = (p.pos_dev ? *p.pos_dev : p.pos) + 1;
-  const int chunk = ((len + n_splits - 1) / n_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
-  const int key0 = split * chunk;
-  const int key_end = min(key0 + chunk, len);
-  const int n_tiles = key_end > key0 ? (key_end - key0 + kTileKeys - 1) / kTileKeys : 0;
+  const Range range = range_of(len);
+  const int key0 = range.key0, n_tiles = range.n_tiles;
   const int last_key = len - 1;
-  const uint16_t* k_head = p.k + size_t(kvh) * p.max_tokens * D;
-  const uint16_t* v_head = p.v + size_t(kvh) * p.max_tokens * D;
 
   // Lane (g, t): keys g and 8 + g of the tile, 16-byte chunks at dims 32c + 8t.
   auto load_k = [&](int tile, uint4 (&kr)[2][kKLoads]) {
@@ -226,27 +271,38 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     }
   };
 
-  // Pipelined: the first tile's K and V are requested before the Q fragments
-  // are built, so their latency overlaps the prologue.
   uint4 k_cur[2][kKLoads];
   uint4 v_cur[4][kVLoads];
-  if (kPipelined && warp < n_tiles) {
-    load_k(warp, k_cur);
-    load_v(warp, v_cur);
-  }
 
   // Q fragments: entry (step, lane) -> rows g, g+8, dims 32(step/2) + 8t + 4(step%2) + {0..3}.
+  // Each thread builds D / 64 entries; all their q loads (float4) are issued
+  // first, so building costs one L2 round trip.
   {
+    constexpr int kEntries = kSteps * 32 / kThreads;
+    static_assert(kEntries * kThreads == kSteps * 32, "entries must split evenly over the threads");
     const float* q_group = p.q + size_t(kvh) * G * D;
-    for (int e = tid; e < kSteps * 32; e += kThreads) {
-      const int step = e >> 5, fl = e & 31, fg = fl >> 2, ft = fl & 3;
+    float4 qv[kEntries][2];
+#pragma unroll
+    for (int n = 0; n < kEntries; ++n) {
+      const int e = tid + n * kThreads, step = e >> 5, fl = e & 31, fg = fl >> 2, ft = fl & 3;
       const int d0 = 32 * (step >> 1) + 8 * ft + 4 * (step & 1);
-      float rest[2][4];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = fg + 8 * r;
+        qv[n][r] = row < G ? *reinterpret_cast<const float4*>(q_group + size_t(row) * D + d0)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) rest[r][i] = row < G ? q_group[size_t(row) * D + d0 + i] * p.q_scale : 0.0f;
+    for (int n = 0; n < kEntries; ++n) {
+      const int e = tid + n * kThreads, step = e >> 5, fl = e & 31;
+      float rest[2][4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        rest[r][0] = qv[n][r].x * p.q_scale;
+        rest[r][1] = qv[n][r].y * p.q_scale;
+        rest[r][2] = qv[n][r].z * p.q_scale;
+        rest[r][3] = qv[n][r].w * p.q_scale;
       }
 #pragma unroll
       for (int part = 0; part < kQParts; ++part) {
@@ -265,7 +321,15 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       }
     }
   }
+  // Pipelined: the first tile's K and V are requested now, after the q loads:
+  // a warp's loads return in order, and q (in L2) would otherwise wait for
+  // K and V (from HBM; their first tile was asked into L2 before the wait).
+  if (kPipelined && warp < n_tiles) {
+    load_k(warp, k_cur);
+    load_v(warp, v_cur);
+  }
   __syncthreads();
+  trace_event(p.trace, 2);
 
   // Online softmax state of rows g (index 0) and g + 8 (index 1); l is this
   // lane's share (its columns), summed over the quad at the end.
@@ -395,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
 #pragma unroll
   for (int r = 0; r < 2; ++r) l_run[r] = quad_sum(l_run[r]);
   __syncthreads();  // every warp is done with q_frag, which warp_o overwrites
+  trace_event(p.trace, 3);
   if (t == 0) {
     warp_m[warp * kMaxGroup + g] = m_run[0];
     warp_m[warp * kMaxGroup + g + 8] = m_run[1];
@@ -454,6 +519,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   __syncthreads();
   if (tid == 0) *is_last = atomicAdd(&p.counters[kvh], 1u) == unsigned(n_splits - 1);
   __syncthreads();
+  trace_event(p.trace, 4);
   if (!*is_last) return;
   __threadfence();  // acquire: the other CTAs' partials (read with ld.cg: L2, never a stale L1 line)
   if (tid == 0) p.counters[kvh] = 0;  // every CTA of this launch has arrived: ready for the next launch
@@ -500,6 +566,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       acc.w += w * x.w;
     }
     *reinterpret_cast<float4*>(p.out + (size_t(kvh) * G + row) * D + d) = acc;
+  }
+  if (p.trace) {
+    __syncthreads();
+    trace_event(p.trace, 5);
   }
 }
 
@@ -548,13 +618,26 @@ void launch(const DecodeParams& p, int n_splits, int n_kv, cudaStream_t stream) 
 
 }  // namespace
 
-bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* out) {
+bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
   if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads != 0) return false;
   const int G = n_heads / n_kv_heads;
   if (G < 1 || G > kMaxGroup) return false;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
-  return reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  return reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
 }
+
+namespace {
+int initial_prefetch_tiles() {
+  const char* env = std::getenv("KVQ_ATTN_PREFETCH");
+  return env && *env ? std::max(0, std::atoi(env)) : 1;
+}
+int g_prefetch_tiles = initial_prefetch_tiles();
+unsigned long long* g_trace = nullptr;
+}  // namespace
+
+int decode_prefetch_tiles() { return g_prefetch_tiles; }
+void set_decode_prefetch_tiles(int tiles) { g_prefetch_tiles = std::max(0, tiles); }
+void flash_decode_trace(unsigned long long* events) { g_trace = events; }
 
 int flash_decode_splits(const KvLayerView& layer, int n_heads) {
   const int G = n_heads / layer.n_kv_heads;
@@ -570,7 +653,7 @@ int flash_decode_splits(const KvLayerView& layer, int n_heads) {
 void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
                   float* out, AttentionScratch& scratch, cudaStream_t stream) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
-  KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, out), Errc::internal, "flash_decode: unsupported shape (",
+  KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
   KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
             " outside the cache capacity of ", layer.max_tokens);
@@ -602,6 +685,8 @@ void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const f
   p.G = G;
   p.max_tokens = layer.max_tokens;
   p.q_scale = scale * kLog2e;
+  p.prefetch_tiles = decode_prefetch_tiles();
+  p.trace = g_trace;
   switch (D) {
     case 64: launch<64>(p, n_splits, n_kv, stream); break;
     case 128: launch<128>(p, n_splits, n_kv, stream); break;

@@ -26,14 +26,25 @@ namespace kvq::cuda {
 constexpr int kMaxDecodeSplits = 64;  // bounds the serial merge done by the last CTA of each KV head
 
 // True when the tensor-core decode kernel handles this shape: GQA group
-// G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `out`
-// 16-byte aligned (it is written with float4 stores).
-bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* out);
+// G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `q` and
+// `out` 16-byte aligned (they are read and written as float4s).
+bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out);
 
 // The number of key splits (gridDim.x) a decode launch of this shape uses when
 // the position is only known on the device; depends on the shape, the GPU and
 // the cache capacity, never on the position.
 int flash_decode_splits(const KvLayerView& layer, int n_heads);
+
+// Tiles per warp whose K and V rows the decode kernel asks L2 for before
+// waiting for its predecessor (0: none). Default 1, or KVQ_ATTN_PREFETCH;
+// read at each launch.
+int decode_prefetch_tiles();
+void set_decode_prefetch_tiles(int tiles);
+
+// Kernel lab: later launches fold their CTAs' global-timer readings into
+// these 12 device uint64 (min/max pairs: CTA start, wait returned, Q
+// fragments built, key loop done, arrival counted, merge done); null stops.
+void flash_decode_trace(unsigned long long* events);
 
 // Decode attention of one query token at position pos (or *pos_dev when
 // pos_dev is set: device memory, already range-checked; the launch then does

@@ -2,8 +2,9 @@
 // backend/gpu_layout.hpp for the weight layouts.
 //
 // Work split: a task is R consecutive rows of one output matrix (for swiglu:
-// the same R rows of gate and of up). A CTA of 8 warps first stages the input
-// u in shared memory, then each warp takes tasks strided over the whole grid
+// the same R rows of gate and of up). A CTA (16 warps by default,
+// GemvTuning) first stages the input u in shared memory, then each warp
+// takes tasks strided over the whole grid
 // (the grid is capped near what stays resident, so the staging is paid once
 // per CTA, not once per task). Each lane walks the rows in 16-byte chunks
 // strided by the warp, U chunks x R rows per pipeline step, and loads step
@@ -11,8 +12,9 @@
 // overlaps the dot products; each piece of u serves all R rows. Weights are
 // loaded with ld.global.nc.L1::no_allocate: they are read exactly once per
 // step. Launched as dependent launches
-// (dependent_launch.cuh): the first weight loads are issued before waiting
-// for the kernel that produces x.
+// (dependent_launch.cuh): the first weight loads (and the copy of the norm
+// weight into shared memory) are issued before waiting for the kernel that
+// produces x.
 //
 // Shared memory:
 //   float types      float uf[cols]                 u = x (* norm weight)
@@ -21,7 +23,8 @@
 //                    8 lanes of a shared-memory phase, which read units a
 //                    block (or 16 values) apart, hit distinct banks;
 //                    float us[cols/32] (scale of each 32 values),
-//                    int   usum[cols/32] (sum of their int8 codes).
+//                    int   usum[cols/32] (sum of their int8 codes);
+//   then, with a norm, float g[cols] (the norm weight, copied by cp.async).
 // Chunk of 16 code bytes per type: F32 4 weights, F16/BF16 8, Q8_0 16 (half a
 // block), Q4_0 32 (one block), Q1_0 128 (one block).
 // Q1_0 also has an experimental kernel on the binary tensor cores (further
@@ -38,6 +41,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/l2_prefetch.cuh"  // global_timer_ns (lab timelines)
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -62,7 +66,18 @@ struct KernelArgs {
   float eps;
   int cols;
   GemvEpilogue epilogue;
+  unsigned long long* trace;   // GemvRequest::trace
 };
+
+// Folds this CTA's global-timer reading into trace event `event` (a min/max
+// pair; see GemvRequest::trace). Thread 0 only.
+__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
+  if (trace && threadIdx.x == 0) {
+    const unsigned long long t = global_timer_ns();
+    atomicMin(trace + 2 * event, t);
+    atomicMax(trace + 2 * event + 1, t);
+  }
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -229,21 +244,30 @@ __host__ __device__ constexpr int64_t code_row_bytes(TensorType t, int64_t cols)
                                  : cols / 8;
 }
 
-size_t staged_bytes(TensorType t, int cols) {
+// Shared memory: the staged input, then (with a norm) the norm weight.
+__host__ __device__ constexpr size_t staged_bytes(TensorType t, int cols) {
   return gemv_quantizes_x(t) ? size_t(cols) + size_t(cols / 32) * 8 : size_t(cols) * 4;
+}
+// Shared memory: the staged input, then (with a norm) the norm weight.
+__host__ __device__ constexpr size_t gemv_smem_bytes(TensorType t, int cols, bool norm) {
+  return staged_bytes(t, cols) + (norm ? size_t(cols) * 4 : 0);
 }
 
 // Rows per task and chunks per lane in flight, per type: Q1_0 rows are short
-// (512 bytes at 4096 columns: one chunk per lane), so it takes more rows.
 // Rows per task and 16-byte chunks per lane and row in one pipeline step. A
 // SwiGLU task loads gate and up rows, so it takes half the rows. Q1_0 rows
 // are short (512 bytes at 4096 columns: one chunk per lane), so its tasks are
-// one or a few steps and the pipeline runs across tasks.
-template <TensorType T, bool kPair>
+// one step (the pipeline runs across tasks); kWide (Q1_0 with more than 4096
+// columns) takes up to 4 chunks per lane (2 for SwiGLU pairs, for
+// registers), so that a task of up to 16384 (8192) columns is still one step
+// and its first step, loaded before the wait for the input, is all of it.
+template <TensorType T, bool kPair, bool kWide = false>
 struct Shape {
-  static constexpr int kRows = kPair ? 1 : 2;
-  static constexpr int kUnroll = T == TensorType::Q1_0 ? 1 : 4;
+  static constexpr bool kQ1 = T == TensorType::Q1_0;
+  static constexpr int kRows = kPair && !kQ1 ? 1 : 2;
+  static constexpr int kUnroll = !kQ1 ? 4 : !kWide ? 1 : kPair ? 2 : 4;
 };
+constexpr int kQ1NarrowCols = 4096;  // Q1_0 matrices up to this width use the narrow shape
 
 // A warp's pipeline walks (task, step within the task), its tasks strided by
 // the grid's warp count: the position after (task, step).
@@ -254,35 +278,54 @@ __device__ __forceinline__ PipelineStep next_pipeline_step(int task, int step, i
   return step + 1 == steps_per_task ? PipelineStep{task + stride, 0} : PipelineStep{task, step + 1};
 }
 
+// Staging reads x as float4s, kStageBatch independent loads per thread at a
+// time (4096 columns: one batch per 256 threads), so it costs about one L2
+// round trip per batch.
+constexpr int kStageBatch = 4;
+constexpr int kMaxWarps = 16;  // GemvTuning::warps_per_cta
+
+// The norm weight is a model weight (nothing in flight writes it): each
+// thread copies the float4s it will use into shared memory (cp.async, no
+// registers held) before the kernel waits for its predecessor.
+__device__ __forceinline__ void prefetch_norm(const KernelArgs& a, float4* smem_g) {
+  if (!a.norm) return;
+  const float4* g4 = reinterpret_cast<const float4*>(a.norm);
+  for (int i = threadIdx.x; i < a.cols / 4; i += blockDim.x) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_g + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(g4 + i) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 // Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
-// Every thread reads float4s of x (and the norm) in batches of kBatch
-// independent loads, so the staging costs about one L2 round trip per batch
-// instead of one per 32 values. For quantized types the 8 lanes holding one
-// group of 32 values find its amax and code sum by shuffles.
+// smem_g holds the norm weight (prefetch_norm; each thread reads back only
+// what it copied itself, so waiting for its own copies is enough). For
+// quantized types the 8 lanes holding one group of 32 values find its amax
+// and code sum by shuffles; codes are round(u / scale).
 template <TensorType T>
-__device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
-  constexpr int kBatch = 4;
+__device__ float stage_input(const KernelArgs& a, unsigned char* smem, const float4* smem_g) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int threads = blockDim.x;
   const int n4 = a.cols / 4;
   const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  const float4* g4 = reinterpret_cast<const float4*>(a.norm);
+  if (a.norm) asm volatile("cp.async.wait_all;" ::: "memory");
   float ss = 0.0f;
-  for (int base = 0; base < n4; base += kThreads * kBatch) {
-    float4 v[kBatch], g[kBatch];
+  for (int base = 0; base < n4; base += threads * kStageBatch) {
+    float4 v[kStageBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * kThreads + tid;
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * threads + tid;
       v[b] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-      g[b] = a.norm && i < n4 ? g4[i] : make_float4(1.f, 1.f, 1.f, 1.f);
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * kThreads + tid;
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * threads + tid;
+      const float4 g = a.norm && i < n4 ? smem_g[i] : make_float4(1.f, 1.f, 1.f, 1.f);
       ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
-      const float4 u = make_float4(v[b].x * g[b].x, v[b].y * g[b].y, v[b].z * g[b].z, v[b].w * g[b].w);
+      const float4 u = make_float4(v[b].x * g.x, v[b].y * g.y, v[b].z * g.z, v[b].w * g.w);
       if constexpr (gemv_quantizes_x(T)) {
         // cols is a multiple of 256, so all lanes of a warp are in range or none.
-        if (base + b * kThreads + (tid & ~31) >= n4) continue;
+        if (base + b * threads + (tid & ~31) >= n4) continue;
         float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -313,13 +356,12 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem) {
   }
   float inv_rms = 1.0f;
   if (a.norm) {
-    __shared__ float partial[kWarps];
+    __shared__ float partial[kMaxWarps];
     ss = warp_sum(ss);
     if (lane == 0) partial[warp] = ss;
     __syncthreads();
     float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += partial[w];
+    for (int w = 0; w < threads / 32; ++w) total += partial[w];
     inv_rms = 1.0f / sqrtf(total / float(a.cols) + a.eps);
   }
   __syncthreads();
@@ -369,18 +411,19 @@ struct RowBatch {
   }
 };
 
-template <TensorType T, bool kPair>
-__global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
+template <TensorType T, bool kPair, bool kWide>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int R = Shape<T, kPair>::kRows;
-  constexpr int U = Shape<T, kPair>::kUnroll;
+  constexpr int R = Shape<T, kPair, kWide>::kRows;
+  constexpr int U = Shape<T, kPair, kWide>::kUnroll;
   constexpr int kMats = kPair ? 2 : 1;
   const int lane = threadIdx.x & 31;
   const int chunks = a.cols / Weights<T>::kPerChunk;
   const int steps_per_task = (chunks + 32 * U - 1) / (32 * U);  // warp-uniform
   const int64_t row_bytes = code_row_bytes(T, a.cols);
   const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
-  const int stride = gridDim.x * kWarps;
+  const int warps = blockDim.x / 32;
+  const int stride = gridDim.x * warps;
 
   // A pipeline step is (task, step within the task); the warp walks its tasks
   // (strided over the grid) step by step, loading step k+1 while computing k.
@@ -401,16 +444,20 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
                     lane + step * 32 * U, chunks);
     }
   };
-
+  trace_event(a.trace, 0);
   allow_dependents();
   // The first step's weights do not depend on the input: issue their loads
   // before waiting for the kernel that writes x and before staging, so HBM
   // latency overlaps the predecessor's tail and the staging's L2 round trips.
-  int task = blockIdx.x * kWarps + (threadIdx.x >> 5), step = 0;
+  int task = blockIdx.x * warps + (threadIdx.x >> 5), step = 0;
   RowBatch<T, R, U> cur[kMats], next[kMats];
   if (task < a.n_tasks) load(cur, task, 0);
+  float4* smem_g = reinterpret_cast<float4*>(smem + staged_bytes(T, a.cols));
+  prefetch_norm(a, smem_g);
   wait_for_predecessor();
-  const float inv_rms = stage_input<T>(a, smem);
+  trace_event(a.trace, 1);
+  const float inv_rms = stage_input<T>(a, smem, smem_g);
+  trace_event(a.trace, 2);
   Staged s;
   s.uf = reinterpret_cast<const float*>(smem);
   s.uq = reinterpret_cast<const int4*>(smem);
@@ -447,6 +494,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_kernel(KernelArgs a) {
     for (int m = 0; m < kMats; ++m) cur[m] = next[m];
     task = next_task;
     step = next_step;
+  }
+  if (a.trace) {
+    __syncthreads();
+    trace_event(a.trace, 3);
   }
 }
 
@@ -676,34 +727,47 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, 
 }
 
 
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+GemvTuning initial_tuning() {
+  GemvTuning t;
+  t.warps_per_cta = std::clamp(env_int("KVQ_GEMV_WARPS", t.warps_per_cta), 1, kMaxWarps);
+  return t;
+}
+GemvTuning g_tuning = initial_tuning();
+
 // CTAs of one kernel that stay resident per SM with `smem` bytes, cached per
 // kernel (keyed by its address: instances share a function-pointer type).
 template <typename Kernel>
-int resident_ctas(Kernel kernel, size_t smem) {
+int resident_ctas(Kernel kernel, size_t smem, int threads = kThreads) {
   struct Entry {
     size_t configured = 0;
     int ctas = 1;
   };
-  static std::map<const void*, Entry> cache;
-  Entry& e = cache[reinterpret_cast<const void*>(kernel)];
+  static std::map<std::pair<const void*, int>, Entry> cache;
+  Entry& e = cache[{reinterpret_cast<const void*>(kernel), threads}];
   if (smem > e.configured) {
     // Always raised: the static shared memory (the norm's partial sums) counts
     // against the 48 KiB default too.
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int n = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     e.ctas = std::max(1, n);
     e.configured = smem;
   }
   return e.ctas;
 }
 
-template <TensorType T, bool kPair>
+template <TensorType T, bool kPair, bool kWide = false>
 void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
-  const size_t smem = staged_bytes(T, a.cols);
-  const int needed = (rows_total_tasks + kWarps - 1) / kWarps;
-  const int grid = std::max(1, std::min(needed, resident_ctas(gemv_kernel<T, kPair>, smem) * sm_count()));
-  launch_dependent(gemv_kernel<T, kPair>, dim3(grid), dim3(kThreads), smem, stream, a);
+  const size_t smem = gemv_smem_bytes(T, a.cols, a.norm != nullptr);
+  const int warps = std::clamp(g_tuning.warps_per_cta, 1, kMaxWarps);
+  const int needed = (rows_total_tasks + warps - 1) / warps;
+  const int per_sm = resident_ctas(gemv_kernel<T, kPair, kWide>, smem, warps * 32);
+  const int grid = std::max(1, std::min(needed, per_sm * sm_count()));
+  launch_dependent(gemv_kernel<T, kPair, kWide>, dim3(grid), dim3(warps * 32), smem, stream, a);
 }
 
 // The prepared-input buffer of calls that bring none (tests, the kernel lab).
@@ -737,6 +801,7 @@ void dispatch(TensorType t, KernelArgs& a, DeviceBuffer<unsigned char>* q1_scrat
     case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream);
     case TensorType::Q1_0:
       if (gemv_q1_uses_mma()) return launch_q1_mma<kPair>(a, q1_scratch, stream);
+      if (a.cols > kQ1NarrowCols) return launch<TensorType::Q1_0, kPair, true>(a, a.n_tasks, stream);
       return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
     default: break;
   }
@@ -766,6 +831,8 @@ Q1Kernel g_q1_kernel = initial_q1_kernel();
 }  // namespace
 
 Q1Kernel q1_kernel() { return g_q1_kernel; }
+GemvTuning gemv_tuning() { return g_tuning; }
+void set_gemv_tuning(const GemvTuning& t) { g_tuning = t; }
 void set_q1_kernel(Q1Kernel k) { g_q1_kernel = k; }
 bool gemv_q1_uses_mma() { return g_q1_kernel == Q1Kernel::binary_mma; }
 
@@ -799,7 +866,7 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   // The staged input must fit in shared memory (200 KiB of the 227 available).
   const int capped_cols = int(std::min<int64_t>(w0.cols, 1 << 24));
   const size_t staged = w0.type == TensorType::Q1_0 && gemv_q1_uses_mma() ? q1_mma_smem(capped_cols)
-                                                                          : staged_bytes(w0.type, capped_cols);
+                                                                          : gemv_smem_bytes(w0.type, capped_cols, req.norm_weight);
   KVQ_CHECK(staged <= 200 * 1024 &&
                 w0.rows <= (int64_t(1) << 30),
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
@@ -809,6 +876,7 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   a.eps = req.norm_eps;
   a.cols = int(w0.cols);
   a.epilogue = req.epilogue;
+  a.trace = req.trace;
   const int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
   int tasks = 0;
   for (int i = 0; i < req.n_out; ++i) {

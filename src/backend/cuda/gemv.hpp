@@ -68,7 +68,24 @@ struct GemvRequest {
   // Scratch for the Q1_0 tensor-core kernel; null: a shared internal buffer
   // (fine for tests and the lab; calls on concurrent streams must pass their own).
   GemvScratch* scratch = nullptr;
+  // Kernel-lab timeline (dp4a and float kernels): 8 device uint64 the launch
+  // folds its CTAs' global-timer readings into, as min/max pairs of: CTA
+  // start, predecessor wait returned, input staged, CTA end. The caller sets
+  // the mins to UINT64_MAX and the maxes to 0 first. Null: no timing.
+  unsigned long long* trace = nullptr;
 };
+
+// Launch shape of the dp4a and float kernels (process-wide; read when a
+// launch is issued, so a recorded step keeps the value it was recorded with).
+struct GemvTuning {
+  // Warps per CTA, 1..16. 16 (one or two CTAs per SM) stages the input in
+  // fewer CTAs than 8 (three or four per SM): the bonsai-8b GEMVs of a decode
+  // step take 1.06 instead of 1.15 ms (docs/perf.md).
+  int warps_per_cta = 16;
+};
+// Defaults, overridden by KVQ_GEMV_WARPS.
+GemvTuning gemv_tuning();
+void set_gemv_tuning(const GemvTuning& t);
 
 void gemv(const GemvRequest& req, cudaStream_t stream);
 
