@@ -77,6 +77,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/l2_prefetch.cuh"
+#include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -110,15 +111,6 @@ struct DecodeParams {
   unsigned long long* trace;  // kernel-lab timeline (flash_decode_trace), or null
 };
 
-// Folds this CTA's global-timer reading into min/max pair `event` of the
-// lab timeline. Thread 0 only.
-__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
-  if (trace && threadIdx.x == 0) {
-    const unsigned long long t = global_timer_ns();
-    atomicMin(trace + 2 * event, t);
-    atomicMax(trace + 2 * event + 1, t);
-  }
-}
 
 __host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQParts * 32 * 16; }
 __host__ __device__ constexpr int merge_row_stride(int D) { return D + 16; }    // floats; = 4 * (D/4 + 4)

@@ -41,7 +41,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
-#include "backend/cuda/l2_prefetch.cuh"  // global_timer_ns (lab timelines)
+#include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -66,18 +66,8 @@ struct KernelArgs {
   float eps;
   int cols;
   GemvEpilogue epilogue;
-  unsigned long long* trace;   // GemvRequest::trace
+  unsigned long long* trace;  // GemvRequest::trace
 };
-
-// Folds this CTA's global-timer reading into trace event `event` (a min/max
-// pair; see GemvRequest::trace). Thread 0 only.
-__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
-  if (trace && threadIdx.x == 0) {
-    const unsigned long long t = global_timer_ns();
-    atomicMin(trace + 2 * event, t);
-    atomicMax(trace + 2 * event + 1, t);
-  }
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

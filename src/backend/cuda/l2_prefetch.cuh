@@ -1,11 +1,9 @@
 // Bulk prefetch into L2 (Hopper's cp.async.bulk.prefetch): one instruction
 // asks the memory system to bring a whole byte range into L2 and returns at
-// once, holding no registers or shared memory. Decode kernels use it to keep
-// HBM busy ahead of the loads that will consume the bytes: a GEMV for the
-// weight rows of its next tasks, decode attention for its next key tiles and,
-// before waiting for its predecessor, its first tiles. A prefetch is a hint:
-// it never changes results, so it may name data a running kernel is still
-// writing (the later loads read whatever L2 holds then).
+// once, holding no registers or shared memory. Decode attention uses it to
+// ask for its first key tiles before waiting for its predecessor. A prefetch
+// is a hint: it never changes results, so it may name data a running kernel
+// is still writing (the later loads read whatever L2 holds then).
 #pragma once
 
 #include <cstdint>
@@ -24,13 +22,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes) {
   (void)p;
   (void)bytes;
 #endif
-}
-
-// Nanoseconds of the GPU's global timer (the kernel labs' timelines).
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 }  // namespace kvq::cuda

@@ -1,0 +1,29 @@
+// Kernel-lab timelines without a profiler: a kernel given a trace buffer
+// folds its CTAs' %globaltimer readings into min/max pairs at the points it
+// marks (GemvRequest::trace, flash_decode_trace). Nothing is recorded when
+// the buffer is null, which is how production launches run.
+#pragma once
+
+#include <cstdint>
+
+namespace kvq::cuda {
+
+// Nanoseconds of the GPU's global timer.
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Folds this CTA's timer reading into event `event` of trace: the minimum at
+// trace[2 event], the maximum at trace[2 event + 1] (the caller sets them to
+// UINT64_MAX and 0 first). Thread 0 only; no-op without a trace.
+__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
+  if (trace && threadIdx.x == 0) {
+    const unsigned long long t = global_timer_ns();
+    atomicMin(trace + 2 * event, t);
+    atomicMax(trace + 2 * event + 1, t);
+  }
+}
+
+}  // namespace kvq::cuda
