@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/device_buffer.hpp"
 #include "core/rng.hpp"
+#include "kv/cache.hpp"
 
 namespace kvq::gputest {
 
@@ -44,6 +45,32 @@ inline std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
   std::vector<float> v(n);
   for (auto& x : v) x = float(rng.normal()) * s;
   return v;
+}
+
+// Attention inputs shared by the attention tests: K and V for tokens
+// [0, pos + n), the keys sharing a direction (like real post-RoPE keys, so
+// softmax is peaked, not flat), written to `layer` of the CPU and the GPU
+// cache as the forward pass writes them: the history [0, pos), then the n new
+// tokens at pos. Returns the host K and V.
+struct PeakedKv {
+  std::vector<float> k, v;
+};
+inline PeakedKv write_peaked_kv(Rng& rng, kv::Cache& cpu_cache, kv::Cache& gpu_cache, int layer, int pos, int n,
+                                size_t kv_row) {
+  const int total = pos + n;
+  PeakedKv kv{normal(rng, total * kv_row), normal(rng, total * kv_row)};
+  for (int t = 0; t < total; ++t)
+    for (size_t i = 0; i < kv_row; ++i) kv.k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;
+  cuda::DeviceBuffer<float> dk(kv.k.size()), dv(kv.v.size());
+  dk.upload(kv.k);
+  dv.upload(kv.v);
+  if (pos > 0) {
+    cpu_cache.layer(layer).write(0, pos, kv.k.data(), kv.v.data());
+    gpu_cache.layer(layer).write(0, pos, dk.data(), dv.data());
+  }
+  cpu_cache.layer(layer).write(pos, n, kv.k.data() + pos * kv_row, kv.v.data() + pos * kv_row);
+  gpu_cache.layer(layer).write(pos, n, dk.data() + pos * kv_row, dv.data() + pos * kv_row);
+  return kv;
 }
 
 #define KVQ_SKIP_WITHOUT_GPU() \

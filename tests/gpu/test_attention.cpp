@@ -20,6 +20,7 @@
 
 using namespace kvq;
 using gputest::normal;
+using gputest::write_peaked_kv;
 using gputest::Guarded;
 
 namespace {
@@ -43,24 +44,10 @@ TEST_P(CudaAttention, MatchesCpuNoneCache) {
   auto gpu_cache = cuda::make_cuda_kv_cache(kv::CodecOptions{}, shape);
   ASSERT_EQ(gpu_cache->codec_name(), "none");
   const size_t kv_row = size_t(c.n_kv) * c.head_dim, q_row = size_t(c.n_heads) * c.head_dim;
-  // Keys with a shared direction (like real post-RoPE keys) so softmax is peaked, not flat.
-  auto k = normal(rng, total * kv_row), v = normal(rng, total * kv_row);
-  for (int t = 0; t < total; ++t)
-    for (size_t i = 0; i < kv_row; ++i) k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;
+  const int layer = 1;
+  const auto [k, v] = write_peaked_kv(rng, *cpu_cache, *gpu_cache, layer, c.pos, c.n, kv_row);
   const auto q = normal(rng, size_t(c.n) * q_row, 2.0f);
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const int layer = 1;
-
-  // History [0, pos) then the n new tokens at pos, as the forward pass does.
-  cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
-  dk.upload(k);
-  dv.upload(v);
-  if (c.pos > 0) {
-    cpu_cache->layer(layer).write(0, c.pos, k.data(), v.data());
-    gpu_cache->layer(layer).write(0, c.pos, dk.data(), dv.data());
-  }
-  cpu_cache->layer(layer).write(c.pos, c.n, k.data() + c.pos * kv_row, v.data() + c.pos * kv_row);
-  gpu_cache->layer(layer).write(c.pos, c.n, dk.data() + c.pos * kv_row, dv.data() + c.pos * kv_row);
 
   std::vector<float> ref(size_t(c.n) * q_row);
   cpu_cache->layer(layer).attend(c.pos, c.n, q.data(), c.n_heads, scale, ref.data());

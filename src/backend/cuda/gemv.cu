@@ -112,17 +112,21 @@ struct Weights<TensorType::F32> {
   }
 };
 
-__device__ __forceinline__ float dot8(const float (&wv)[8], const float* uf, int i) {
+// A 16-byte chunk of 8 half-precision weights (two per word, the lower
+// half first), widened by Widen (float2 of one word), dotted with u.
+template <typename Widen>
+__device__ __forceinline__ float dot8(uint4 w, const float* uf, int i, Widen widen) {
   const float4 a = reinterpret_cast<const float4*>(uf)[2 * i];
   const float4 b = reinterpret_cast<const float4*>(uf)[2 * i + 1];
-  float s = wv[0] * a.x;
-  s = fmaf(wv[1], a.y, s);
-  s = fmaf(wv[2], a.z, s);
-  s = fmaf(wv[3], a.w, s);
-  s = fmaf(wv[4], b.x, s);
-  s = fmaf(wv[5], b.y, s);
-  s = fmaf(wv[6], b.z, s);
-  return fmaf(wv[7], b.w, s);
+  const float2 w0 = widen(w.x), w1 = widen(w.y), w2 = widen(w.z), w3 = widen(w.w);
+  float s = w0.x * a.x;
+  s = fmaf(w0.y, a.y, s);
+  s = fmaf(w1.x, a.z, s);
+  s = fmaf(w1.y, a.w, s);
+  s = fmaf(w2.x, b.x, s);
+  s = fmaf(w2.y, b.y, s);
+  s = fmaf(w3.x, b.z, s);
+  return fmaf(w3.y, b.w, s);
 }
 
 template <>
@@ -130,14 +134,8 @@ struct Weights<TensorType::BF16> {
   static constexpr int kPerChunk = 8;
   static constexpr int kPerScale = 0;
   static __device__ __forceinline__ float dot(uint4 w, float, const Staged& s, int i) {
-    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
-    float wv[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      wv[2 * j] = __uint_as_float(q[j] << 16);
-      wv[2 * j + 1] = __uint_as_float(q[j] & 0xffff0000u);
-    }
-    return dot8(wv, s.uf, i);
+    return dot8(w, s.uf, i,
+                [](uint32_t q) { return make_float2(__uint_as_float(q << 16), __uint_as_float(q & 0xffff0000u)); });
   }
 };
 
@@ -146,15 +144,7 @@ struct Weights<TensorType::F16> {
   static constexpr int kPerChunk = 8;
   static constexpr int kPerScale = 0;
   static __device__ __forceinline__ float dot(uint4 w, float, const Staged& s, int i) {
-    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
-    float wv[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&q[j]));
-      wv[2 * j] = f.x;
-      wv[2 * j + 1] = f.y;
-    }
-    return dot8(wv, s.uf, i);
+    return dot8(w, s.uf, i, [](uint32_t q) { return __half22float2(*reinterpret_cast<const __half2*>(&q)); });
   }
 };
 

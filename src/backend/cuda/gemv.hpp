@@ -80,7 +80,7 @@ struct GemvRequest {
 struct GemvTuning {
   // Warps per CTA, 1..16. 16 (one or two CTAs per SM) stages the input in
   // fewer CTAs than 8 (three or four per SM): the bonsai-8b GEMVs of a decode
-  // step take 1.06 instead of 1.15 ms (docs/perf.md).
+  // step take 1.08 instead of 1.22 ms (docs/perf.md).
   int warps_per_cta = 16;
 };
 // Defaults, overridden by KVQ_GEMV_WARPS.
