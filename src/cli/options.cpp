@@ -15,15 +15,19 @@ namespace kvq::cli {
 
 namespace fs = std::filesystem;
 
-void add_model_options(CLI::App& app, ModelOptions& o) {
+void add_load_options(CLI::App& app, ModelOptions& o) {
   app.add_option("-m,--model", o.model, "GGUF model file (default: $KVQ_MODEL or the embedded models/kvq-tiny-code.gguf)");
-  app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
-      ->check(CLI::NonNegativeNumber);
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "Prompt tokens per forward pass during prefill (default: 512 on cpu, 2048 on cuda)")
       ->check(CLI::PositiveNumber);
+}
+
+void add_model_options(CLI::App& app, ModelOptions& o) {
+  add_load_options(app, o);
+  app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kv", o.codec.kv, "KV cache codec (see `kvq codecs`)")->capture_default_str();
   app.add_option("--ctk", o.codec.ctk, "K-side block, overriding the codec's");
   app.add_option("--ctv", o.codec.ctv, "V-side block, overriding the codec's");
@@ -137,13 +141,16 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
   return m.backend().make_cache(c, shape);  // the backend's own cache (device memory on CUDA)
 }
 
+int resolve_prefill_chunk(const ModelOptions& o, const Backend& b) {
+  // On the GPU every prefill chunk dequantizes all weights into bf16 GEMM
+  // tiles, so larger chunks amortize that; the CPU gains nothing from them.
+  return o.prefill_chunk > 0 ? o.prefill_chunk : std::string(b.name()) == "cuda" ? 2048 : 512;
+}
+
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  // On the GPU every prefill chunk dequantizes all weights into bf16 GEMM
-  // tiles, so larger chunks amortize that; the CPU gains nothing from them.
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
-                                         : std::string(l.model->backend().name()) == "cuda" ? 2048 : 512;
+  so.prefill_chunk = resolve_prefill_chunk(o, l.model->backend());
   // Progress only where someone watches it: a terminal, or a prompt long
   // enough that silence would look like a hang.
   const bool tty = ::isatty(2);

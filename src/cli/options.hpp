@@ -29,6 +29,9 @@ struct ModelOptions {
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
 };
 void add_model_options(CLI::App& app, ModelOptions& o);
+// Only what loading needs (-m, --threads, --device, --prefill-chunk): for
+// commands that choose their own caches and context (kvq eval).
+void add_load_options(CLI::App& app, ModelOptions& o);
 
 struct SamplingOptions {
   SamplingParams params;
@@ -70,6 +73,8 @@ Loaded load(const ModelOptions& o);
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
 // The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
 std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
+// --prefill-chunk, or the device's default (512 on cpu, 2048 on cuda).
+int resolve_prefill_chunk(const ModelOptions& o, const Backend& b);
 // A Session over a fresh cache, with a prefill progress indicator on stderr
 // for long prompts.
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);

@@ -1,0 +1,329 @@
+// kvq eval: KV-codec quality through the real cache (src/eval).
+//   kvq eval ppl    sliding-window perplexity of a text, per codec
+//   kvq eval kl     teacher-forced KL(p_ref || p_codec), p99 KL, top-1 agreement and
+//                   perplexity per codec against one reference pass (none, or f32)
+//   kvq eval needle retrieval of a planted fact at several depths, per codec
+// Text tables by default (the tables of docs/quality.md), --json for machines.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/command.hpp"
+#include "cli/options.hpp"
+#include "core/error.hpp"
+#include "eval/needle.hpp"
+#include "eval/text_eval.hpp"
+
+namespace kvq::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct EvalArgs {
+  ModelOptions model;
+  std::string codecs = "all";
+  int ctx = 0;  // 0: the model's trained context
+  std::string file;
+  int stride = 0;
+  int max_windows = 0;
+  std::string ref = "none";
+  bool json = false;
+  bool quiet = false;
+  // needle
+  std::string depths = "0.1,0.3,0.5,0.7,0.9";
+  int trials = 2;
+  uint64_t seed = 1;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVQ_CHECK(f.good(), Errc::io, "cannot read --file '", path, "'");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The text as the model sees it: BOS when the tokenizer asks for one, then
+// the plain tokens (special-token text in the file is not parsed).
+std::vector<int32_t> text_tokens(const Tokenizer& tok, const std::string& path) {
+  KVQ_CHECK(!path.empty(), Errc::invalid_argument, "--file TEXT is required: the text to evaluate on");
+  std::vector<int32_t> ids;
+  if (tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
+  const auto body = tok.encode(read_file(path));
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+int default_ctx(const EvalArgs& a, const ModelConfig& cfg) {
+  if (a.ctx > 0) return a.ctx;
+  return cfg.context_length ? int(cfg.context_length) : 4096;
+}
+
+std::string model_line(const EvalArgs& a, const Loaded& l) {
+  const ModelConfig& c = l.model->config();
+  return str("model ", resolve_model_path(a.model.model), " (", c.n_layers, " layers, ", c.n_kv_heads,
+             " KV heads, head_dim ", c.head_dim, "), device ", l.backend->name());
+}
+
+std::string bits(const eval::CodecQuality& q) {
+  if (q.codec.f32) return "32 / 32";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.3f / %.3f", q.k_bits, q.v_bits);
+  return b;
+}
+
+ordered_json codec_json(const eval::CodecQuality& q) {
+  ordered_json j = {{"codec", q.codec.label}};
+  if (const auto r = eval::resolve(q.codec)) {
+    j["k_block"] = r->k.name();
+    j["v_block"] = r->v.name();
+    j["k_bits"] = q.k_bits;
+    j["v_bits"] = q.v_bits;
+  } else {
+    j["k_block"] = j["v_block"] = "f32";
+  }
+  if (!q.error.empty()) {
+    j["status"] = q.unsupported ? "unsupported" : "error";
+    j["error"] = q.error;
+    return j;
+  }
+  j["status"] = "ok";
+  j["positions"] = q.positions;
+  if (q.has_kl) {
+    j["mean_kl"] = q.mean_kl;
+    j["p99_kl"] = q.p99_kl;
+    j["max_kl"] = q.max_kl;
+    j["top1_pct"] = q.top1_pct;
+  }
+  j["mean_nll"] = q.mean_nll;
+  j["ppl"] = q.ppl;
+  if (q.has_kl)
+    if (const auto f = eval::quality_floor(q.codec)) {
+      j["class"] = f->name;
+      j["floor_met"] = eval::floor_verdict(*f, q.mean_kl, q.top1_pct) == "yes";
+      j["floor"] = eval::floor_verdict(*f, q.mean_kl, q.top1_pct);
+    }
+  return j;
+}
+
+// Where results would be appended to runs.db beside the bench rows (the
+// runs.db API lives with `kvq bench`); see the report in docs/quality.md.
+void record_results(const ordered_json& doc) { (void)doc; }
+
+int run_text(EvalArgs& a, bool kl) {
+  Loaded l = load(a.model);
+  Model& m = *l.model;
+  const auto tokens = text_tokens(*l.tokenizer, a.file);
+  eval::TextEvalOptions o;
+  o.ctx = default_ctx(a, m.config());
+  o.stride = a.stride > 0 ? a.stride : kl ? 0 : o.ctx / 2;
+  o.max_windows = a.max_windows;
+  o.prefill_chunk = resolve_prefill_chunk(a.model, *l.backend);
+  if (kl) {
+    KVQ_CHECK(a.ref == "none" || a.ref == "f32", Errc::invalid_argument, "--ref is none or f32, not '", a.ref, "'");
+    o.ref = eval::parse_eval_codec(a.ref);
+  }
+  if (!a.quiet)
+    o.on_pass = [](const std::string& label, int w, int nw) {
+      std::fprintf(stderr, "\rkvq eval: window %d/%d: %-24s", w + 1, nw, label.c_str());
+      std::fflush(stderr);
+    };
+  const auto codecs = eval::parse_eval_codecs(a.codecs);
+  const auto rep = eval::evaluate_text(m, tokens, codecs, o);
+  if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
+
+  const int win = rep.windows.front().len, stride = o.stride > 0 ? o.stride : win;
+  const int64_t positions = rep.rows.empty() ? 0 : [&] {
+    int64_t p = 0;
+    for (const auto& w : rep.windows) p += w.len - w.first_target;
+    return p;
+  }();
+  ordered_json doc = {{"command", kl ? "kl" : "ppl"},
+                      {"model", resolve_model_path(a.model.model)},
+                      {"device", l.backend->name()},
+                      {"text", a.file},
+                      {"text_tokens", rep.n_tokens},
+                      {"ctx", win},
+                      {"stride", stride},
+                      {"windows", rep.windows.size()},
+                      {"positions", positions}};
+  if (rep.ref) doc["reference"] = {{"codec", rep.ref->codec.label}, {"ppl", rep.ref->ppl}};
+  ordered_json rows = ordered_json::array();
+  for (const auto& q : rep.rows) rows.push_back(codec_json(q));
+  doc["results"] = rows;
+  record_results(doc);
+  if (a.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+  std::printf("kvq eval %s: %s\n", kl ? "kl" : "ppl", model_line(a, l).c_str());
+  std::printf("text %s: %d tokens; %zu window(s) of %d tokens, stride %d; %lld scored positions", a.file.c_str(),
+              rep.n_tokens, rep.windows.size(), win, stride, (long long)positions);
+  if (rep.ref) std::printf("; reference %s (ppl %.4f)", rep.ref->codec.label.c_str(), rep.ref->ppl);
+  std::printf("\n\n");
+  if (kl)
+    std::printf("| codec | K/V bits | mean KL | p99 KL | max KL | top-1 %% | ppl | class | floor met |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
+  else
+    std::printf("| codec | K/V bits | ppl | mean NLL (nats) |\n|---|---|---|---|\n");
+  for (const auto& q : rep.rows) {
+    if (!q.error.empty()) {
+      std::printf("| %s | %s | %s: %s |\n", q.codec.label.c_str(), bits(q).c_str(),
+                  q.unsupported ? "unsupported" : "error", q.error.c_str());
+      continue;
+    }
+    if (!kl) {
+      std::printf("| %s | %s | %.4f | %.5f |\n", q.codec.label.c_str(), bits(q).c_str(), q.ppl, q.mean_nll);
+      continue;
+    }
+    const auto f = eval::quality_floor(q.codec);
+    std::printf("| %s | %s | %.5f | %.4f | %.4f | %.1f | %.4f | %s | %s |\n", q.codec.label.c_str(),
+                bits(q).c_str(), q.mean_kl, q.p99_kl, q.max_kl, q.top1_pct, q.ppl, f ? f->name.c_str() : "-",
+                f ? eval::floor_verdict(*f, q.mean_kl, q.top1_pct).c_str() : "-");
+  }
+  return 0;
+}
+
+std::vector<double> parse_depths(const std::string& s) {
+  std::vector<double> d;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) {
+    double v = -1;
+    try {
+      v = std::stod(x);
+    } catch (const std::exception&) {
+    }
+    KVQ_CHECK(v >= 0 && v <= 1, Errc::invalid_argument, "--depths takes fractions in [0, 1], e.g. 0.1,0.5,0.9; got '",
+              x, "'");
+    d.push_back(v);
+  }
+  KVQ_CHECK(!d.empty(), Errc::invalid_argument, "--depths is empty");
+  return d;
+}
+
+int run_needle(EvalArgs& a) {
+  Loaded l = load(a.model);
+  Model& m = *l.model;
+  eval::NeedleOptions o;
+  o.ctx = default_ctx(a, m.config());
+  o.depths = parse_depths(a.depths);
+  o.trials = a.trials;
+  o.seed = a.seed;
+  o.prefill_chunk = resolve_prefill_chunk(a.model, *l.backend);
+  if (!a.file.empty()) o.haystack = read_file(a.file);
+  if (!a.quiet)
+    o.on_pass = [](const std::string& label, int i, int n) {
+      std::fprintf(stderr, "\rkvq eval needle: %-24s case %d/%d", label.c_str(), i + 1, n);
+      std::fflush(stderr);
+    };
+  const auto codecs = eval::parse_eval_codecs(a.codecs);
+  const auto rep = eval::run_needle(m, *l.tokenizer, codecs, o);
+  if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
+
+  ordered_json doc = {{"command", "needle"},
+                      {"model", resolve_model_path(a.model.model)},
+                      {"device", l.backend->name()},
+                      {"ctx", o.ctx},
+                      {"haystack", a.file.empty() ? "built-in" : a.file},
+                      {"depths", o.depths},
+                      {"trials", o.trials},
+                      {"seed", o.seed}};
+  ordered_json rows = ordered_json::array();
+  for (const auto& r : rep.rows) {
+    ordered_json j = {{"codec", r.codec.label}};
+    if (!r.error.empty()) {
+      j["status"] = r.unsupported ? "unsupported" : "error";
+      j["error"] = r.error;
+    } else {
+      j["status"] = "ok";
+      j["found"] = r.found;
+      j["cases"] = r.cases;
+      j["accuracy_pct"] = r.accuracy_pct();
+      j["mean_answer_logprob"] = r.mean_logprob();
+      ordered_json per = ordered_json::array();
+      for (size_t i = 0; i < o.depths.size(); ++i)
+        per.push_back({{"depth", o.depths[i]}, {"found", r.found_at[i]}, {"cases", o.trials}});
+      j["per_depth"] = per;
+    }
+    rows.push_back(j);
+  }
+  doc["results"] = rows;
+  record_results(doc);
+  if (a.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+  std::printf("kvq eval needle: %s\n", model_line(a, l).c_str());
+  std::printf("context %d tokens, haystack %s, %d trial(s) per depth; a case is found when greedy decoding "
+              "reproduces the planted value exactly\n\n| codec | found |",
+              o.ctx, a.file.empty() ? "built-in" : a.file.c_str(), o.trials);
+  for (double d : o.depths) std::printf(" depth %.2f |", d);
+  std::printf(" mean log p(answer) |\n|---|---|");
+  for (size_t i = 0; i < o.depths.size(); ++i) std::printf("---|");
+  std::printf("---|\n");
+  for (const auto& r : rep.rows) {
+    if (!r.error.empty()) {
+      std::printf("| %s | %s: %s |\n", r.codec.label.c_str(), r.unsupported ? "unsupported" : "error",
+                  r.error.c_str());
+      continue;
+    }
+    std::printf("| %s | %d/%d |", r.codec.label.c_str(), r.found, r.cases);
+    for (int f : r.found_at) std::printf(" %d/%d |", f, o.trials);
+    std::printf(" %.3f |\n", r.mean_logprob());
+  }
+  return 0;
+}
+
+void add_common(CLI::App& s, EvalArgs& a) {
+  add_load_options(s, a.model);
+  s.add_option("--codecs", a.codecs,
+               "Comma-separated: codec names, NAME+qjl (rotor --rotor-qjl on), K/V block pairs (turbo3/bf16), "
+               "f32 (exact fp32 cache, CPU), or all")
+      ->capture_default_str();
+  s.add_option("--ctx", a.ctx, "Context (window) length in tokens (default: the model's trained context)")
+      ->check(CLI::PositiveNumber);
+  s.add_flag("--json", a.json, "Machine-readable output");
+  s.add_flag("-q,--quiet", a.quiet, "No progress on standard error");
+}
+
+}  // namespace
+
+KVQ_REGISTER_COMMAND("eval", "KV-codec quality: perplexity, KL vs a reference, needle retrieval",
+                     [](CLI::App& app) -> std::function<int()> {
+                       app.require_subcommand(1);
+                       auto a = std::make_shared<EvalArgs>();
+                       auto which = std::make_shared<std::string>();
+                       CLI::App* ppl = app.add_subcommand("ppl", "Sliding-window perplexity of --file per codec");
+                       CLI::App* kl = app.add_subcommand(
+                           "kl", "Teacher-forced KL(ref || codec), p99 KL, top-1 agreement and perplexity per codec");
+                       CLI::App* needle =
+                           app.add_subcommand("needle", "Retrieval of a planted value at several depths per codec");
+                       for (CLI::App* s : {ppl, kl, needle}) {
+                         add_common(*s, *a);
+                         s->callback([which, s] { *which = s->get_name(); });
+                       }
+                       for (CLI::App* s : {ppl, kl}) {
+                         s->add_option("-f,--file", a->file, "Text file to evaluate on")->required();
+                         s->add_option("--max-windows", a->max_windows, "Evaluate at most this many windows (0: all)")
+                             ->check(CLI::NonNegativeNumber);
+                       }
+                       ppl->add_option("--stride", a->stride, "Tokens between window starts (default: ctx/2)")
+                           ->check(CLI::PositiveNumber);
+                       kl->add_option("--stride", a->stride, "Tokens between window starts (default: ctx, disjoint)")
+                           ->check(CLI::PositiveNumber);
+                       kl->add_option("--ref", a->ref, "Reference cache: none (bf16) or f32 (exact, CPU only)")
+                           ->capture_default_str();
+                       needle->add_option("-f,--file", a->file, "Haystack text (default: a built-in code haystack)");
+                       needle->add_option("--depths", a->depths, "Needle depths as fractions of the context")
+                           ->capture_default_str();
+                       needle->add_option("--trials", a->trials, "Needles (different values) per depth")
+                           ->check(CLI::PositiveNumber)
+                           ->capture_default_str();
+                       needle->add_option("--seed", a->seed, "Seed of the planted values")->capture_default_str();
+                       return [a, which] {
+                         if (*which == "needle") return run_needle(*a);
+                         return run_text(*a, *which == "kl");
+                       };
+                     });
+
+}  // namespace kvq::cli
