@@ -1,5 +1,6 @@
 #include "kv/codebook.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
@@ -48,6 +49,19 @@ static LloydMax compute_lloyd_max(int bits) {
   q.centroids_f.assign(q.centroids.begin(), q.centroids.end());
   q.thresholds_f.assign(q.thresholds.begin(), q.thresholds.end());
   return q;
+}
+
+double unbiased_row_gain(const float* u, const float* c, int d, double max_excess) {
+  double uc = 0, cc = 0, uu = 0;
+  for (int i = 0; i < d; ++i) {
+    uc += double(u[i]) * c[i];
+    cc += double(c[i]) * c[i];
+    uu += double(u[i]) * u[i];
+  }
+  if (!(cc > 0) || !(uc > 0)) return cc > 0 ? std::max(uc, 0.0) / cc : 0.0;
+  const double g_ls = uc / cc, e_ls = std::max(uu - uc * g_ls, 0.0) / d;  // per value
+  const double g_u = uu / uc;
+  return std::min(g_u, g_ls + std::sqrt(max_excess * e_ls * d / cc));
 }
 
 const LloydMax& lloyd_max_gaussian(int bits) {

@@ -36,6 +36,22 @@ inline int nearest_index(const float* thresholds, int n_levels, float x) {
   return lo;
 }
 
+// The gain g of a row coded as levels c[0..d) of its unit-variance rotated
+// coordinates u[0..d) (sum u_i^2 = d): the reconstruction is g * c, and the
+// block stores ||x|| * g as its fp16 scale. Lloyd-Max levels are conditional
+// means, so c is shrunk towards 0 (E<u, c> = E|c|^2 = d (1 - mse)); with
+// g = 1 every q.k and every attention output would be shrunk by (1 - mse)
+// (2 bits: -11.8 %), a bias that does not average out over tokens. The
+// unbiased gain g_u = d / <u, c> makes <g c, u> = |u|^2 (the reconstruction's
+// projection on the row is the row), at a small cost in squared error. The
+// gain returned is g_u, capped where it would cost more than `max_excess`
+// (relative) squared error over the row's least-squares gain g* = <u,c>/|c|^2:
+//   e(g) = e* + |c|^2 (g - g*)^2 / d,  so  g = min(g_u, g* + sqrt(max_excess e* d) / |c|).
+// 0 for an all-zero code row.
+double unbiased_row_gain(const float* u, const float* c, int d, double max_excess);
+// max_excess used by turbo and tcq: 0.2 dB (10^0.02 - 1).
+constexpr double kGainMaxExcess = 0.047128548050899534;
+
 // Standard normal density and distribution function.
 double normal_pdf(double x);
 double normal_cdf(double x);

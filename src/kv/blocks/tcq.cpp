@@ -1,13 +1,16 @@
 // Blocks tcq2 / tcq3: trellis-coded quantization (kv/tcq.hpp) of the same
 // rotated unit-row coordinates as turbo: n = ||x||, y = H(s * x)/sqrt(D),
-// the trellis codes sqrt(D) * y / n (~N(0,1)); decode y_i = n / sqrt(D) * value_i.
+// the trellis codes u = sqrt(D) * y / n (~N(0,1)) as levels c; the stored
+// scale is a = n * g with g = unbiased_row_gain(u, c) (kv/codebook.hpp, as
+// turbo: the reconstruction's projection on the row is the row, capped at
+// 0.2 dB of extra squared error); decode y_i = a / sqrt(D) * value_i.
 //
 // Layout per row:
 //   code: the branch plane (1 bit per value: b_i at bit i, D/8 bytes), then
 //         the level plane ((N-1) bits per value: tcq2 a 1-bit plane, tcq3 a
 //         2-bit plane), LSB-first in little-endian 32-bit words.
 //         Bytes per row: tcq2 16/32/64, tcq3 24/48/96 for D = 64/128/256.
-//   side: fp16 row norm n (clamped to 65504 like turbo).
+//   side: fp16 scale a = n * g (clamped to 65504 like turbo).
 // Parallel decode (no scan): value i needs only its level bits and the branch
 // bits b_i .. b_{i-5} (window w = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5,
 // bits before position 0 are 0): value = levels[4 m_i + subset(w)], with
@@ -18,6 +21,7 @@
 
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
+#include "kv/codebook.hpp"
 #include "kv/tcq.hpp"
 
 namespace kvq::kv {
@@ -38,9 +42,11 @@ class TcqBlock final : public RotatedBlock {
     for (int i = 0; i < dim_; ++i) y[i] *= to_unit;
     uint8_t br[kMaxHeadDim], lv[kMaxHeadDim];
     tcq_encode(t_, y, dim_, br, lv);
+    float c[kMaxHeadDim];
+    tcq_decode(t_, br, lv, dim_, c);
     pack_plane(br, dim_, 1, code);
     pack_codes(lv, dim_, spec_.bits - 1, code + plane_bytes(dim_, 1));
-    store_f16(side, float(n));
+    store_f16(side, float(n * unbiased_row_gain(y, c, dim_, kGainMaxExcess)));
   }
   void decode_rotated(const uint8_t* code, const uint8_t* side, float* y) const override {
     const float s = load_f16(side) / std::sqrt(float(dim_));

@@ -1,9 +1,14 @@
 // Blocks turbo2 / turbo3 / turbo4 (TurboQuant-MSE).
 //
-// Encode: n = ||x||; u = x / n; y = H(s * u)/sqrt(D) (random-sign normalised
-// Walsh-Hadamard, so every y_i ~ N(0, 1/D)); code_i = the nearest centroid of
-// the N-bit Lloyd-Max codebook for N(0,1) to sqrt(D) * y_i.
-// Decode (rotated basis): y_i = n / sqrt(D) * centroid[code_i].
+// Encode: n = ||x||; y = H(s * x)/sqrt(D) (random-sign normalised
+// Walsh-Hadamard, so every coordinate of u = sqrt(D) y / n is ~N(0, 1));
+// code_i = the nearest centroid c_i of
+// the N-bit Lloyd-Max codebook for N(0,1) to u_i; stored scale
+// a = n * g, g = unbiased_row_gain(u, c) (kv/codebook.hpp): the gain that
+// makes the reconstruction's projection on the row equal the row (so q.k and
+// the attention output are not shrunk by the codebook's 1 - mse), capped at
+// 0.2 dB of extra squared error over the row's least-squares gain.
+// Decode (rotated basis): y_i = a / sqrt(D) * centroid[code_i].
 //
 // Layout per row:
 //   code: N-bit indices, LSB-first in little-endian 32-bit words (kv/bitpack.hpp):
@@ -12,8 +17,8 @@
 //         of the high bits (D/8 bytes). Index order = ascending centroid.
 //         Bytes per row: turbo2 16/32/64, turbo3 24/48/96, turbo4 32/64/128
 //         for D = 64/128/256.
-//   side: fp16 row norm n (2 bytes), clamped to 65504 (rows with a larger
-//         norm keep their direction and are stored with norm 65504).
+//   side: fp16 scale a = n * g (2 bytes), clamped to 65504 (rows with a
+//         larger scale keep their direction and are stored with 65504).
 // Bits per value: N + 16/D (N + 0.125 at D = 128).
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
@@ -35,10 +40,15 @@ class TurboBlock final : public RotatedBlock {
     const double n = std::sqrt(nn);
     const float to_unit = n > 0 ? float(std::sqrt(double(dim_)) / n) : 0.0f;
     uint8_t idx[kMaxHeadDim];
+    float c[kMaxHeadDim];
     const int levels = 1 << spec_.bits;
-    for (int i = 0; i < dim_; ++i) idx[i] = uint8_t(nearest_index(cb_.thresholds_f.data(), levels, y[i] * to_unit));
+    for (int i = 0; i < dim_; ++i) {
+      y[i] *= to_unit;
+      idx[i] = uint8_t(nearest_index(cb_.thresholds_f.data(), levels, y[i]));
+      c[i] = cb_.centroids_f[idx[i]];
+    }
     pack_codes(idx, dim_, spec_.bits, code);
-    store_f16(side, float(n));
+    store_f16(side, float(n * unbiased_row_gain(y, c, dim_, kGainMaxExcess)));
   }
   void decode_rotated(const uint8_t* code, const uint8_t* side, float* y) const override {
     uint8_t idx[kMaxHeadDim];
