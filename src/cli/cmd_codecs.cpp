@@ -2,32 +2,20 @@
 // value (against the spec's budgets), bytes per token per layer and whether a
 // fused GPU decode exists. --sqnr measures the blocks' round-trip SQNR (the
 // numbers of docs/codecs.md, same code as the tests); --design-tcq reruns the
-// TCQ codebook design that kv/tcq.cpp tabulates; --quality runs a model
-// teacher-forced with every codec and reports KL and top-1 agreement vs `none`.
-#include <algorithm>
-#include <cmath>
+// TCQ codebook design that kv/tcq.cpp tabulates. Quality on a model (KL,
+// top-1, perplexity, needle) is `kvq eval` (src/eval).
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <sstream>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "backend/cpu/cpu_backend.hpp"
 #include "cli/command.hpp"
-#include "core/rng.hpp"
-#include "gguf/gguf.hpp"
-#include "model/config.hpp"
-#include "model/forward.hpp"
-#include "model/synth.hpp"
-#include "tokenizer/tokenizer.hpp"
 #include "core/error.hpp"
+#include "gguf/gguf.hpp"
 #include "kv/block.hpp"
 #include "kv/codebook.hpp"
 #include "kv/codec_table.hpp"
 #include "kv/quality.hpp"
+#include "model/config.hpp"
 #include "kv/tcq.hpp"
 
 namespace kvq::cli {
@@ -39,140 +27,8 @@ struct CodecsArgs {
   bool json = false;
   bool sqnr = false;
   bool design_tcq = false;
-  std::string model;             // -m: GGUF (head_dim and KV heads from it; the --quality model)
-  bool quality = false;
-  std::string synthetic = "tiny";  // --quality without -m: this synthetic shape
-  int tokens = 512;
-  std::string only;  // --quality: comma-separated codec names (default: all)
-  std::string text;  // --quality: teacher-force this file's tokens (default: seeded random ids)
-  uint64_t seed = 1;
+  std::string model;  // -m: GGUF (head_dim and KV heads from it)
 };
-
-// Teacher-forced logits of `ids` (prefill in chunks of 64) with one codec.
-std::vector<float> model_logits(Model& m, const kv::CodecOptions& o, const std::vector<int32_t>& ids) {
-  auto cache = kv::make_cpu_cache(o, m.cache_shape(int(ids.size())));
-  const int V = m.config().vocab_size;
-  std::vector<float> logits(ids.size() * size_t(V));
-  for (size_t p = 0; p < ids.size(); p += 64) {
-    const int n = int(std::min<size_t>(64, ids.size() - p));
-    m.forward(ids.data() + p, n, int(p), *cache, logits.data() + p * size_t(V), true);
-  }
-  return logits;
-}
-
-void log_softmax(const float* x, int n, std::vector<double>& out) {
-  out.resize(size_t(n));
-  double m = -INFINITY;
-  for (int i = 0; i < n; ++i) m = std::max(m, double(x[i]));
-  double l = 0;
-  for (int i = 0; i < n; ++i) l += std::exp(double(x[i]) - m);
-  const double lz = m + std::log(l);
-  for (int i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lz;
-}
-
-int run_quality(const CodecsArgs& a) {
-  std::string path = a.model;
-  std::filesystem::path tmp;
-  if (path.empty()) {
-    tmp = std::filesystem::temp_directory_path() / str("kvq-codecs-", a.synthetic, "-", ::getpid(), ".gguf");
-    SynthOptions so;
-    so.shape = a.synthetic;
-    write_synthetic(so, tmp.string());
-    path = tmp.string();
-  }
-  struct Cleanup {
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!p.empty()) std::filesystem::remove(p, ec);
-    }
-  } cleanup{tmp};
-  auto backend = cpu::make_cpu_backend();
-  auto model = Model::open(path, *backend);
-  const ModelConfig& cfg = model->config();
-  KVQ_CHECK(a.tokens >= 2, Errc::invalid_argument, "--tokens must be at least 2");
-  std::vector<int32_t> ids(size_t(a.tokens));
-  if (a.text.empty()) {
-    Rng rng(a.seed);
-    for (auto& id : ids) id = int32_t(rng.below(uint64_t(cfg.vocab_size)));
-  } else {
-    std::ifstream f(a.text, std::ios::binary);
-    KVQ_CHECK(f.good(), Errc::io, "cannot read --text file '", a.text, "'");
-    const std::string body((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    KVQ_CHECK(model->file(), Errc::invalid_argument, "--text needs a model with a tokenizer");
-    const auto all = Tokenizer::from_gguf(*model->file()).encode(body);
-    KVQ_CHECK(all.size() >= ids.size(), Errc::invalid_argument, "--text '", a.text, "' has ", all.size(),
-              " tokens, fewer than --tokens ", a.tokens);
-    std::copy(all.begin(), all.begin() + ptrdiff_t(ids.size()), ids.begin());
-  }
-  const auto ref = model_logits(*model, kv::CodecOptions{}, ids);
-  const int V = cfg.vocab_size;
-  std::vector<std::pair<kv::CodecOptions, std::string>> runs;
-  for (const auto& info : kv::codec_table()) {
-    kv::CodecOptions o;
-    o.kv = info.name;
-    runs.push_back({o, info.name});
-  }
-  for (const char* n : {"rotor3_sym", "rotor4_sym", "k_rotor3", "k_rotor4"}) {
-    kv::CodecOptions o;
-    o.kv = n;
-    o.rotor_qjl = true;
-    runs.push_back({o, std::string(n) + "+qjl"});
-  }
-  if (!a.only.empty()) {  // keep the requested ones, in table order; unknown names are errors
-    std::vector<std::string> want;
-    std::stringstream ss(a.only);
-    for (std::string n; std::getline(ss, n, ',');) want.push_back(n);
-    std::vector<std::pair<kv::CodecOptions, std::string>> kept;
-    for (const auto& w : want) {
-      kv::CodecOptions o;
-      o.kv = w;
-      const std::string canon = kv::resolve_codec(o).name;  // throws listing the valid names
-      for (const auto& r : runs)
-        if (r.second == canon) kept.push_back(r);
-    }
-    runs = kept;
-  }
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  if (!a.json)
-    std::printf("Teacher-forced KL(none || codec) and top-1 agreement over %d %s tokens, model %s "
-                "(%d layers, %d KV heads, head_dim %d)\n| codec | K/V bits | mean KL | max KL | top-1 %% |\n"
-                "|---|---|---|---|---|\n",
-                a.tokens, a.text.empty() ? "random" : ("'" + a.text + "'").c_str(), a.model.empty() ? ("synthetic:" + a.synthetic).c_str() : a.model.c_str(), cfg.n_layers,
-                cfg.n_kv_heads, cfg.head_dim);
-  std::vector<double> lp, lq;
-  for (const auto& [o, name] : runs) {
-    const auto got = model_logits(*model, o, ids);
-    double kl_sum = 0, kl_max = 0;
-    int agree = 0;
-    for (size_t t = 0; t < ids.size(); ++t) {
-      const float* r = &ref[t * size_t(V)];
-      const float* g = &got[t * size_t(V)];
-      log_softmax(r, V, lp);
-      log_softmax(g, V, lq);
-      double kl = 0;
-      for (int i = 0; i < V; ++i) kl += std::exp(lp[size_t(i)]) * (lp[size_t(i)] - lq[size_t(i)]);
-      kl_sum += kl;
-      kl_max = std::max(kl_max, kl);
-      agree += (std::max_element(r, r + V) - r) == (std::max_element(g, g + V) - g);
-    }
-    const auto rc = kv::resolve_codec(o);
-    const double kb = kv::block_bits_per_value(rc.k, cfg.head_dim), vb = kv::block_bits_per_value(rc.v, cfg.head_dim);
-    const double kl_mean = kl_sum / double(ids.size()), top1 = 100.0 * agree / double(ids.size());
-    if (a.json)
-      rows.push_back({{"codec", name}, {"k_bits", kb}, {"v_bits", vb}, {"mean_kl", kl_mean}, {"max_kl", kl_max},
-                      {"top1_pct", top1}});
-    else
-      std::printf("| %s | %.3f / %.3f | %.5f | %.4f | %.1f |\n", name.c_str(), kb, vb, kl_mean, kl_max, top1);
-    std::fflush(stdout);
-  }
-  if (a.json)
-    std::printf("%s\n", nlohmann::ordered_json{{"model", a.model.empty() ? "synthetic:" + a.synthetic : a.model},
-                                                {"tokens", a.tokens}, {"text", a.text}, {"seed", a.seed}, {"results", rows}}
-                            .dump(2)
-                            .c_str());
-  return 0;
-}
 
 nlohmann::ordered_json block_json(const kv::BlockSpec& b, int d) {
   const kv::RowLayout l = kv::block_layout(b, d);
@@ -212,7 +68,6 @@ nlohmann::ordered_json codec_json(const kv::CodecInfo& info, const kv::ResolvedC
 }
 
 int run_codecs(CodecsArgs a) {
-  if (a.quality) return run_quality(a);
   if (!a.model.empty()) {  // geometry from the model
     const ModelConfig cfg = ModelConfig::from_gguf(gguf::File::open(a.model));
     a.head_dim = cfg.head_dim;
@@ -329,16 +184,7 @@ KVQ_REGISTER_COMMAND("codecs", "List the KV codecs: blocks, bits per value, byte
                        sub.add_option("--kv-heads", a->kv_heads,
                                       "KV heads per layer; bytes per token are then for all of them");
                        sub.add_flag("--json", a->json, "Machine-readable output");
-                       sub.add_option("-m,--model", a->model,
-                                      "GGUF model: head_dim and KV heads from it; the --quality model");
-                       sub.add_flag("--quality", a->quality,
-                                    "Teacher-force a model with every codec: KL and top-1 vs none");
-                       sub.add_option("--synthetic", a->synthetic, "--quality without -m: synthetic shape")
-                           ->capture_default_str();
-                       sub.add_option("--tokens", a->tokens, "--quality: sequence length")->capture_default_str();
-                       sub.add_option("--seed", a->seed, "--quality: token seed")->capture_default_str();
-                       sub.add_option("--codecs", a->only, "--quality: only these codecs (comma-separated)");
-                       sub.add_option("--text", a->text, "--quality: teacher-force this file's first --tokens tokens");
+                       sub.add_option("-m,--model", a->model, "GGUF model: head_dim and KV heads from it");
                        sub.add_flag("--sqnr", a->sqnr, "Measure every block's round-trip SQNR (as the tests do)");
                        sub.add_flag("--design-tcq", a->design_tcq,
                                     "Rerun the TCQ union-codebook design (prints the table kv/tcq.cpp holds)");

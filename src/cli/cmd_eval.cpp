@@ -9,6 +9,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli/command.hpp"
 #include "cli/options.hpp"
@@ -30,7 +31,7 @@ struct EvalArgs {
   int max_windows = 0;
   std::string ref = "none";
   bool json = false;
-  bool quiet = false;
+  bool quiet = !::isatty(2);  // progress only where someone watches it
   // needle
   std::string depths = "0.1,0.3,0.5,0.7,0.9";
   int trials = 2;
@@ -283,7 +284,7 @@ void add_common(CLI::App& s, EvalArgs& a) {
   s.add_option("--ctx", a.ctx, "Context (window) length in tokens (default: the model's trained context)")
       ->check(CLI::PositiveNumber);
   s.add_flag("--json", a.json, "Machine-readable output");
-  s.add_flag("-q,--quiet", a.quiet, "No progress on standard error");
+  s.add_flag("-q,--quiet", a.quiet, "No progress on standard error (default when it is not a terminal)");
 }
 
 }  // namespace

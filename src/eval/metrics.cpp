@@ -7,43 +7,40 @@
 
 namespace kvq::eval {
 
-void log_softmax(const float* x, int n, std::vector<double>& out) {
-  KVQ_CHECK(n > 0, Errc::invalid_argument, "log_softmax of an empty row");
-  out.resize(size_t(n));
+double log_sum_exp(const float* x, int n) {
+  KVQ_CHECK(n > 0, Errc::invalid_argument, "log_sum_exp of an empty row");
   double m = -INFINITY;
   for (int i = 0; i < n; ++i) m = std::max(m, double(x[i]));
   double l = 0;
   for (int i = 0; i < n; ++i) l += std::exp(double(x[i]) - m);
-  const double lz = m + std::log(l);
+  return m + std::log(l);
+}
+
+void log_softmax(const float* x, int n, std::vector<double>& out) {
+  const double lz = log_sum_exp(x, n);
+  out.resize(size_t(n));
   for (int i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lz;
 }
 
-template <typename T>
-static double kl_impl(const T* lp, const float* q_logits, int n) {
-  thread_local std::vector<double> lq;
-  log_softmax(q_logits, n, lq);
+double kl_divergence(const float* p_logits, double p_log_z, const float* q_logits, int n) {
+  const double q_log_z = log_sum_exp(q_logits, n);
   double kl = 0;
   for (int i = 0; i < n; ++i) {
-    const double p = std::exp(double(lp[i]));
-    if (p > 0) kl += p * (double(lp[i]) - lq[size_t(i)]);
+    const double lp = double(p_logits[i]) - p_log_z;
+    const double p = std::exp(lp);
+    if (p > 0) kl += p * (lp - (double(q_logits[i]) - q_log_z));
   }
   return std::max(kl, 0.0);  // rounding can leave -1e-17 for identical rows
 }
 
-double kl_divergence_log_p(const float* log_p, const float* q_logits, int n) { return kl_impl(log_p, q_logits, n); }
-
 double kl_divergence(const float* p_logits, const float* q_logits, int n) {
-  thread_local std::vector<double> lp;
-  log_softmax(p_logits, n, lp);
-  return kl_impl(lp.data(), q_logits, n);
+  return kl_divergence(p_logits, log_sum_exp(p_logits, n), q_logits, n);
 }
 
 double neg_log_likelihood(const float* logits, int n, int target) {
   KVQ_CHECK(target >= 0 && target < n, Errc::out_of_range, "target token ", target, " outside the ", n,
             " logits");
-  thread_local std::vector<double> lp;
-  log_softmax(logits, n, lp);
-  return -lp[size_t(target)];
+  return log_sum_exp(logits, n) - double(logits[target]);
 }
 
 int argmax(const float* x, int n) {

@@ -9,15 +9,17 @@
 
 namespace kvq::eval {
 
-// out[i] = log softmax(logits)[i], computed in double (max-shifted).
+// log sum_i exp(logits[i]), in double (max-shifted).
+double log_sum_exp(const float* logits, int n);
+// out[i] = log softmax(logits)[i] = logits[i] - log_sum_exp(logits), in double.
 void log_softmax(const float* logits, int n, std::vector<double>& out);
 
 // KL(p || q) in nats, p = softmax(p_logits), q = softmax(q_logits). Zero for
 // identical logits; terms with p_i = 0 contribute nothing.
 double kl_divergence(const float* p_logits, const float* q_logits, int n);
-// The same with p given as log-probabilities (a reference row converted once
-// and kept as float: the rounding adds < 1e-7 relative to each term).
-double kl_divergence_log_p(const float* log_p, const float* q_logits, int n);
+// The same with p's log-normaliser given (log_sum_exp(p_logits), computed
+// once for a reference row that is compared with many codecs).
+double kl_divergence(const float* p_logits, double p_log_z, const float* q_logits, int n);
 
 // -log softmax(logits)[target] in nats.
 double neg_log_likelihood(const float* logits, int n, int target);

@@ -20,7 +20,7 @@ std::vector<Window> plan_windows(int n_tokens, int ctx, int stride, int max_wind
   std::vector<Window> w;
   for (int start = 0; start + len <= n_tokens; start += stride) {
     if (max_windows > 0 && int(w.size()) == max_windows) break;
-    w.push_back({start, len, w.empty() ? 1 : len - stride});
+    w.push_back({start, len, w.empty() ? 1 : std::max(1, len - stride)});
   }
   return w;
 }
@@ -85,9 +85,9 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
   std::vector<QualitySummary> sum(nc);
   for (const auto& c : codecs) rep.rows.push_back(describe(c, D));
   QualitySummary ref_sum;
-  std::vector<float> ref_logp;  // log-probabilities of the scored rows of the current window, [row][V]
+  std::vector<float> ref_logits;  // the scored rows of the current window, [row][V]
+  std::vector<double> ref_lz;     // their log-normalisers
   std::vector<int> ref_top;
-  std::vector<double> lp;
   const int nw = int(rep.windows.size());
 
   for (int wi = 0; wi < nw; ++wi) {
@@ -96,14 +96,15 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
     auto target_of = [&](int j) { return tokens[size_t(w.start + j)]; };
     if (opts.ref) {
       if (opts.on_pass) opts.on_pass(opts.ref->label, wi, nw);
-      ref_logp.resize(size_t(rows) * V);
+      ref_logits.resize(size_t(rows) * V);
+      ref_lz.resize(size_t(rows));
       ref_top.resize(size_t(rows));
       run_window(m, *opts.ref, tokens, w, opts.prefill_chunk, [&](int j, const float* logits) {
         const int r = j - w.first_target;
-        log_softmax(logits, V, lp);
-        std::copy(lp.begin(), lp.end(), ref_logp.data() + size_t(r) * V);
+        std::copy_n(logits, V, ref_logits.data() + size_t(r) * V);
+        ref_lz[size_t(r)] = log_sum_exp(logits, V);
         ref_top[size_t(r)] = argmax(logits, V);
-        ref_sum.add_nll(neg_log_likelihood(logits, V, target_of(j)));
+        ref_sum.add_nll(ref_lz[size_t(r)] - double(logits[target_of(j)]));
       });
     }
     for (size_t ci = 0; ci < nc; ++ci) {
@@ -112,7 +113,7 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
       if (opts.ref && codecs[ci] == *opts.ref) {  // the reference itself: identical rows by construction
         for (int r = 0; r < rows; ++r) {
           sum[ci].add_kl(0.0, true);
-          sum[ci].add_nll(-ref_logp[size_t(r) * V + size_t(target_of(w.first_target + r))]);
+          sum[ci].add_nll(ref_lz[size_t(r)] - double(ref_logits[size_t(r) * V + size_t(target_of(w.first_target + r))]));
         }
         continue;
       }
@@ -121,7 +122,7 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
         run_window(m, codecs[ci], tokens, w, opts.prefill_chunk, [&](int j, const float* logits) {
           const int r = j - w.first_target;
           if (opts.ref)
-            sum[ci].add_kl(kl_divergence_log_p(ref_logp.data() + size_t(r) * V, logits, V),
+            sum[ci].add_kl(kl_divergence(ref_logits.data() + size_t(r) * V, ref_lz[size_t(r)], logits, V),
                            argmax(logits, V) == ref_top[size_t(r)]);
           sum[ci].add_nll(neg_log_likelihood(logits, V, target_of(j)));
         });

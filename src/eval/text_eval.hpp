@@ -8,8 +8,9 @@
 // the window fits. Window 0 scores every next-token prediction inside it
 // (targets 1 .. L-1); a later window scores only the targets past the end of
 // the previous one (its last `stride` positions), so every target is scored
-// once and, when stride < L, with at least L - stride tokens of context
-// (sliding-window perplexity). stride = L gives disjoint windows.
+// at most once and, when stride < L, with at least L - stride tokens of
+// context (sliding-window perplexity). stride = L gives disjoint windows,
+// each scoring its targets 1 .. L-1 (a window's first token is not predicted).
 #pragma once
 
 #include <cstdint>
