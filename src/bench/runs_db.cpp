@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/run_meta.hpp"
+#include "bench/stats.hpp"
 #include "core/error.hpp"
 
 namespace kvq::bench {
@@ -222,26 +223,6 @@ DispatchStats dispatch_from_json(const json& j) {
   d.kv_host_to_device_bytes = j.value("kv_host_to_device_bytes", uint64_t(0));
   d.kv_device_to_host_bytes = j.value("kv_device_to_host_bytes", uint64_t(0));
   return d;
-}
-
-// "cpu-packed" or "cuda-a (layers 0-3), cuda-b (layers 4-35)": the distinct
-// decode kernels with the layers that ran them ("not counted" when unknown).
-std::string kernel_summary(const DispatchStats& d) {
-  if (!d.counted) return "not counted";
-  std::vector<std::pair<std::string, std::vector<int>>> by_kernel;
-  for (const auto& k : d.attention) {
-    if (!k.decode) continue;
-    auto it = std::find_if(by_kernel.begin(), by_kernel.end(), [&](const auto& p) { return p.first == k.kernel; });
-    if (it == by_kernel.end()) it = by_kernel.insert(by_kernel.end(), {k.kernel, {}});
-    it->second.push_back(k.layer);
-  }
-  if (by_kernel.empty()) return "none";
-  std::string s;
-  for (const auto& [name, layers] : by_kernel) {
-    if (!s.empty()) s += ", ";
-    s += name + " (" + std::to_string(layers.size()) + (layers.size() == 1 ? " layer)" : " layers)");
-  }
-  return s;
 }
 
 json reps_to_json(const std::vector<RepResult>& reps) {
@@ -509,7 +490,7 @@ void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
     put_if(m, c.step_bytes);
     put_if(m, c.achieved_gbs);
     put_if(m && c.pct_copy_bw > 0, c.pct_copy_bw);
-    put(m ? kernel_summary(c.dispatch) : std::string());
+    put(m ? dispatch_summary(c.dispatch) : std::string());
     put_if(m && c.dispatch.counted, c.dispatch.kv_host_to_device_bytes + c.dispatch.kv_device_to_host_bytes);
     put(dispatch_to_json(c.dispatch).dump());
     put(c.digest);
