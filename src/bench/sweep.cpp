@@ -159,7 +159,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
 
   Timer total;
-  auto backend = make_backend(cfg.device);
+  std::unique_ptr<Backend> backend = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device);
   const double copy_bw = backend->measure_copy_bandwidth();  // before the model takes memory
   auto model = open_model(cfg.model, *backend);
   const ModelConfig& mc = model->config();

@@ -8,10 +8,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/results.hpp"
+
+namespace kvq {
+class Backend;
+}
 
 namespace kvq::bench {
 
@@ -32,6 +37,9 @@ struct SweepConfig {
   std::string command_line;          // recorded in the run's params_json
   // Polled between cells: true stops the sweep after the current cell (Ctrl-C).
   std::function<bool()> should_stop;
+  // The backend for `device`; empty: kvq::make_backend. (Tests pass one
+  // that refuses some codecs, as the CUDA backend does today.)
+  std::function<std::unique_ptr<Backend>(const std::string& device)> make_backend;
 };
 
 struct SweepProgress {
