@@ -222,7 +222,7 @@ TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {
 TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
   const Out r = kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 -t 1");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.err.find("kvq: warm-up 1/1"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("kvq: warm-up"), std::string::npos) << "progress lines only on a terminal: " << r.err;
   EXPECT_NE(r.err.find("kvq: run 2/2: prefill 48 tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("median of 2 runs: prompt 48 tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("KV k8v4"), std::string::npos) << r.err;
