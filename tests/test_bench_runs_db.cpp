@@ -124,8 +124,17 @@ TEST(BenchRunsDb, RunsRoundTripAndEndRows) {
   EXPECT_EQ(*db.latest_run(), b);
   EXPECT_EQ(*db.latest_run("bench"), a);
   // A run ends once.
-  EXPECT_THROW(db.end_run(a, "ok"), Error);
+  try {
+    db.end_run(a, "ok");
+    FAIL() << "a run ended twice";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("already ended"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(db.run(a)->status, "interrupted");
   EXPECT_THROW(db.end_run(b + 100, "ok"), Error);
+  EXPECT_THROW(db.add_cell(b + 100, CellResult{}), Error);
+  EXPECT_THROW(db.add_fit(b + 100, ItlFit{}), Error);
 }
 
 TEST(BenchRunsDb, CellsAndFitsRoundTrip) {

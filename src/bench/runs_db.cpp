@@ -411,9 +411,17 @@ int64_t RunsDb::begin_run(const RunMeta& m) {
   return id;
 }
 
+void RunsDb::require_run(int64_t run_id) const {
+  KVQ_CHECK(run(run_id).has_value(), Errc::invalid_argument, "runs.db: there is no run ", run_id,
+            " (begin_run returns the id to use)");
+}
+
 void RunsDb::end_run(int64_t run_id, const std::string& status, const std::string& summary_json) {
   check_json_object(summary_json, "summary_json");
-  KVQ_CHECK(run(run_id).has_value(), Errc::invalid_argument, "runs.db: no run ", run_id);
+  const auto r = run(run_id);
+  KVQ_CHECK(r.has_value(), Errc::invalid_argument, "runs.db: there is no run ", run_id);
+  KVQ_CHECK(r->finished_at.empty(), Errc::invalid_argument, "runs.db: run ", run_id, " already ended (",
+            r->status, " at ", r->finished_at, ")");
   in_transaction([&] {
     Stmt(db_, "INSERT INTO run_ends(run_id, finished_at, status, summary_json) VALUES (?,?,?,?)")
         .bind(1, run_id)
@@ -448,6 +456,7 @@ std::optional<int64_t> RunsDb::latest_run(const std::string& kind) const {
 }
 
 void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
+  require_run(run_id);
   const bool m = c.measured();
   in_transaction([&] {
     Stmt q(db_,
@@ -545,6 +554,7 @@ std::vector<CellResult> RunsDb::cells(int64_t run_id) const {
 }
 
 void RunsDb::add_fit(int64_t run_id, const ItlFit& f) {
+  require_run(run_id);
   in_transaction([&] {
     Stmt(db_,
          "INSERT INTO bench_fits(run_id, codec, a_ms, b_ms_per_1k, residual_ms, n_points, ctx_min, ctx_max) "
@@ -577,6 +587,7 @@ void RunsDb::add_eval_result(const EvalResult& r) {
   KVQ_CHECK(!r.codec.empty() && !r.metric.empty(), Errc::invalid_argument,
             "runs.db: an eval result needs a codec and a metric name");
   check_json_object(r.detail_json, "detail_json");
+  require_run(r.run_id);
   in_transaction([&] {
     Stmt q(db_,
            "INSERT INTO eval_results(run_id, codec, metric, ctx, value, detail_json, created_at) "

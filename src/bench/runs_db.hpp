@@ -106,12 +106,14 @@ class RunsDb {
 
   // --- runs
   int64_t begin_run(const RunMeta& meta);                 // returns run_id
+  // Adds the run's end row (once per run; status e.g. "ok", "interrupted", "failed").
   void end_run(int64_t run_id, const std::string& status, const std::string& summary_json = "{}");
   std::optional<RunRow> run(int64_t run_id) const;
   std::vector<RunRow> runs(const std::string& kind = "") const;  // oldest first; kind "": all
   // The newest run of `kind` ("": any); nullopt when there is none.
   std::optional<int64_t> latest_run(const std::string& kind = "") const;
 
+  // Every add_* below throws Errc::invalid_argument for a run_id that does not exist.
   // --- bench
   void add_cell(int64_t run_id, const CellResult& cell);
   std::vector<CellResult> cells(int64_t run_id) const;      // in insertion order
@@ -127,6 +129,7 @@ class RunsDb {
 
  private:
   void exec(const char* sql) const;
+  void require_run(int64_t run_id) const;  // Errc::invalid_argument naming the id
   void migrate();
   void in_transaction(const std::function<void()>& body);
 
