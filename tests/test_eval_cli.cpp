@@ -9,9 +9,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
+
+#include "bench/runs_db.hpp"
 
 namespace {
 
+// Runs kvq; `kvq eval` records into runs.db unless told not to, so every call
+// here that does not test the recording passes --no-record.
 std::string run(const std::string& args, int* status = nullptr) {
   std::string out;
   FILE* p = popen((std::string(KVQ_BIN) + " " + args + " 2>&1").c_str(), "r");
@@ -41,7 +46,7 @@ struct Row {
 
 std::map<std::string, Row> kl_rows(const std::string& args) {
   int st = -1;
-  const auto out = run("eval kl -m " + kModel + " -f " + kText + " --json " + args, &st);
+  const auto out = run("eval kl --no-record -m " + kModel + " -f " + kText + " --json " + args, &st);
   EXPECT_EQ(st, 0) << out;
   std::map<std::string, Row> r;
   if (st != 0) return r;
@@ -97,7 +102,8 @@ TEST(EvalCli, TurboKQualityRegression) {
 TEST(EvalCli, KlTextTable) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   int st = -1;
-  const auto out = run("eval kl -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 2 --codecs none,tsym3", &st);
+  const auto out =
+      run("eval kl --no-record -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 2 --codecs none,tsym3", &st);
   ASSERT_EQ(st, 0) << out;
   EXPECT_NE(out.find("2 window(s) of 64 tokens, stride 64; 126 scored positions; reference none"), std::string::npos)
       << out;
@@ -113,7 +119,8 @@ TEST(EvalCli, PplSlidingWindows) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   int st = -1;
   const auto out =
-      run("eval ppl -m " + kModel + " -f " + kText + " --ctx 128 --max-windows 3 --codecs none,f32 --json", &st);
+      run("eval ppl --no-record -m " + kModel + " -f " + kText + " --ctx 128 --max-windows 3 --codecs none,f32 --json",
+          &st);
   ASSERT_EQ(st, 0) << out;
   const auto j = nlohmann::json::parse(out.substr(out.find('{')));
   EXPECT_EQ(j["stride"], 64);
@@ -132,7 +139,8 @@ TEST(EvalCli, PplSlidingWindows) {
 TEST(EvalCli, NeedleFound) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   int st = -1;
-  const auto out = run("eval needle -m " + kModel + " --ctx 200 --depths 0.25,0.75 --trials 1 --codecs none --json", &st);
+  const auto out = run(
+      "eval needle --no-record -m " + kModel + " --ctx 200 --depths 0.25,0.75 --trials 1 --codecs none --json", &st);
   ASSERT_EQ(st, 0) << out;
   const auto j = nlohmann::json::parse(out.substr(out.find('{')));
   ASSERT_EQ(j["results"].size(), 1u);
@@ -145,19 +153,58 @@ TEST(EvalCli, NeedleFound) {
 
 TEST(EvalCli, Errors) {
   int st = -1;
-  auto out = run("eval kl -f " + kText + " --codecs none,turbo9", &st);
+  auto out = run("eval kl --no-record -f " + kText + " --codecs none,turbo9", &st);
   EXPECT_EQ(st, 2);
   EXPECT_NE(out.find("unknown codec 'turbo9'"), std::string::npos) << out;
   EXPECT_NE(out.find("k8vturbo2tcq"), std::string::npos) << out;
-  out = run("eval kl --codecs none", &st);
+  out = run("eval kl --no-record --codecs none", &st);
   EXPECT_NE(st, 0);
   EXPECT_NE(out.find("--file"), std::string::npos) << out;
-  out = run("eval kl -f " + kText + " --ref bf17 --codecs none", &st);
+  out = run("eval kl --no-record -f " + kText + " --ref bf17 --codecs none", &st);
   EXPECT_EQ(st, 2);
   EXPECT_NE(out.find("--ref"), std::string::npos) << out;
   out = run("eval", &st);
   EXPECT_NE(st, 0);
-  out = run("eval needle --depths 1.5 --codecs none", &st);
+  out = run("eval needle --no-record --depths 1.5 --codecs none", &st);
   EXPECT_EQ(st, 2);
   EXPECT_NE(out.find("--depths"), std::string::npos) << out;
+}
+
+// Results go to runs.db (eval_results) beside the bench rows: one run per
+// command, one row per codec and metric.
+TEST(EvalCli, RecordsInRunsDb) {
+  if (!have_model()) GTEST_SKIP() << "no " << kModel;
+  char tmpl[] = "/tmp/kvq-eval-home-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string home = tmpl;
+  int st = -1;
+  auto out = run("eval kl --home " + home + " -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 1 --codecs none,k8v4",
+                 &st);
+  ASSERT_EQ(st, 0) << out;
+  out = run("eval needle --home " + home + " -m " + kModel + " --ctx 160 --depths 0.5 --trials 1 --codecs none", &st);
+  ASSERT_EQ(st, 0) << out;
+  {
+    kvq::bench::RunsDb db(kvq::bench::runs_db_path(home));
+    const auto runs = db.runs("eval");
+    ASSERT_EQ(runs.size(), 2u);
+    EXPECT_EQ(runs[0].status, "ok");
+    EXPECT_EQ(runs[0].meta.device, "cpu");
+    EXPECT_NE(runs[0].meta.params_json.find("\"command\":\"kl\""), std::string::npos) << runs[0].meta.params_json;
+    const auto kl = db.eval_results(runs[0].run_id);
+    ASSERT_EQ(kl.size(), 10u);  // 2 codecs x (kl_mean, kl_p99, kl_max, top1_pct, ppl)
+    EXPECT_EQ(kl[0].codec, "none");
+    EXPECT_EQ(kl[0].metric, "kl_mean");
+    EXPECT_EQ(kl[0].value, 0.0);
+    EXPECT_EQ(kl[0].ctx.value_or(-1), 64);
+    EXPECT_EQ(kl[5].codec, "k8v4");
+    EXPECT_GT(kl[5].value, 0.0);
+    const auto nd = db.eval_results(runs[1].run_id);
+    ASSERT_EQ(nd.size(), 2u);
+    EXPECT_EQ(nd[0].metric, "needle_acc");
+    EXPECT_EQ(nd[0].value, 100.0);
+  }
+  std::remove((home + "/runs.db").c_str());
+  std::remove((home + "/runs.db-wal").c_str());
+  std::remove((home + "/runs.db-shm").c_str());
+  ::rmdir(home.c_str());
 }

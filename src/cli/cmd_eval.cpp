@@ -7,10 +7,14 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unistd.h>
 
+#include "bench/measure.hpp"
+#include "bench/run_meta.hpp"
+#include "bench/runs_db.hpp"
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
@@ -31,6 +35,8 @@ struct EvalArgs {
   int max_windows = 0;
   std::string ref = "none";
   bool json = false;
+  std::string home;        // runs.db location (--home)
+  bool no_record = false;  // --no-record
   bool quiet = !::isatty(2);  // progress only where someone watches it
   // needle
   std::string depths = "0.1,0.3,0.5,0.7,0.9";
@@ -107,9 +113,41 @@ ordered_json codec_json(const eval::CodecQuality& q) {
   return j;
 }
 
-// Where results would be appended to runs.db beside the bench rows (the
-// runs.db API lives with `kvq bench`); see the report in docs/quality.md.
-void record_results(const ordered_json& doc) { (void)doc; }
+// One quality number per runs.db row (eval_results), beside the bench rows:
+// the run carries the model, device, build and the command's parameters; the
+// rows the codec, metric, context and value. Codecs the backend could not run
+// are listed in the run's summary.
+struct Recorder {
+  struct Item {
+    std::string codec, metric;
+    std::optional<int64_t> ctx;
+    double value;
+    ordered_json detail;
+  };
+  std::vector<Item> items;
+  ordered_json skipped = ordered_json::array();
+  void add(const std::string& codec, const std::string& metric, std::optional<int64_t> ctx, double value,
+           ordered_json detail = ordered_json::object()) {
+    items.push_back({codec, metric, ctx, value, std::move(detail)});
+  }
+};
+
+void record_results(const EvalArgs& a, Loaded& l, const ordered_json& params, const Recorder& rec) {
+  if (a.no_record) return;
+  bench::RunMeta meta = bench::collect_run_meta(*l.backend, /*measure_bandwidth=*/false);
+  meta.kind = "eval";
+  meta.model = resolve_model_path(a.model.model);
+  meta.device = l.backend->name();
+  meta.params_json = params.dump();
+  bench::RunsDb db(bench::runs_db_path(bench::resolve_home(a.home)));
+  const int64_t run = db.begin_run(meta);
+  db.transaction([&] {
+    for (const auto& it : rec.items)
+      db.add_eval_result({run, it.codec, it.metric, it.ctx, it.value, it.detail.dump(), ""});
+  });
+  db.end_run(run, "ok", ordered_json{{"results", rec.items.size()}, {"skipped", rec.skipped}}.dump());
+  if (!a.quiet) std::fprintf(stderr, "kvq eval: recorded run %lld in %s\n", (long long)run, db.path().c_str());
+}
 
 int run_text(EvalArgs& a, bool kl) {
   Loaded l = load(a.model);
@@ -119,7 +157,7 @@ int run_text(EvalArgs& a, bool kl) {
   o.ctx = default_ctx(a, m.config());
   o.stride = a.stride > 0 ? a.stride : kl ? 0 : o.ctx / 2;
   o.max_windows = a.max_windows;
-  o.prefill_chunk = resolve_prefill_chunk(a.model, *l.backend);
+  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : bench::default_prefill_chunk(l.backend->name());
   if (kl) {
     KVQ_CHECK(a.ref == "none" || a.ref == "f32", Errc::invalid_argument, "--ref is none or f32, not '", a.ref, "'");
     o.ref = eval::parse_eval_codec(a.ref);
@@ -152,7 +190,28 @@ int run_text(EvalArgs& a, bool kl) {
   ordered_json rows = ordered_json::array();
   for (const auto& q : rep.rows) rows.push_back(codec_json(q));
   doc["results"] = rows;
-  record_results(doc);
+  {
+    ordered_json params = doc;
+    params.erase("results");
+    params["codecs"] = a.codecs;
+    Recorder rec;
+    for (const auto& q : rep.rows) {
+      if (!q.error.empty()) {
+        rec.skipped.push_back({{"codec", q.codec.label}, {"error", q.error}});
+        continue;
+      }
+      const ordered_json detail = {{"text", a.file}, {"positions", q.positions}, {"k_bits", q.k_bits},
+                                   {"v_bits", q.v_bits}, {"reference", rep.ref ? rep.ref->codec.label : ""}};
+      if (q.has_kl) {
+        rec.add(q.codec.label, "kl_mean", win, q.mean_kl, detail);
+        rec.add(q.codec.label, "kl_p99", win, q.p99_kl, detail);
+        rec.add(q.codec.label, "kl_max", win, q.max_kl, detail);
+        rec.add(q.codec.label, "top1_pct", win, q.top1_pct, detail);
+      }
+      rec.add(q.codec.label, "ppl", win, q.ppl, detail);
+    }
+    record_results(a, l, params, rec);
+  }
   if (a.json) {
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
@@ -210,7 +269,7 @@ int run_needle(EvalArgs& a) {
   o.depths = parse_depths(a.depths);
   o.trials = a.trials;
   o.seed = a.seed;
-  o.prefill_chunk = resolve_prefill_chunk(a.model, *l.backend);
+  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : bench::default_prefill_chunk(l.backend->name());
   if (!a.file.empty()) o.haystack = read_file(a.file);
   if (!a.quiet)
     o.on_pass = [](const std::string& label, int i, int n) {
@@ -249,7 +308,25 @@ int run_needle(EvalArgs& a) {
     rows.push_back(j);
   }
   doc["results"] = rows;
-  record_results(doc);
+  {
+    ordered_json params = doc;
+    params.erase("results");
+    params["codecs"] = a.codecs;
+    Recorder rec;
+    for (const auto& r : rep.rows) {
+      if (!r.error.empty()) {
+        rec.skipped.push_back({{"codec", r.codec.label}, {"error", r.error}});
+        continue;
+      }
+      ordered_json per = ordered_json::object();
+      for (size_t i = 0; i < o.depths.size(); ++i) per[str(o.depths[i])] = r.found_at[i];
+      const ordered_json detail = {{"cases", r.cases}, {"found", r.found}, {"found_per_depth", per},
+                                   {"trials", o.trials}, {"haystack", a.file.empty() ? "built-in" : a.file}};
+      rec.add(r.codec.label, "needle_acc", o.ctx, r.accuracy_pct(), detail);
+      rec.add(r.codec.label, "needle_logprob", o.ctx, r.mean_logprob(), detail);
+    }
+    record_results(a, l, params, rec);
+  }
   if (a.json) {
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
@@ -276,7 +353,7 @@ int run_needle(EvalArgs& a) {
 }
 
 void add_common(CLI::App& s, EvalArgs& a) {
-  add_load_options(s, a.model);
+  add_model_source_options(s, a.model);
   s.add_option("--codecs", a.codecs,
                "Comma-separated: codec names, NAME+qjl (rotor --rotor-qjl on), K/V block pairs (turbo3/bf16), "
                "f32 (exact fp32 cache, CPU), or all")
@@ -285,6 +362,8 @@ void add_common(CLI::App& s, EvalArgs& a) {
       ->check(CLI::PositiveNumber);
   s.add_flag("--json", a.json, "Machine-readable output");
   s.add_flag("-q,--quiet", a.quiet, "No progress on standard error (default when it is not a terminal)");
+  s.add_option("--home", a.home, "kvq home folder holding runs.db (default: $KVQ_HOME or ~/.kvq)");
+  s.add_flag("--no-record", a.no_record, "Do not record the results in runs.db");
 }
 
 }  // namespace

@@ -28,10 +28,10 @@ struct ModelOptions {
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
 };
+// -m, -t, --device, --prefill-chunk: a model on a device (run, chat, bench).
+void add_model_source_options(CLI::App& app, ModelOptions& o);
+// The above plus --ctx and the KV cache options (run, chat).
 void add_model_options(CLI::App& app, ModelOptions& o);
-// Only what loading needs (-m, --threads, --device, --prefill-chunk): for
-// commands that choose their own caches and context (kvq eval).
-void add_load_options(CLI::App& app, ModelOptions& o);
 
 struct SamplingOptions {
   SamplingParams params;
@@ -54,9 +54,9 @@ std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text
 // or --chat-template), ending with an open assistant turn.
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages);
 
-// The model file to use: -m if given, else $KVQ_MODEL, else the embedded
-// default model models/kvq-tiny-code.gguf next to the executable or in the
-// source tree. Throws a clear error when none exists.
+// The model to use: -m if given (a file, or synthetic:SHAPE as is), else
+// $KVQ_MODEL, else the embedded default model models/kvq-tiny-code.gguf next
+// to the executable or in the source tree. Throws a clear error when none exists.
 std::string resolve_model_path(const std::string& flag);
 
 // Backend, model and tokenizer, loaded per the options (threads applied).
@@ -73,8 +73,6 @@ Loaded load(const ModelOptions& o);
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
 // The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
 std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
-// --prefill-chunk, or the device's default (512 on cpu, 2048 on cuda).
-int resolve_prefill_chunk(const ModelOptions& o, const Backend& b);
 // A Session over a fresh cache, with a prefill progress indicator on stderr
 // for long prompts.
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);

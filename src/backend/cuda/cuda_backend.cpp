@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -350,6 +351,74 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
     return make_cuda_kv_cache(opts, shape);
+  }
+
+  // --- measurement (kvq bench)
+  DeviceInfo device_info() override {
+    DeviceInfo d;
+    int dev = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp p{};
+    KVQ_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    d.name = p.name;
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    d.driver = str("CUDA driver API ", drv / 1000, ".", (drv % 1000) / 10, ", runtime ", rt / 1000, ".",
+                   (rt % 1000) / 10, "; sm_", p.major, p.minor, ", ", p.multiProcessorCount, " SMs, ",
+                   p.totalGlobalMem >> 20, " MiB");
+    int sm_khz = 0, mem_khz = 0;
+    cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev);
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev);
+    d.clocks = str("peak SM ", sm_khz / 1000, " MHz, peak memory ", mem_khz / 1000, " MHz");
+    // The driver version and current clocks only nvidia-smi knows (NVML is
+    // not linked); absent on machines without it.
+    char bus[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) == cudaSuccess) {
+      const std::string cmd = std::string("nvidia-smi --id=") + bus +
+                              " --query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm"
+                              " --format=csv,noheader 2>/dev/null";
+      if (FILE* f = popen(cmd.c_str(), "r")) {
+        char line[256] = {0};
+        const bool got = std::fgets(line, sizeof line, f) != nullptr;
+        pclose(f);
+        std::string l = got ? line : "";
+        while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+        if (!l.empty()) d.clocks += "; nvidia-smi driver, SM, memory, max SM: " + l;
+      }
+    }
+    return d;
+  }
+  int64_t device_memory_used() override {
+    size_t free_b = 0, total_b = 0;
+    KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return int64_t(total_b - free_b);
+  }
+  double measure_copy_bandwidth() override {
+    // Device-to-device copies of a buffer far larger than L2 (50 MB on an
+    // H200), timed with events; the best of a few after one warm-up copy.
+    size_t free_b = 0, total_b = 0;
+    KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    size_t bytes = size_t(1) << 30;
+    while (bytes > (size_t(64) << 20) && 2 * bytes + (size_t(256) << 20) > free_b) bytes /= 2;
+    DeviceBuffer<uint8_t> src(bytes), dst(bytes);
+    KVQ_CUDA_CHECK(cudaMemsetAsync(src.data(), 1, bytes, stream_));
+    cudaEvent_t t0 = nullptr, t1 = nullptr;
+    KVQ_CUDA_CHECK(cudaEventCreate(&t0));
+    KVQ_CUDA_CHECK(cudaEventCreate(&t1));
+    float best_ms = 1e30f;
+    for (int rep = 0; rep < 6; ++rep) {
+      KVQ_CUDA_CHECK(cudaEventRecord(t0, stream_));
+      KVQ_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+      KVQ_CUDA_CHECK(cudaEventRecord(t1, stream_));
+      KVQ_CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      if (rep > 0) best_ms = std::min(best_ms, ms);
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return 2.0 * double(bytes) / (double(best_ms) * 1e-3);  // read + write
   }
 
  private:
