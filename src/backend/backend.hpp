@@ -20,6 +20,7 @@
 
 namespace kvq {
 namespace kv {
+struct BlockSpec;
 class LayerCache;
 class Cache;
 struct CacheShape;
@@ -151,6 +152,20 @@ class Backend {
   virtual void record_abort() {}  // after an error between record_begin and record_end
   virtual bool replay(const StepGraph& graph, kv::Cache& cache);
 };
+
+// What the CUDA backend's kernels do for a codec (K and V blocks) at a model
+// shape, answered without a GPU from the one kernel-selection function
+// (cuda::attention_support); `kvq codecs` prints it as its GPU column and the
+// CUDA cache asks the same question before allocating. Builds without CUDA
+// answer "unsupported: built without CUDA".
+struct GpuCodecSupport {
+  bool supported = false;
+  std::string decode_kernel;   // e.g. "flash_decode_tc<128,q8,q8>"
+  std::string prefill_kernel;  // e.g. "dequant_bf16+prefill_tc<128>"
+  std::string why;             // when unsupported
+};
+GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v, int head_dim, int n_heads,
+                                  int n_kv_heads);
 
 // The backend for a --device name: "cpu" always; "cuda" in builds with CUDA
 // (KVQ_HAVE_CUDA) on a machine with a GPU, else a clear Errc::unsupported error. Unknown names throw

@@ -86,6 +86,8 @@ int run(RunArgs& a) {
   if (a.repeat > 1) {
     // Each run on a fresh cache (nothing reused from the previous run), text discarded.
     std::vector<double> prefill_s, decode_tps;
+    uint64_t kv_bytes = 0;
+    std::string kv_codec;
     for (int rep = 0; rep < a.repeat; ++rep) {
       auto session = make_session(a.model, l, ctx);
       GenerateOptions g;
@@ -97,9 +99,13 @@ int run(RunArgs& a) {
       std::fprintf(stderr, "kvq: run %d/%d: %s\n", rep + 1, a.repeat, speed_line(r).c_str());
       prefill_s.push_back(r.prefill_s);
       decode_tps.push_back(r.decode_tps());
+      kv_bytes = session->cache().bytes_for_tokens(int(session->tokens().size()));
+      kv_codec = session->cache().codec_name();
     }
     std::fprintf(stderr, "kvq: median of %d runs: prompt %zu tokens, TTFT %.3f s, decode %.1f tok/s\n", a.repeat,
                  ids.size(), median(prefill_s), median(decode_tps));
+    std::fprintf(stderr, "kvq: KV cache %s: %.1f MiB for the filled sequence\n", kv_codec.c_str(),
+                 double(kv_bytes) / (1 << 20));
     return 0;
   }
   auto session = make_session(a.model, l, ctx);

@@ -25,6 +25,7 @@ struct CacheShape {
   int n_kv_heads = 0;
   int head_dim = 0;
   int max_tokens = 0;  // preallocated capacity per sequence
+  int n_heads = 0;     // query heads (0: unknown; GPU kernels are chosen per GQA group)
 };
 
 // What the user asked for: a named codec (--kv), optionally per-side blocks

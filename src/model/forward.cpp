@@ -65,6 +65,7 @@ kv::CacheShape Model::cache_shape(int max_tokens) const {
   s.n_kv_heads = cfg_.n_kv_heads;
   s.head_dim = cfg_.head_dim;
   s.max_tokens = max_tokens;
+  s.n_heads = cfg_.n_heads;
   return s;
 }
 

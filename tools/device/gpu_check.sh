@@ -4,8 +4,10 @@
 # synthetic tiny models with transformers, cross-check the tokenizer reference
 # ids with Hugging Face `tokenizers`, and run the kernel lab benchmarks.
 # Usage on the device (after `source .deps/debs.sh unpack .deps`):
-#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run] [bench] [qwen3]
+#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run] [bench] [qwen3] [codecs]
 #   (default: tests lab run bench)
+#   codecs: `none` vs every codec with GPU kernels (CODECS, default "none k8v8")
+#   on synthetic bonsai-8b at BENCH_L contexts, medians of 3.
 # Results land in $OUT (log.txt, golden.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -113,6 +115,16 @@ for r in rows[:14]: print(f'{float(r[i_t])/1e6:9.2f} ms {int(r[i_n]):7d} x {floa
   else
     echo "nsys not found"
   fi
+fi
+if want codecs; then
+  [ -f "$W/bonsai.gguf" ] || $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
+  for L in ${BENCH_L:-4096 16384 65408}; do
+    for KV in ${CODECS:-none k8v8}; do
+      echo "-- bonsai-8b, L=$L, --kv $KV"
+      timeout 300 $K run -m "$W/bonsai.gguf" --device cuda --kv "$KV" --random-prompt "$L" -n 128 --temp 0 --repeat 3 \
+        2>&1 >/dev/null | grep -E "run [0-9]|median|KV|rror"
+    done
+  done
 fi
 if want qwen3; then
   echo "-- synthetic qwen3-8b (bf16 weights), L=4096"

@@ -243,7 +243,7 @@ class CudaBackend final : public Backend {
     if (in_step_) {
       check_step_pos(n, pos, "qk_rope_write_kv");
       pos_dev = step_dev_.data() + 1;
-      if (recording_) recorded_addresses_.push_back(g.view().k);
+      note_recorded_cache(g);
     }
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
                   r.pos_scale, g.view(), stream_);
@@ -255,7 +255,7 @@ class CudaBackend final : public Backend {
       check_step_pos(n, pos, "write_kv");
       KVQ_CHECK(pos < g.view().max_tokens, Errc::out_of_range, "GPU KV cache: position ", pos,
                 " is past its capacity of ", g.view().max_tokens, " tokens");
-      if (recording_) recorded_addresses_.push_back(g.view().k);
+      note_recorded_cache(g);
       cuda::write_kv_at(g.view(), step_dev_.data() + 1, k, v, stream_);
       return;
     }
@@ -267,13 +267,7 @@ class CudaBackend final : public Backend {
     if (in_step_) {
       check_step_pos(n, pos, "attention");
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
-      // The partial-state scratch and the decode kernel's arrival counters are
-      // sized by the call above; record their addresses after it (they can
-      // only grow before recording: warm step).
-      if (recording_) {
-        recorded_addresses_.push_back(g.scratch().part.data());
-        recorded_addresses_.push_back(g.scratch().decode_counters.data());
-      }
+      note_recorded_cache(g);
       return;
     }
     flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
@@ -305,7 +299,7 @@ class CudaBackend final : public Backend {
   }
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
-    recorded_addresses_.clear();
+    recorded_cache_ = nullptr;
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
@@ -318,7 +312,11 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     KVQ_CUDA_CHECK(err);
-    std::vector<const void*> addresses = std::move(recorded_addresses_);
+    // The addresses baked in: the cache's (its stores and attention scratch,
+    // whose sizes were settled by the warm step) and this backend's scratch.
+    std::vector<const void*> addresses;
+    if (recorded_cache_) addresses = recorded_cache_->graph_addresses();
+    recorded_cache_ = nullptr;
     append_backend_addresses(addresses);
     return std::make_unique<CudaStepGraph>(exec, std::move(addresses));
   }
@@ -334,14 +332,9 @@ class CudaBackend final : public Backend {
     const auto* g = dynamic_cast<const CudaStepGraph*>(&graph);
     KVQ_CHECK(g, Errc::internal, "the CUDA backend was asked to replay another backend's recording");
     // The addresses the recording baked in, recomputed for this cache now.
-    std::vector<const void*> now;
-    now.reserve(g->addresses().size());
-    for (int l = 0; l < cache.shape().n_layers; ++l) {
-      const CudaLayerCache& lc = gpu_layer(cache.layer(l));
-      now.push_back(lc.view().k);
-      now.push_back(lc.scratch().part.data());
-      now.push_back(lc.scratch().decode_counters.data());
-    }
+    const auto* gc = dynamic_cast<const CudaKvCache*>(&cache);
+    KVQ_CHECK(gc, Errc::unsupported, "the CUDA backend needs its own KV cache (Backend::make_cache)");
+    std::vector<const void*> now = gc->graph_addresses();
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
@@ -407,6 +400,13 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
               " inside a decode step must be one token at the step's position (begin_step)");
   }
+  // A step being recorded reads and writes this layer's cache (one cache per step).
+  void note_recorded_cache(const CudaLayerCache& g) {
+    if (!recording_) return;
+    KVQ_CHECK(!recorded_cache_ || recorded_cache_ == &g.cache(), Errc::internal,
+              "a recorded decode step used two KV caches");
+    recorded_cache_ = &g.cache();
+  }
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
     a.push_back(inv_freq_.data());
@@ -420,7 +420,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
-  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch, decode counters
+  const CudaKvCache* recorded_cache_ = nullptr;  // the cache of the step being recorded
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)

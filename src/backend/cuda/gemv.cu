@@ -726,12 +726,21 @@ int resident_ctas(Kernel kernel, size_t smem, int threads = kThreads) {
     size_t configured = 0;
     int ctas = 1;
   };
+  // The shared-memory opt-in is an attribute of the kernel (whatever its
+  // block size) and only ever raised: lowering it for one block size would
+  // break a later launch at another size that relies on the larger value.
+  static std::map<const void*, size_t> opted_in;
   static std::map<std::pair<const void*, int>, Entry> cache;
-  Entry& e = cache[{reinterpret_cast<const void*>(kernel), threads}];
+  const void* key = reinterpret_cast<const void*>(kernel);
+  Entry& e = cache[{key, threads}];
   if (smem > e.configured) {
-    // Always raised: the static shared memory (the norm's partial sums) counts
-    // against the 48 KiB default too.
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // Always raised once: the static shared memory (the norm's partial sums)
+    // counts against the 48 KiB default too.
+    size_t& opted = opted_in[key];
+    if (smem > opted) {
+      KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      opted = smem;
+    }
     int n = 0;
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     e.ctas = std::max(1, n);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/kv_codec_hooks.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -199,7 +200,7 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
                                      int nh, int nkv, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
                                      const float* __restrict__ inv_freq, bool neox, double pos_scale,
-                                     KvLayerView kv) {
+                                     GpuKvLayer kv) {
   constexpr int D = kPer * 32;
   allow_dependents();
   wait_for_predecessor();
@@ -244,12 +245,20 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
 #pragma unroll
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
   }
-  if (!is_q && kv.k) {
-    uint16_t* cache = (is_k ? kv.k : kv.v) + (size_t(head) * kv.max_tokens + pos) * D;
+  if (!is_q && kv.k.code) {
+    const GpuKvSide& side = is_k ? kv.k : kv.v;
+    uint8_t* code = side.code + side.code_offset(head, pos, kv.max_tokens);
+    if (side.family == kv::Family::bf16) {  // straight from the registers
+      uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float y = x[j] != x[j] ? 0.0f : fminf(fmaxf(x[j], -65504.0f), 65504.0f);  // as the CPU `none` block
-      cache[dim[j]] = ::kvq::f32_to_bf16(y);
+      for (int j = 0; j < kPer; ++j) cache[dim[j]] = ::kvq::f32_to_bf16(sanitize_kv(x[j]));  // as the CPU `none` block
+    } else {
+      // The row is complete in global memory (k: written above; v: the
+      // input) once every lane's stores are visible to the warp.
+      __syncwarp();
+      const float* row = is_k ? k + size_t(head) * D : v + size_t(head) * D;
+      uint8_t* s = side.side_bytes ? side.side + side.side_offset(head, pos, kv.max_tokens) : nullptr;
+      encode_row_any(side.family, row, D, code, s, lane);
     }
   }
 }
@@ -379,9 +388,11 @@ bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim =
 
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const KvLayerView& kv, cudaStream_t stream) {
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream) {
   KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
-  KVQ_CHECK(!kv.k || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
+  KVQ_CHECK(!kv.k.code || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
+  KVQ_CHECK(!kv.k.code || kv_encode_supported(kv.k.family, kv.v.family, head_dim), Errc::internal,
+            "qk_rope_store: no encode hooks for this store");
   const int warps = n_heads + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
   switch (head_dim) {
