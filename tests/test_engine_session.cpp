@@ -2,6 +2,7 @@
 // determinism, prefix reuse across calls, logits sink alignment, stop rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -99,6 +100,29 @@ TEST(EngineSession, ChunkedPrefillGivesTheSameGeneration) {
   const auto whole = t.session(512, 512)->generate(prompt, greedy(12)).tokens;
   const auto chunked = t.session(512, 13)->generate(prompt, greedy(12)).tokens;
   EXPECT_EQ(whole, chunked);
+}
+
+// Two sequences on one model, decoding in turns (the server's case): each has
+// its own run state and cache, so each produces exactly what it produces alone.
+TEST(EngineSession, InterleavedSessionsOnOneModelMatchTheSessionsAlone) {
+  auto& t = tiny();
+  const auto pa = t.session()->tokenize("def add(a, b):", true, false);
+  const auto pb = t.session()->tokenize("import os\nimport sys\n", true, false);
+  const auto alone_a = t.session()->generate(pa, greedy(12)).tokens;
+  const auto alone_b = t.session()->generate(pb, greedy(12)).tokens;
+  auto a = t.session(), b = t.session();
+  EXPECT_NE(&a->run_state(), &b->run_state());
+  // Prefill both, then alternate single steps (greedy over the tokenizer's
+  // vocabulary, as generate() samples).
+  const int vocab = std::min(t.tok->vocab_size(), t.model->config().vocab_size);
+  auto best = [&](const std::vector<float>& l) { return TokenId(std::max_element(l.begin(), l.begin() + vocab) - l.begin()); };
+  std::vector<TokenId> ta{best(a->feed(pa))}, tb{best(b->feed(pb))};
+  for (int i = 0; i + 1 < 12; ++i) {
+    ta.push_back(a->feed_greedy(ta.back(), vocab));
+    tb.push_back(b->feed_greedy(tb.back(), vocab));
+  }
+  EXPECT_EQ(ta, alone_a);
+  EXPECT_EQ(tb, alone_b);
 }
 
 TEST(EngineSession, LogitsSinkHasARowForEveryToken) {

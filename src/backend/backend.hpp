@@ -66,10 +66,21 @@ class Buffer {
   virtual size_t size() const = 0;  // in floats
 };
 
+// Experiment knobs of the backends, declared once: the CLI sets them
+// (cli/options.cpp), nothing reads them from the environment. Backends
+// ignore the ones that do not concern them.
+struct BackendOptions {
+  bool step_graphs = true;         // record single-token decode steps once and replay them (CUDA graphs)
+  bool dependent_launches = true;  // CUDA: programmatic dependent launches between the step's kernels
+  int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
+  int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  const BackendOptions& options() const { return options_; }
 
   // --- memory
   virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;
@@ -151,6 +162,9 @@ class Backend {
   virtual std::unique_ptr<StepGraph> record_end();
   virtual void record_abort() {}  // after an error between record_begin and record_end
   virtual bool replay(const StepGraph& graph, kv::Cache& cache);
+
+ protected:
+  BackendOptions options_;
 };
 
 // What the CUDA backend's kernels do for a codec (K and V blocks) at a model
@@ -170,6 +184,6 @@ GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v
 // The backend for a --device name: "cpu" always; "cuda" in builds with CUDA
 // (KVQ_HAVE_CUDA) on a machine with a GPU, else a clear Errc::unsupported error. Unknown names throw
 // invalid_argument listing the valid ones.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options = {});
 
 }  // namespace kvq

@@ -32,6 +32,23 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->capture_default_str();
   app.add_flag("--f32-kv", o.f32_kv,
                "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 references");
+  // Experiment knobs (A/B measurements on the GPU), grouped in --help.
+  const char* lab = "Experiment knobs";
+  app.add_flag_callback("--no-step-graphs", [&o] { o.backend.step_graphs = false; },
+                        "Run every decode step's kernels directly instead of replaying a recorded step (CUDA graph)")
+      ->group(lab);
+  app.add_flag_callback("--no-pdl", [&o] { o.backend.dependent_launches = false; },
+                        "CUDA: launch the step's kernels without programmatic dependent launches")
+      ->group(lab);
+  app.add_option("--gemv-warps", o.backend.gemv_warps, "CUDA: warps per decode GEMV CTA")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str()
+      ->group(lab);
+  app.add_option("--attn-prefetch", o.backend.attn_prefetch_tiles,
+                 "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str()
+      ->group(lab);
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
@@ -106,7 +123,7 @@ std::string resolve_model_path(const std::string& flag) {
 Loaded load(const ModelOptions& o) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   Loaded l;
-  l.backend = make_backend(o.device);  // before touching the model: --device cuda fails fast
+  l.backend = make_backend(o.device, o.backend);  // before touching the model: --device cuda fails fast
   const std::string path = resolve_model_path(o.model);
   l.model = Model::open(path, *l.backend);
   l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*l.model->file()));

@@ -27,6 +27,7 @@ struct ModelOptions {
   kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
+  BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --attn-prefetch
 };
 void add_model_options(CLI::App& app, ModelOptions& o);
 

@@ -10,7 +10,7 @@
 namespace kvq {
 
 Session::Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer* tok, SessionOptions opts)
-    : model_(model), cache_(std::move(cache)), tok_(tok), opts_(std::move(opts)) {
+    : model_(model), cache_(std::move(cache)), run_(model.new_run_state()), tok_(tok), opts_(std::move(opts)) {
   KVQ_CHECK(cache_, Errc::internal, "Session needs a KV cache");
   KVQ_CHECK(opts_.ctx > 0, Errc::invalid_argument, "--ctx must be positive");
   KVQ_CHECK(opts_.prefill_chunk > 0, Errc::invalid_argument, "--prefill-chunk must be positive");
@@ -43,11 +43,11 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
     const int pos = int(tokens_.size());
     if (sink_) {
       all_logits_.resize(size_t(n) * vocab);
-      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true);
+      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true, *run_);
       for (int t = 0; t < n; ++t) sink_(ids[done + t], all_logits_.data() + size_t(t) * vocab, vocab);
       std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, last_logits_.data());
     } else {
-      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false);
+      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false, *run_);
     }
     tokens_.insert(tokens_.end(), ids.begin() + done, ids.begin() + done + n);
     done += n;
@@ -59,7 +59,7 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
 TokenId Session::feed_greedy(TokenId id, int vocab) {
   KVQ_CHECK(int(tokens_.size()) + 1 <= opts_.ctx, Errc::out_of_range, "feeding a token after ", tokens_.size(),
             " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
-  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab);
+  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_);
   tokens_.push_back(id);
   return next;
 }

@@ -61,6 +61,8 @@ class Session {
 
   Model& model() { return model_; }
   kv::Cache& cache() { return *cache_; }
+  // This sequence's scratch and recorded decode step (the model is shared).
+  const RunState& run_state() const { return *run_; }
   const std::vector<TokenId>& tokens() const { return tokens_; }  // tokens whose K/V are in the cache
   int n_ctx() const { return opts_.ctx; }
 
@@ -91,6 +93,7 @@ class Session {
  private:
   Model& model_;
   std::unique_ptr<kv::Cache> cache_;
+  std::unique_ptr<RunState> run_;
   const Tokenizer* tok_;
   SessionOptions opts_;
   LogitsSink sink_;

@@ -412,3 +412,55 @@ TEST(CudaCodecForward, TrainedModelK8v8GreedyTokensMatchCpu) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two sequences on one model (the server's case): each keeps its own run
+// state, so each records its decode step once and replays it while the other
+// decodes in between, and each produces the tokens it produces alone.
+TEST(CudaRunState, TwoSequencesOnOneModelKeepTheirRecordedSteps) {
+  KVQ_SKIP_WITHOUT_GPU();
+  const std::string path = std::string(KVQ_SOURCE_DIR) + "/models/kvq-tiny-code.gguf";
+  auto be = cuda::make_cuda_backend();
+  auto model = Model::open(path, *be);
+  ASSERT_TRUE(model->step_graphs());
+  const int vocab = model->config().vocab_size, steps = 24;
+  const std::vector<std::string> codecs = {"k8v8", "none"};
+  std::vector<std::vector<int32_t>> prompts(2);
+  Rng rng(3);
+  for (auto& p : prompts)
+    for (int i = 0; i < 50; ++i) p.push_back(int32_t(rng.below(uint64_t(vocab))));
+  const int ctx = 50 + steps + 1;
+  // Each sequence alone, on its own run state.
+  auto run_alone = [&](int s) {
+    auto run = model->new_run_state();
+    auto cache = be->make_cache(codec(codecs[s]), model->cache_shape(ctx));
+    std::vector<float> logits(vocab);
+    model->forward(prompts[s].data(), 50, 0, *cache, logits.data(), false, *run);
+    std::vector<int32_t> out{int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    for (int i = 0; i + 1 < steps; ++i) out.push_back(model->forward_argmax(out.back(), 50 + i, *cache, vocab, *run));
+    return out;
+  };
+  const std::vector<std::vector<int32_t>> alone = {run_alone(0), run_alone(1)};
+  // Interleaved: a step of one, then a step of the other.
+  std::vector<std::unique_ptr<RunState>> runs;
+  std::vector<std::unique_ptr<kv::Cache>> caches;
+  std::vector<std::vector<int32_t>> out(2);
+  for (int s = 0; s < 2; ++s) {
+    runs.push_back(model->new_run_state());
+    caches.push_back(be->make_cache(codec(codecs[s]), model->cache_shape(ctx)));
+    std::vector<float> logits(vocab);
+    model->forward(prompts[s].data(), 50, 0, *caches[s], logits.data(), false, *runs[s]);
+    out[s].push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+  for (int i = 0; i + 1 < steps; ++i)
+    for (int s = 0; s < 2; ++s)
+      out[s].push_back(model->forward_argmax(out[s].back(), 50 + i, *caches[s], vocab, *runs[s]));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(out[s], alone[s]) << codecs[s] << ": interleaved tokens differ from the sequence alone";
+    EXPECT_TRUE(runs[s]->step_graph_recorded()) << codecs[s];
+    EXPECT_EQ(runs[s]->recordings(), 1) << codecs[s] << ": the step was recorded again after the other sequence ran";
+  }
+}
+
+}  // namespace

@@ -68,8 +68,6 @@ fi
 if want lab; then
   echo "== kernel lab: GEMV"
   build-gpu/kvq_bench_gemv bonsai-8b 20
-  echo "-- the same with the binary tensor-core Q1_0 kernel (KVQ_Q1_KERNEL=mma)"
-  KVQ_Q1_KERNEL=mma build-gpu/kvq_bench_gemv bonsai-8b 20 | tail -2
   build-gpu/kvq_bench_gemv qwen3-8b 10
   echo "== kernel lab: attention"
   timeout 120 build-gpu/kvq_bench_attention 20
@@ -81,7 +79,7 @@ if want run; then
   $K run -p "def " -n 48 --temp 0 --device cuda 2>&1 | tail -3
   $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
   echo "-- bonsai-8b, 4096-token random prompt, 128 generated, recorded steps off (1 run)"
-  KVQ_CUDA_GRAPH=0 timeout 120 $K run -m "$W/bonsai.gguf" --device cuda --random-prompt 4096 -n 128 --temp 0 --repeat 1 2>&1 >/dev/null | tail -1
+  timeout 120 $K run -m "$W/bonsai.gguf" --device cuda --no-step-graphs --random-prompt 4096 -n 128 --temp 0 --repeat 1 2>&1 >/dev/null | tail -1
   $K run -m "$W/bonsai.gguf" --device cuda -p "hello" -n 4 --kv k8v4 2>&1 | tail -1
 fi
 # The measurement: batch 1, an L-token prompt then 128 greedy tokens,

@@ -106,11 +106,11 @@ GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v
   return r;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options) {
   if (device == "cpu") return cpu::make_cpu_backend();
   if (device == "cuda") {
 #ifdef KVQ_HAVE_CUDA
-    return cuda::make_cuda_backend();
+    return cuda::make_cuda_backend(options);
 #else
     fail(Errc::unsupported,
          "the CUDA backend is not available in this build (configure with -DKVQ_CUDA=ON where nvcc is "

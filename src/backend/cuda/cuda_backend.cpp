@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_decode.hpp"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "backend/cuda/device_buffer.hpp"
@@ -67,7 +69,17 @@ class CudaStepGraph final : public StepGraph {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(const BackendOptions& o) {
+    options_ = o;
+    KVQ_CHECK(o.gemv_warps >= 1 && o.gemv_warps <= 16, Errc::invalid_argument, "GEMV warps per CTA must be 1..16, not ",
+              o.gemv_warps);
+    KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
+              "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
+    set_dependent_launches(o.dependent_launches);
+    GemvTuning tuning = gemv_tuning();
+    tuning.warps_per_cta = o.gemv_warps;
+    set_gemv_tuning(tuning);
+    set_decode_prefetch_tiles(o.attn_prefetch_tiles);
     // A stream of our own (not the legacy default stream, which cannot be
     // captured into a graph); created blocking, so it stays ordered with the
     // legacy-stream copies of DeviceBuffer::upload.
@@ -433,11 +445,11 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   KVQ_CHECK(device_available(), Errc::unsupported,
             "the CUDA backend is not available: no CUDA device is visible (check nvidia-smi and "
             "CUDA_VISIBLE_DEVICES); use --device cpu");
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(options);
 }
 
 }  // namespace kvq::cuda

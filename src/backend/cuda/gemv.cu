@@ -707,16 +707,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, 
 }
 
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-GemvTuning initial_tuning() {
-  GemvTuning t;
-  t.warps_per_cta = std::clamp(env_int("KVQ_GEMV_WARPS", t.warps_per_cta), 1, kMaxWarps);
-  return t;
-}
-GemvTuning g_tuning = initial_tuning();
+GemvTuning g_tuning;  // set_gemv_tuning (BackendOptions::gemv_warps)
 
 // CTAs of one kernel that stay resident per SM with `smem` bytes, cached per
 // kernel (keyed by its address: instances share a function-pointer type).
@@ -812,11 +803,7 @@ int rows_per_task(TensorType t) {
 }  // namespace
 
 namespace {
-Q1Kernel initial_q1_kernel() {
-  const char* env = std::getenv("KVQ_Q1_KERNEL");
-  return env && std::strcmp(env, "mma") == 0 ? Q1Kernel::binary_mma : Q1Kernel::dp4a;
-}
-Q1Kernel g_q1_kernel = initial_q1_kernel();
+Q1Kernel g_q1_kernel = Q1Kernel::dp4a;
 }  // namespace
 
 Q1Kernel q1_kernel() { return g_q1_kernel; }

@@ -83,7 +83,7 @@ struct GemvTuning {
   // step take 1.08 instead of 1.22 ms (docs/perf.md).
   int warps_per_cta = 16;
 };
-// Defaults, overridden by KVQ_GEMV_WARPS.
+// Defaults; the CUDA backend sets warps_per_cta from BackendOptions::gemv_warps.
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
@@ -94,8 +94,8 @@ void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
 
 // The Q1_0 kernel: dp4a over int8 inputs (per 32 values; the default), or the
 // binary tensor cores over int16 bit-planes of the input (per 128 values; an
-// experiment, slower today: see gemv.cu). KVQ_Q1_KERNEL=mma in the
-// environment starts with the latter; tests switch with set_q1_kernel.
+// experiment, 2.7x slower: docs/perf.md). Only the GPU tests and the kernel
+// lab switch to the latter, with set_q1_kernel.
 enum class Q1Kernel { dp4a, binary_mma };
 Q1Kernel q1_kernel();
 void set_q1_kernel(Q1Kernel k);

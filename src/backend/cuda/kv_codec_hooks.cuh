@@ -325,12 +325,16 @@ struct VDecodeHooks<kv::Family::q8, D> {
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
                                     float (&o)[D / 8][4]) {
+    // Past the first tiles the running max rarely moves: skip the rescale
+    // (64 multiplies at D = 128) when no row of the warp needs it.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
     }
 #pragma unroll
     for (int a = 0; a < kGroups; ++a) {
