@@ -171,19 +171,11 @@ struct WarpOLayout<D, kv::Family::q8> {
   __device__ static int offset(int d) { return d; }
 };
 
-#ifndef KVQ_Q8_CTAS
-#define KVQ_Q8_CTAS 2
-#endif
-// Resident CTAs per SM the register budget is cut for: bf16 tiles need ~240
-// registers (2 CTAs); a q8 tile is half the bytes, so a third CTA brings the
-// bytes in flight per SM back up (its registers fit 168 without spilling).
+// Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
+// ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
+// and decodes 10-17 % slower (docs/perf.md).
 template <int D, kv::Family KF, kv::Family VF>
-constexpr int min_ctas_per_sm() {
-  return (KF == kv::Family::q8 && VF == kv::Family::q8 && D <= 128) ? KVQ_Q8_CTAS : 2;
-}
-
-template <int D, kv::Family KF, kv::Family VF>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, KF, VF>()) flash_decode_kernel(DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams p) {
   using KH = KDecodeHooks<KF, D>;
   using VH = VDecodeHooks<VF, D>;
   using OL = WarpOLayout<D, VF>;
