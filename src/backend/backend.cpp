@@ -1,7 +1,12 @@
 // Default implementations of Backend's optional capabilities (backend.hpp).
 #include "backend/backend.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
 #include <vector>
 
 #include "core/error.hpp"
@@ -47,6 +52,37 @@ void Backend::qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, 
   rope(q, n, n_heads, head_dim, pos, r);
   rope(k, n, n_kv_heads, head_dim, pos, r);
   write_kv(layer, pos, n, k, v);
+}
+
+DeviceInfo Backend::device_info() {
+  DeviceInfo d;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) d.name = line.substr(line.find_first_not_of(" \t", colon + 1));
+    break;
+  }
+  if (d.name.empty()) d.name = "unknown CPU";
+  return d;
+}
+
+double Backend::measure_copy_bandwidth() {
+  // Buffers well past any last-level cache, touched before timing; the best
+  // of a few copies (the others lose time to the neighbours on a shared host).
+  const size_t bytes = size_t(128) << 20;
+  std::unique_ptr<char[]> src(new char[bytes]), dst(new char[bytes]);
+  std::memset(src.get(), 1, bytes);
+  std::memset(dst.get(), 0, bytes);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.get(), src.get(), bytes);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, s);
+    src[rep] = dst[bytes - 1 - rep];  // keeps the copies observable
+  }
+  return 2.0 * double(bytes) / best;  // read + write
 }
 
 namespace {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/dispatch_stats.hpp"
 #include "gguf/types.hpp"
 
 namespace kvq {
@@ -56,6 +57,13 @@ struct Rope {
 class StepGraph {
  public:
   virtual ~StepGraph() = default;
+};
+
+// What a backend says about the device it runs on (benchmark metadata).
+struct DeviceInfo {
+  std::string name;    // GPU name; the CPU model on the CPU backend
+  std::string driver;  // driver / runtime versions; empty on the CPU
+  std::string clocks;  // clocks as the device reports them; empty when unknown
 };
 
 // Backend-owned float storage.
@@ -162,6 +170,20 @@ class Backend {
   virtual std::unique_ptr<StepGraph> record_end();
   virtual void record_abort() {}  // after an error between record_begin and record_end
   virtual bool replay(const StepGraph& graph, kv::Cache& cache);
+
+  // --- measurement (kvq bench)
+  virtual DeviceInfo device_info();
+  // Device memory in use now, in bytes (all processes); -1 when the backend
+  // has no device memory to count (CPU).
+  virtual int64_t device_memory_used() { return -1; }
+  // Measures the copy bandwidth of the backend's memory now: bytes read plus
+  // bytes written per second by a large buffer copy (the floor a decode step
+  // is compared against). Default: a host memcpy probe.
+  virtual double measure_copy_bandwidth();
+  // Dispatch counters for `cache` (see dispatch_stats.hpp), since the last
+  // reset_dispatch_stats(cache). Default: not counted.
+  virtual void reset_dispatch_stats(kv::Cache& cache) {}
+  virtual DispatchStats dispatch_stats(kv::Cache& cache) { return {}; }
 
  protected:
   BackendOptions options_;

@@ -3,12 +3,13 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
+#include "bench/measure.hpp"
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
-#include "core/rng.hpp"
 #include "engine/token_healing.hpp"
 
 namespace kvq::cli {
@@ -24,7 +25,7 @@ struct RunArgs {
   bool no_heal = false;
   std::string dump_logits;
   int random_prompt = 0;  // --random-prompt N: N pseudo-random token ids instead of text
-  int repeat = 1;         // --repeat R: generate R times on a fresh cache, report the medians
+  int repeat = 1;         // --repeat R: measure R runs after a warm-up (bench protocol), report the medians
 };
 
 std::string read_text_file(const std::string& path) {
@@ -41,12 +42,6 @@ std::string tokens_path(const std::string& logits_path) {
   if (logits_path.size() > ext.size() && logits_path.compare(logits_path.size() - ext.size(), ext.size(), ext) == 0)
     return logits_path.substr(0, logits_path.size() - ext.size()) + ".tokens.npy";
   return logits_path + ".tokens.npy";
-}
-
-// Median of a small sample (upper middle for even sizes).
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int run(RunArgs& a) {
@@ -66,9 +61,8 @@ int run(RunArgs& a) {
   if (a.random_prompt > 0) {
     // Speed runs at a chosen context: ids drawn uniformly from the vocabulary
     // (seeded by --seed); their text is irrelevant to the cost per token.
-    Rng rng(a.sampling.params.seed ^ 0x9e3779b97f4a7c15ull);
     const int vocab = std::min(tok.vocab_size(), l.model->config().vocab_size);
-    for (int i = 0; i < a.random_prompt; ++i) ids.push_back(TokenId(rng.next_u64() % uint64_t(vocab)));
+    ids = bench::random_prompt(a.random_prompt, vocab, a.sampling.params.seed);
   } else if (a.chat) {
     std::vector<ChatMessage> msgs;
     if (!a.chat_opts.system.empty()) msgs.push_back({"system", a.chat_opts.system});
@@ -84,28 +78,38 @@ int run(RunArgs& a) {
   const int wanted = int(ids.size()) + std::max(a.sampling.n_predict, 0) + 1;
   const int ctx = resolve_ctx(a.model, l.model->config(), wanted);
   if (a.repeat > 1) {
-    // Each run on a fresh cache (nothing reused from the previous run), text discarded.
-    std::vector<double> prefill_s, decode_tps;
-    uint64_t kv_bytes = 0;
-    std::string kv_codec;
-    for (int rep = 0; rep < a.repeat; ++rep) {
-      auto session = make_session(a.model, l, ctx);
-      GenerateOptions g;
-      g.n_predict = a.sampling.n_predict;
-      g.stop = a.sampling.stop;
-      g.sampling = a.sampling.params;
-      g.healing = healing;
-      const GenerateResult r = session->generate(ids, g, {});
-      std::fprintf(stderr, "kvq: run %d/%d: %s\n", rep + 1, a.repeat, speed_line(r).c_str());
-      prefill_s.push_back(r.prefill_s);
-      decode_tps.push_back(r.decode_tps());
-      kv_bytes = session->cache().bytes_for_tokens(int(session->tokens().size()));
-      kv_codec = session->cache().codec_name();
+    // The bench protocol (bench/measure.hpp): one warm-up, then R runs on the
+    // same cache emptied each time, exactly n tokens each (end of generation
+    // ignored), text discarded.
+    KVQ_CHECK(a.sampling.n_predict >= 2, Errc::invalid_argument,
+              "--repeat measures decode speed over tokens 2..n: give -n 2 or more");
+    bench::MeasureOptions mo;
+    mo.gen = a.sampling.n_predict;
+    mo.reps = a.repeat;
+    mo.warmup = 1;
+    mo.prefill_chunk = a.model.prefill_chunk;
+    mo.sampling = a.sampling.params;
+    mo.make_cache = [&](const kv::CacheShape& shape) { return make_cache(a.model, *l.model, shape.max_tokens); };
+    if (::isatty(2))  // logs get only the results below
+      mo.on_rep = [&](int rep, int) {
+        std::fprintf(stderr, "kvq: %s %d/%d...\n", rep < mo.warmup ? "warm-up" : "run",
+                     rep < mo.warmup ? rep + 1 : rep - mo.warmup + 1, rep < mo.warmup ? mo.warmup : mo.reps);
+      };
+    const bench::CellResult c = bench::measure_cell(*l.model, a.model.codec, ids, mo);
+    for (size_t i = 0; i < c.rep_results.size(); ++i) {
+      const bench::RepResult& r = c.rep_results[i];
+      std::fprintf(stderr,
+                   "kvq: run %zu/%d: prefill %zu tokens at %.1f tok/s, TTFT %.3f s; decode %.1f tok/s (tokens 2..%d), "
+                   "ITL p50 %.3f ms, p99 %.3f ms; digest %s\n",
+                   i + 1, a.repeat, ids.size(), r.prefill_tps, r.ttft_s, r.decode_tps, r.n_generated, r.itl_p50_ms,
+                   r.itl_p99_ms, r.digest.c_str());
     }
-    std::fprintf(stderr, "kvq: median of %d runs: prompt %zu tokens, TTFT %.3f s, decode %.1f tok/s\n", a.repeat,
-                 ids.size(), median(prefill_s), median(decode_tps));
-    std::fprintf(stderr, "kvq: KV cache %s: %.1f MiB for the filled sequence\n", kv_codec.c_str(),
-                 double(kv_bytes) / (1 << 20));
+    std::fprintf(stderr,
+                 "kvq: median of %d runs: prompt %zu tokens, TTFT %.3f s, decode %.1f tok/s (min %.1f, max %.1f), "
+                 "KV %s %.2f MiB (%.3f bits/value)%s\n",
+                 a.repeat, ids.size(), c.ttft_s.median, c.decode_tps.median, c.decode_tps.min, c.decode_tps.max,
+                 c.codec.c_str(), double(c.kv_bytes) / (1 << 20), c.bits_per_value,
+                 c.digests_agree ? "" : "; WARNING: the runs generated different tokens");
     return 0;
   }
   auto session = make_session(a.model, l, ctx);
@@ -160,8 +164,9 @@ KVQ_REGISTER_COMMAND(
       app.add_option("--random-prompt", a->random_prompt,
                      "Use N pseudo-random token ids (seeded by --seed) as the prompt: speed runs at an exact context");
       app.add_option("--repeat", a->repeat,
-                     "Generate R times, each on a fresh KV cache, printing each run's speed and the medians "
-                     "(text is not printed)");
+                     "Measure R runs after one warm-up, as `kvq bench` does (the same KV cache emptied each "
+                     "time, exactly -n tokens, end of generation ignored), printing each run's speed and the "
+                     "medians (text is not printed)");
       return [a] { return run(*a); };
     });
 

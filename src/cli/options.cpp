@@ -8,22 +8,30 @@
 #include <filesystem>
 
 #include "backend/cpu/f32_cache.hpp"
+#include "bench/measure.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "model/model_spec.hpp"
 
 namespace kvq::cli {
 
 namespace fs = std::filesystem;
 
-void add_model_options(CLI::App& app, ModelOptions& o) {
-  app.add_option("-m,--model", o.model, "GGUF model file (default: $KVQ_MODEL or the embedded models/kvq-tiny-code.gguf)");
-  app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
-      ->check(CLI::NonNegativeNumber);
+void add_model_source_options(CLI::App& app, ModelOptions& o) {
+  app.add_option("-m,--model", o.model,
+                 "GGUF model file, or synthetic:SHAPE (see `kvq synth --list`) (default: $KVQ_MODEL or the embedded "
+                 "models/kvq-tiny-code.gguf)");
   app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "Prompt tokens per forward pass during prefill (default: 512 on cpu, 2048 on cuda)")
       ->check(CLI::PositiveNumber);
+}
+
+void add_model_options(CLI::App& app, ModelOptions& o) {
+  add_model_source_options(app, o);
+  app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kv", o.codec.kv, "KV cache codec (see `kvq codecs`)")->capture_default_str();
   app.add_option("--ctk", o.codec.ctk, "K-side block, overriding the codec's");
   app.add_option("--ctv", o.codec.ctv, "V-side block, overriding the codec's");
@@ -92,11 +100,13 @@ std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, con
 }
 
 std::string resolve_model_path(const std::string& flag) {
+  if (is_synthetic_spec(flag)) return flag;  // built by open_model, no file
   if (!flag.empty()) {
     if (!fs::exists(flag)) fail(Errc::io, "model file '", flag, "' does not exist");
     return flag;
   }
   if (const char* env = std::getenv("KVQ_MODEL"); env && *env) {
+    if (is_synthetic_spec(env)) return env;
     if (!fs::exists(env)) fail(Errc::io, "$KVQ_MODEL points to '", env, "', which does not exist");
     return env;
   }
@@ -125,7 +135,7 @@ Loaded load(const ModelOptions& o) {
   Loaded l;
   l.backend = make_backend(o.device, o.backend);  // before touching the model: --device cuda fails fast
   const std::string path = resolve_model_path(o.model);
-  l.model = Model::open(path, *l.backend);
+  l.model = open_model(path, *l.backend);
   l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*l.model->file()));
   KVQ_CHECK(l.tokenizer->vocab_size() <= l.model->config().vocab_size, Errc::format, "'", path, "': the tokenizer has ",
             l.tokenizer->vocab_size(), " tokens but the embedding only ", l.model->config().vocab_size);
@@ -157,10 +167,7 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  // On the GPU every prefill chunk dequantizes all weights into bf16 GEMM
-  // tiles, so larger chunks amortize that; the CPU gains nothing from them.
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk
-                                         : std::string(l.model->backend().name()) == "cuda" ? 2048 : 512;
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(l.model->backend().name());
   // Progress only where someone watches it: a terminal, or a prompt long
   // enough that silence would look like a hang.
   const bool tty = ::isatty(2);

@@ -29,6 +29,9 @@ struct ModelOptions {
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
   BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --attn-prefetch
 };
+// -m, -t, --device, --prefill-chunk: a model on a device (run, chat, bench).
+void add_model_source_options(CLI::App& app, ModelOptions& o);
+// The above plus --ctx and the KV cache options (run, chat).
 void add_model_options(CLI::App& app, ModelOptions& o);
 
 struct SamplingOptions {
@@ -52,9 +55,9 @@ std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text
 // or --chat-template), ending with an open assistant turn.
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages);
 
-// The model file to use: -m if given, else $KVQ_MODEL, else the embedded
-// default model models/kvq-tiny-code.gguf next to the executable or in the
-// source tree. Throws a clear error when none exists.
+// The model to use: -m if given (a file, or synthetic:SHAPE as is), else
+// $KVQ_MODEL, else the embedded default model models/kvq-tiny-code.gguf next
+// to the executable or in the source tree. Throws a clear error when none exists.
 std::string resolve_model_path(const std::string& flag);
 
 // Backend, model and tokenizer, loaded per the options (threads applied).

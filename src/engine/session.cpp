@@ -135,6 +135,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
     }
     sampler.accept(id);
     r.tokens.push_back(id);
+    r.token_s.push_back(t_decode.seconds());
     last_fed = false;
     if (g.stop_at_eog && tok_ && tok_->is_eog(id)) {
       r.stop_reason = "eog";

@@ -49,6 +49,10 @@ struct GenerateResult {
   int n_decoded = 0;            // single-token forward steps
   double prefill_s = 0;         // wall time of the prefill (forward passes over the new prompt tokens)
   double decode_s = 0;          // wall time of the decode steps, sampling included
+  // token_s[i]: seconds from the end of the prefill until tokens[i] was
+  // chosen (token 0 comes from the prefill's logits, token i from decode
+  // step i); for inter-token latencies (kvq bench).
+  std::vector<double> token_s;
   double prefill_tps() const { return prefill_s > 0 ? n_prompt / prefill_s : 0; }
   double decode_tps() const { return decode_s > 0 ? n_decoded / decode_s : 0; }
 };

@@ -68,6 +68,17 @@ kv::CacheShape Model::cache_shape(int max_tokens) const {
   return s;
 }
 
+uint64_t Model::step_weight_bytes() const {
+  auto bytes = [](const Matrix& m) { return uint64_t(m.rows) * m.row_bytes; };
+  auto floats = [](const std::vector<float>& v) { return uint64_t(v.size()) * sizeof(float); };
+  uint64_t n = w_.token_embd.row_bytes + bytes(w_.output) + floats(w_.output_norm);  // one embedding row
+  for (const LayerWeights& l : w_.layers) {
+    for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) n += bytes(*m);
+    n += floats(l.attn_norm) + floats(l.ffn_norm) + floats(l.q_norm) + floats(l.k_norm);
+  }
+  return n;
+}
+
 void Model::ensure_scratch(RunState& r, int n) {
   if (n <= r.scratch_tokens_) return;
   const size_t d = cfg_.d_model, q_dim = size_t(cfg_.n_heads) * cfg_.head_dim,

@@ -69,6 +69,10 @@ class Model {
   // A fresh run state (scratch, recorded step) for one sequence.
   std::unique_ptr<RunState> new_run_state() const { return std::make_unique<RunState>(backend_); }
 
+  // Bytes of weights one single-token decode step reads, in their stored
+  // types: every layer matrix and norm, the LM head, one embedding row.
+  uint64_t step_weight_bytes() const;
+
   // Runs tokens ids[0..n) at positions pos..pos+n-1: writes their K/V into the
   // cache and writes logits to host memory: [n][vocab] when all_logits, else
   // only the last token's [vocab]. Positions beyond the cache capacity are an

@@ -1,6 +1,8 @@
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <vector>
 
 #include "backend/cpu/kernels.hpp"
@@ -62,7 +64,32 @@ class CpuBackend final : public Backend {
   void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
                  float* out) override {
     layer.attend(pos, n, q, n_heads, scale, out);
+    if (auto it = attention_calls_.find(&layer); it != attention_calls_.end()) ++it->second[n == 1 ? 1 : 0];
   }
+
+  // The CPU has one attention path: the cache's own attend() over its store
+  // (packed codes, or the fp32 reference cache). No device, so no KV copies.
+  // Only caches passed to reset_dispatch_stats are counted (a chat session
+  // pays nothing for this).
+  void reset_dispatch_stats(kv::Cache& cache) override {
+    for (int l = 0; l < cache.shape().n_layers; ++l) attention_calls_[&cache.layer(l)] = {0, 0};
+  }
+  DispatchStats dispatch_stats(kv::Cache& cache) override {
+    DispatchStats s;
+    s.counted = true;
+    const std::string kernel = cache.codec_name() == "f32" ? "cpu-f32" : "cpu-packed";
+    for (int l = 0; l < cache.shape().n_layers; ++l) {
+      const auto it = attention_calls_.find(&cache.layer(l));
+      if (it == attention_calls_.end()) continue;
+      for (int decode = 0; decode < 2; ++decode)
+        if (it->second[decode]) s.attention.push_back({l, kernel, decode == 1, it->second[decode]});
+    }
+    return s;
+  }
+
+ private:
+  // Attention calls per registered layer cache: [0] multi-token (prefill), [1] single-token (decode).
+  std::map<const kv::LayerCache*, std::array<uint64_t, 2>> attention_calls_;
 };
 
 }  // namespace

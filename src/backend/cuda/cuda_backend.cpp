@@ -3,7 +3,9 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -54,17 +56,20 @@ class DeviceFloatBuffer final : public Buffer {
 // cache's buffers and the lazily grown scratch), checked before each replay.
 class CudaStepGraph final : public StepGraph {
  public:
-  CudaStepGraph(cudaGraphExec_t exec, std::vector<const void*> addresses)
-      : exec_(exec), addresses_(std::move(addresses)) {}
+  CudaStepGraph(cudaGraphExec_t exec, std::vector<const void*> addresses, std::vector<const CudaLayerCache*> attended)
+      : exec_(exec), addresses_(std::move(addresses)), attended_(std::move(attended)) {}
   ~CudaStepGraph() override {
     if (exec_) cudaGraphExecDestroy(exec_);
   }
   cudaGraphExec_t exec() const { return exec_; }
   const std::vector<const void*>& addresses() const { return addresses_; }
+  // The layers whose attention one replay runs (dispatch counters).
+  const std::vector<const CudaLayerCache*>& attended() const { return attended_; }
 
  private:
   cudaGraphExec_t exec_;
   std::vector<const void*> addresses_;
+  std::vector<const CudaLayerCache*> attended_;
 };
 
 class CudaBackend final : public Backend {
@@ -280,9 +285,12 @@ class CudaBackend final : public Backend {
       check_step_pos(n, pos, "attention");
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
       note_recorded_cache(g);
+      if (recording_) recorded_attention_.push_back(&g);
+      else count_attention(g, true);
       return;
     }
     flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
+    count_attention(g, n == 1);
   }
 
   int32_t argmax(const float* x, size_t n) override {
@@ -312,6 +320,7 @@ class CudaBackend final : public Backend {
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
     recorded_cache_ = nullptr;
+    recorded_attention_.clear();
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
@@ -330,7 +339,7 @@ class CudaBackend final : public Backend {
     if (recorded_cache_) addresses = recorded_cache_->graph_addresses();
     recorded_cache_ = nullptr;
     append_backend_addresses(addresses);
-    return std::make_unique<CudaStepGraph>(exec, std::move(addresses));
+    return std::make_unique<CudaStepGraph>(exec, std::move(addresses), std::move(recorded_attention_));
   }
   void record_abort() override {
     if (!recording_) return;
@@ -350,11 +359,80 @@ class CudaBackend final : public Backend {
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
+    for (const CudaLayerCache* l : g->attended()) count_attention(*l, true);
     return true;
   }
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
     return make_cuda_kv_cache(opts, shape);
+  }
+
+  // --- measurement (kvq bench)
+  DeviceInfo device_info() override {
+    DeviceInfo d;
+    int dev = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp p{};
+    KVQ_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    d.name = p.name;
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    d.driver = str("CUDA driver API ", drv / 1000, ".", (drv % 1000) / 10, ", runtime ", rt / 1000, ".",
+                   (rt % 1000) / 10, "; sm_", p.major, p.minor, ", ", p.multiProcessorCount, " SMs, ",
+                   p.totalGlobalMem >> 20, " MiB");
+    int sm_khz = 0, mem_khz = 0;
+    cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev);
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev);
+    d.clocks = str("peak SM ", sm_khz / 1000, " MHz, peak memory ", mem_khz / 1000, " MHz");
+    // The driver version and current clocks only nvidia-smi knows (NVML is
+    // not linked); absent on machines without it.
+    char bus[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) == cudaSuccess) {
+      const std::string cmd = std::string("nvidia-smi --id=") + bus +
+                              " --query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm"
+                              " --format=csv,noheader 2>/dev/null";
+      if (FILE* f = popen(cmd.c_str(), "r")) {
+        char line[256] = {0};
+        const bool got = std::fgets(line, sizeof line, f) != nullptr;
+        pclose(f);
+        std::string l = got ? line : "";
+        while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+        if (!l.empty()) d.clocks += "; nvidia-smi driver, SM, memory, max SM: " + l;
+      }
+    }
+    return d;
+  }
+  int64_t device_memory_used() override {
+    size_t free_b = 0, total_b = 0;
+    KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return int64_t(total_b - free_b);
+  }
+  double measure_copy_bandwidth() override {
+    // Device-to-device copies of a buffer far larger than L2 (50 MB on an
+    // H200), timed with events; the best of a few after one warm-up copy.
+    size_t free_b = 0, total_b = 0;
+    KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    size_t bytes = size_t(1) << 30;
+    while (bytes > (size_t(64) << 20) && 2 * bytes + (size_t(256) << 20) > free_b) bytes /= 2;
+    DeviceBuffer<uint8_t> src(bytes), dst(bytes);
+    KVQ_CUDA_CHECK(cudaMemsetAsync(src.data(), 1, bytes, stream_));
+    cudaEvent_t t0 = nullptr, t1 = nullptr;
+    KVQ_CUDA_CHECK(cudaEventCreate(&t0));
+    KVQ_CUDA_CHECK(cudaEventCreate(&t1));
+    float best_ms = 1e30f;
+    for (int rep = 0; rep < 6; ++rep) {
+      KVQ_CUDA_CHECK(cudaEventRecord(t0, stream_));
+      KVQ_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_));
+      KVQ_CUDA_CHECK(cudaEventRecord(t1, stream_));
+      KVQ_CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      if (rep > 0) best_ms = std::min(best_ms, ms);
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return 2.0 * double(bytes) / (double(best_ms) * 1e-3);  // read + write
   }
 
  private:
@@ -412,6 +490,33 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
               " inside a decode step must be one token at the step's position (begin_step)");
   }
+  // Dispatch proof: attention calls per (layer, phase) of the caches passed to
+  // reset_dispatch_stats, counted where they are launched (a replayed step
+  // counts the attention launches it recorded). The kernel is the one the
+  // selector chose for the cache. KV bytes never cross between host and
+  // device here: the store is written only by encode kernels from device
+  // buffers and read only by attention kernels, so those counters stay 0 by
+  // construction (no copy path exists to count).
+  void reset_dispatch_stats(kv::Cache& cache) override {
+    for (int l = 0; l < cache.shape().n_layers; ++l) attention_calls_[&gpu_layer(cache.layer(l))] = {0, 0};
+  }
+  DispatchStats dispatch_stats(kv::Cache& cache) override {
+    DispatchStats s;
+    s.counted = true;
+    const auto* gc = dynamic_cast<const CudaKvCache*>(&cache);
+    KVQ_CHECK(gc, Errc::unsupported, "the CUDA backend needs its own KV cache (Backend::make_cache)");
+    for (int l = 0; l < cache.shape().n_layers; ++l) {
+      const auto it = attention_calls_.find(&gpu_layer(cache.layer(l)));
+      if (it == attention_calls_.end()) continue;
+      if (it->second[0]) s.attention.push_back({l, gc->prefill_kernel(), false, it->second[0]});
+      if (it->second[1]) s.attention.push_back({l, gc->decode_kernel(), true, it->second[1]});
+    }
+    return s;
+  }
+  void count_attention(const CudaLayerCache& g, bool decode) {
+    if (auto it = attention_calls_.find(&g); it != attention_calls_.end()) ++it->second[decode ? 1 : 0];
+  }
+
   // A step being recorded reads and writes this layer's cache (one cache per step).
   void note_recorded_cache(const CudaLayerCache& g) {
     if (!recording_) return;
@@ -433,6 +538,8 @@ class CudaBackend final : public Backend {
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
   const CudaKvCache* recorded_cache_ = nullptr;  // the cache of the step being recorded
+  std::vector<const CudaLayerCache*> recorded_attention_;  // its attention launches, in order
+  std::map<const CudaLayerCache*, std::array<uint64_t, 2>> attention_calls_;  // [prefill, decode]
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)

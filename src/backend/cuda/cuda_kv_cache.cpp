@@ -33,6 +33,7 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     KVQ_CHECK(choice.supported && !codec.k.spec.qjl, Errc::unsupported, "KV codec ", codec.name,
               " has no GPU kernels yet (", choice.supported ? std::string("+qjl") : choice.why,
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
+    (decode ? decode_kernel_ : prefill_kernel_) = choice.kernel;
   }
   const size_t rows_per_layer = size_t(shape.n_kv_heads) * shape.max_tokens;
   const size_t rows = rows_per_layer * shape.n_layers;
@@ -68,7 +69,7 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     store.n_kv_heads = shape.n_kv_heads;
     store.head_dim = shape.head_dim;
     store.max_tokens = shape.max_tokens;
-    layers_.emplace_back(store, &scratch_, this);
+    layers_.emplace_back(store, &scratch_, this, l);
   }
 }
 

@@ -22,8 +22,8 @@ namespace kvq::cuda {
 
 class CudaLayerCache final : public kv::LayerCache {
  public:
-  CudaLayerCache(GpuKvLayer store, AttentionScratch* scratch, const class CudaKvCache* owner)
-      : store_(store), scratch_(scratch), owner_(owner) {}
+  CudaLayerCache(GpuKvLayer store, AttentionScratch* scratch, const class CudaKvCache* owner, int index)
+      : store_(store), scratch_(scratch), owner_(owner), index_(index) {}
   // k, v, q, out: device memory.
   void write(int pos, int n, const float* k, const float* v) override;
   void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override;
@@ -32,11 +32,13 @@ class CudaLayerCache final : public kv::LayerCache {
   // launches attention on its own stream with it).
   AttentionScratch& scratch() const { return *scratch_; }
   const CudaKvCache& cache() const { return *owner_; }
+  int index() const { return index_; }  // layer number in its cache
 
  private:
   GpuKvLayer store_;
   AttentionScratch* scratch_;
   const CudaKvCache* owner_;
+  int index_;
 };
 
 class CudaKvCache final : public kv::Cache {
@@ -55,6 +57,9 @@ class CudaKvCache final : public kv::Cache {
   std::vector<const void*> graph_addresses() const;
   // Device bytes this cache allocated for its stores (capacity, not fill).
   uint64_t allocated_bytes() const { return allocated_; }
+  // The kernels the selector chose for this cache (dispatch proof).
+  const std::string& decode_kernel() const { return decode_kernel_; }
+  const std::string& prefill_kernel() const { return prefill_kernel_; }
 
  private:
   kv::CodecDescriptor codec_;
@@ -64,6 +69,7 @@ class CudaKvCache final : public kv::Cache {
   AttentionScratch scratch_;  // shared by the layers (one runs at a time)
   std::vector<CudaLayerCache> layers_;
   uint64_t allocated_ = 0;
+  std::string decode_kernel_, prefill_kernel_;
 };
 
 // The GPU cache for a codec request (--kv, --ctk/--ctv). Unknown names:

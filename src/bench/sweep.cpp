@@ -1,0 +1,306 @@
+#include "bench/sweep.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend/backend.hpp"
+#include "bench/measure.hpp"
+#include "bench/report.hpp"
+#include "bench/run_meta.hpp"
+#include "bench/runs_db.hpp"
+#include "bench/stats.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "kv/codec_table.hpp"
+#include "model/forward.hpp"
+#include "model/model_spec.hpp"
+
+namespace kvq::bench {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t a = 0, b = s.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
+  return s.substr(a, b - a);
+}
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!trim(item).empty()) out.push_back(trim(item));
+  return out;
+}
+
+// "rotor3_sym+qjl" -> --kv rotor3_sym --rotor-qjl on; anything else is --kv NAME.
+kv::CodecOptions codec_options(const std::string& name) {
+  kv::CodecOptions o;
+  const std::string suffix = "+qjl";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    o.kv = name.substr(0, name.size() - suffix.size());
+    o.rotor_qjl = true;
+  } else {
+    o.kv = name;
+  }
+  return o;
+}
+
+std::string fmt_duration(double s) {
+  if (s < 0) return "?";
+  const long t = long(std::lround(s));
+  if (t < 60) return str(t, "s");
+  if (t < 3600) return str(t / 60, "m", (t % 60 < 10 ? "0" : ""), t % 60, "s");
+  return str(t / 3600, "h", (t % 3600) / 60 < 10 ? "0" : "", (t % 3600) / 60, "m");
+}
+
+// A failed cell: the status says why (out of memory, no kernels for the
+// codec on this device, anything else).
+CellResult failed_cell(const std::string& codec, int ctx, int gen, const std::string& status,
+                       const std::string& message) {
+  CellResult c;
+  c.codec = codec;
+  c.ctx = ctx;
+  c.gen = gen;
+  c.status = status;
+  c.error = message;
+  return c;
+}
+
+std::string classify(const Error& e) {
+  std::string msg = e.what();
+  std::transform(msg.begin(), msg.end(), msg.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  const bool memory = msg.find("out of memory") != std::string::npos ||
+                      (msg.find("memory") != std::string::npos && msg.find("free") != std::string::npos);
+  if ((e.code() == Errc::cuda || e.code() == Errc::out_of_range) && memory) return "oom";
+  if (e.code() == Errc::unsupported) return "unsupported";
+  return "failed";
+}
+
+// Estimated work of a cell in "decode-step units": every repetition
+// prefills ctx tokens (each costing `prefill_ratio` decode steps) and runs
+// gen decode steps.
+double cell_weight(int ctx, int gen, int reps, double prefill_ratio) {
+  return double(reps) * (ctx * prefill_ratio + gen);
+}
+
+}  // namespace
+
+std::string format_progress(const SweepProgress& p) {
+  std::string s = str("[", p.cell + 1, "/", p.cells, "] ", p.codec, " @ ", p.ctx, ": ");
+  s += p.rep < p.warmup ? str("warm-up ", p.rep + 1, "/", p.warmup)
+                        : str("rep ", p.rep - p.warmup + 1, "/", p.reps - p.warmup);
+  if (p.prefill_total > 0 && p.prefill_done < p.prefill_total) s += str(", prefill ", p.prefill_done, "/", p.prefill_total);
+  s += str(" | ", fmt_duration(p.elapsed_s), " elapsed, ETA ", p.eta_s < 0 ? std::string("?") : fmt_duration(p.eta_s));
+  return s;
+}
+
+std::vector<std::string> parse_codec_list(const std::string& list) {
+  std::vector<std::string> names;
+  const std::string l = trim(list);
+  if (l == "all" || l == "seeds") {
+    for (const auto& c : kv::codec_table())
+      if (l == "all" || c.seed_codec) names.push_back(c.name);
+    return names;
+  }
+  for (const auto& item : split_list(l)) {
+    const std::string canon = kv::resolve_codec(codec_options(item)).name;  // throws listing the valid names
+    if (std::find(names.begin(), names.end(), canon) == names.end()) names.push_back(canon);
+  }
+  KVQ_CHECK(!names.empty(), Errc::invalid_argument, "--codecs is empty; give all, seeds or a list like none,k8v4");
+  return names;
+}
+
+std::vector<int> parse_context_list(const std::string& list) {
+  std::vector<int> out;
+  for (const auto& item : split_list(list)) {
+    std::string num = item;
+    long mult = 1;
+    if (!num.empty() && (num.back() == 'k' || num.back() == 'K')) {
+      mult = 1024;
+      num.pop_back();
+    }
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(num, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVQ_CHECK(used == num.size() && !num.empty() && v > 0 && v * mult <= (1L << 30), Errc::invalid_argument,
+              "--contexts: '", item, "' is not a positive token count (like 512, 4k or 64k)");
+    const int ctx = int(v * mult);
+    if (std::find(out.begin(), out.end(), ctx) == out.end()) out.push_back(ctx);
+  }
+  KVQ_CHECK(!out.empty(), Errc::invalid_argument, "--contexts is empty; give a list like 4k,8k,16k");
+  return out;
+}
+
+SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const SweepProgress&)>& on_progress) {
+  KVQ_CHECK(!cfg.codecs.empty(), Errc::invalid_argument, "no codecs to measure");
+  KVQ_CHECK(!cfg.contexts.empty(), Errc::invalid_argument, "no contexts to measure");
+  KVQ_CHECK(cfg.gen >= 2, Errc::invalid_argument, "--gen must be at least 2 (decode speed counts tokens 2..G)");
+  KVQ_CHECK(cfg.reps >= 1, Errc::invalid_argument, "--reps must be at least 1");
+  KVQ_CHECK(cfg.warmup >= 0, Errc::invalid_argument, "--warmup cannot be negative");
+  for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
+  if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
+  const std::string home = resolve_home(cfg.home);
+  RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
+
+  Timer total;
+  std::unique_ptr<Backend> backend = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device);
+  const double copy_bw = backend->measure_copy_bandwidth();  // before the model takes memory
+  auto model = open_model(cfg.model, *backend);
+  const ModelConfig& mc = model->config();
+
+  RunMeta meta = collect_run_meta(*backend, /*measure_bandwidth=*/false);
+  meta.kind = "bench";
+  meta.model = cfg.model;
+  meta.copy_bw_gbs = copy_bw / 1e9;
+  nlohmann::ordered_json params = {
+      {"codecs", cfg.codecs},
+      {"contexts", cfg.contexts},
+      {"gen", cfg.gen},
+      {"reps", cfg.reps},
+      {"warmup", cfg.warmup},
+      {"prefill_chunk", cfg.prefill_chunk > 0 ? cfg.prefill_chunk : default_prefill_chunk(backend->name())},
+      {"threads", cfg.threads > 0 ? cfg.threads : omp_get_max_threads()},
+      {"seed", cfg.seed},
+      {"model_shape",
+       {{"arch", arch_name(mc.arch)}, {"layers", mc.n_layers}, {"d_model", mc.d_model}, {"heads", mc.n_heads},
+        {"kv_heads", mc.n_kv_heads}, {"head_dim", mc.head_dim}, {"vocab", mc.vocab_size}}},
+      {"weight_bytes_per_step", model->step_weight_bytes()},
+      {"command_line", cfg.command_line}};
+  meta.params_json = params.dump();
+
+  SweepResult res;
+  res.run_id = db.begin_run(meta);
+  res.out_dir = cfg.out_dir.empty() ? (fs::path(home) / "runs" / std::to_string(res.run_id)).string() : cfg.out_dir;
+  std::error_code ec;
+  fs::create_directories(res.out_dir, ec);
+  KVQ_CHECK(!ec, Errc::io, "cannot create the report folder '", res.out_dir, "': ", ec.message());
+  res.csv_path = (fs::path(res.out_dir) / "cells.csv").string();
+  std::ofstream csv(res.csv_path);
+  KVQ_CHECK(csv.good(), Errc::io, "cannot write '", res.csv_path, "'");
+  csv << csv_header() << std::flush;
+
+  // Cells in codec-major order (each codec's contexts together, as its fit uses them).
+  struct Cell {
+    std::string codec;
+    int ctx;
+  };
+  std::vector<Cell> plan;
+  for (const auto& c : cfg.codecs)
+    for (int ctx : cfg.contexts) plan.push_back({c, ctx});
+  std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec
+  for (int ctx : cfg.contexts) prompts.push_back(random_prompt(ctx, mc.vocab_size, cfg.seed + uint64_t(ctx)));
+
+  // ETA: elapsed time over the weight of the cells done, times the weight
+  // left; the prefill/decode cost ratio is learnt from measured cells.
+  double prefill_ratio = 0.05, done_weight = 0, measured_time = 0;
+  std::vector<double> ratios;
+  const int reps_total = cfg.warmup + cfg.reps;
+  auto weight_left = [&](size_t from) {
+    double w = 0;
+    for (size_t i = from; i < plan.size(); ++i) w += cell_weight(plan[i].ctx, cfg.gen, reps_total, prefill_ratio);
+    return w;
+  };
+
+  SweepProgress p;
+  p.cells = int(plan.size());
+  p.reps = reps_total;
+  p.warmup = cfg.warmup;
+  res.status = "ok";
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (cfg.should_stop && cfg.should_stop()) {
+      res.status = "interrupted";
+      break;
+    }
+    const Cell& cell = plan[i];
+    p.cell = int(i);
+    p.codec = cell.codec;
+    p.ctx = cell.ctx;
+    p.rep = 0;
+    p.prefill_done = p.prefill_total = 0;
+    Timer t_cell;
+    auto report = [&] {
+      p.elapsed_s = total.seconds();
+      const double w_done = done_weight + 0.0;
+      p.eta_s = w_done > 0 ? measured_time / w_done * weight_left(i) - t_cell.seconds() : -1;
+      if (p.eta_s < 0 && w_done > 0) p.eta_s = 0;
+      if (on_progress) on_progress(p);
+    };
+    MeasureOptions mo;
+    mo.gen = cfg.gen;
+    mo.reps = cfg.reps;
+    mo.warmup = cfg.warmup;
+    mo.prefill_chunk = cfg.prefill_chunk;
+    mo.copy_bw = copy_bw;
+    mo.on_rep = [&](int rep, int) {
+      p.rep = rep;
+      p.prefill_done = p.prefill_total = 0;
+      report();
+    };
+    mo.on_prefill = [&](int done, int all) {
+      p.prefill_done = done;
+      p.prefill_total = all;
+      report();
+    };
+    const std::vector<int32_t>& prompt =
+        prompts[size_t(std::find(cfg.contexts.begin(), cfg.contexts.end(), cell.ctx) - cfg.contexts.begin())];
+    CellResult r;
+    try {
+      r = measure_cell(*model, codec_options(cell.codec), prompt, mo);
+      r.codec = cell.codec;  // the sweep's name ("+qjl" forms included), equal to the canonical one
+    } catch (const std::bad_alloc&) {
+      r = failed_cell(cell.codec, cell.ctx, cfg.gen, "oom", "out of host memory (std::bad_alloc)");
+    } catch (const Error& e) {
+      r = failed_cell(cell.codec, cell.ctx, cfg.gen, classify(e), e.what());
+    } catch (const std::exception& e) {
+      r = failed_cell(cell.codec, cell.ctx, cfg.gen, "failed", e.what());
+    }
+    db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all
+    csv << csv_row(res.run_id, r) << std::flush;
+    if (r.measured()) {
+      ratios.push_back(r.decode_tps.median / std::max(r.prefill_tps.median, 1e-9));
+      prefill_ratio = spread(ratios).median;
+      measured_time += t_cell.seconds();
+      done_weight += cell_weight(cell.ctx, cfg.gen, reps_total, prefill_ratio);
+    }
+    res.cells.push_back(std::move(r));
+  }
+
+  for (const auto& codec : cfg.codecs) {
+    const ItlFit f = fit_itl(codec, res.cells);
+    if (f.n_points < 2) continue;
+    db.add_fit(res.run_id, f);
+    res.fits.push_back(f);
+  }
+  int n_ok = 0, n_flagged = 0, n_failed = 0;
+  for (const auto& c : res.cells) (c.status == "ok" ? n_ok : c.status == "flagged" ? n_flagged : n_failed)++;
+  const nlohmann::ordered_json summary = {{"cells_planned", plan.size()}, {"cells_run", res.cells.size()},
+                                          {"ok", n_ok},  {"flagged", n_flagged},
+                                          {"failed", n_failed}, {"seconds", total.seconds()},
+                                          {"out_dir", res.out_dir}};
+  db.end_run(res.run_id, res.status, summary.dump());
+
+  const std::optional<RunRow> row = db.run(res.run_id);
+  Plots plots;
+  res.report_path = write_report(res.out_dir, *row, res.cells, res.fits, cfg.plots, &plots);
+  for (const auto& f : plots.files) res.plot_paths.push_back((fs::path(res.out_dir) / f).string());
+  res.plot_note = plots.note;
+  return res;
+}
+
+}  // namespace kvq::bench

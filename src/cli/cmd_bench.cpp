@@ -1,0 +1,229 @@
+// kvq bench: the codec x context sweep (bench/sweep.hpp), and `list`,
+// `compare`, `report` over runs.db. Parses options and calls the library.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "bench/compare.hpp"
+#include "bench/report.hpp"
+#include "bench/runs_db.hpp"
+#include "bench/sweep.hpp"
+#include "cli/command.hpp"
+#include "cli/options.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+
+namespace kvq::cli {
+namespace {
+
+struct BenchArgs {
+  ModelOptions model;
+  std::string codecs = "all";
+  std::string contexts = "4k,8k,16k,32k,64k";
+  int gen = 128;
+  int reps = 3;
+  int warmup = 1;
+  uint64_t seed = 1;
+  std::string home;
+  std::string out;
+  bool no_plots = false;
+  std::string command_line;
+  // list / compare / report
+  std::string kind = "bench";
+  std::string run_a, run_b;
+  double threshold = 0.02;
+  bool fail_on_regression = false;
+};
+
+// Ctrl-C: the first stops the sweep after the current cell (runs.db stays
+// consistent: every cell is one transaction); SA_RESETHAND makes a second
+// one kill the process the default way.
+std::atomic<bool> g_stop{false};
+extern "C" void on_sigint(int) {
+  g_stop.store(true);
+  const char msg[] = "\nkvq bench: stopping after the current cell (Ctrl-C again to abort now)\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof msg - 1);
+}
+
+struct SigintGuard {
+  struct sigaction old {};
+  SigintGuard() {
+    g_stop.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old);
+  }
+  ~SigintGuard() { sigaction(SIGINT, &old, nullptr); }
+};
+
+int run_bench(const BenchArgs& a) {
+  bench::SweepConfig cfg;
+  cfg.model = resolve_model_path(a.model.model);
+  cfg.device = a.model.device;
+  cfg.codecs = bench::parse_codec_list(a.codecs);
+  cfg.contexts = bench::parse_context_list(a.contexts);
+  cfg.gen = a.gen;
+  cfg.reps = a.reps;
+  cfg.warmup = a.warmup;
+  cfg.prefill_chunk = a.model.prefill_chunk;
+  cfg.threads = a.model.threads;
+  cfg.seed = a.seed;
+  cfg.home = a.home;
+  cfg.out_dir = a.out;
+  cfg.plots = !a.no_plots;
+  cfg.command_line = a.command_line;
+  cfg.should_stop = [] { return g_stop.load(); };
+
+  std::fprintf(stderr, "kvq bench: %zu codecs x %zu contexts on %s, model %s, %d warm-up + %d reps of %d tokens\n",
+               cfg.codecs.size(), cfg.contexts.size(), cfg.device.c_str(), cfg.model.c_str(), cfg.warmup, cfg.reps,
+               cfg.gen);
+  const bool tty = ::isatty(2);
+  Timer since_print;
+  int last_cell = -1, last_rep = -1;
+  SigintGuard guard;
+  const bench::SweepResult res = bench::run_sweep(cfg, [&](const bench::SweepProgress& p) {
+    // A terminal gets one line redrawn a few times a second; a log gets a
+    // line per repetition.
+    const bool new_step = p.cell != last_cell || p.rep != last_rep;
+    if (tty) {
+      if (!new_step && since_print.seconds() < 0.2) return;
+      std::fprintf(stderr, "\r%s\033[K", bench::format_progress(p).c_str());
+    } else {
+      if (!new_step) return;
+      std::fprintf(stderr, "%s\n", bench::format_progress(p).c_str());
+    }
+    std::fflush(stderr);
+    since_print.reset();
+    last_cell = p.cell;
+    last_rep = p.rep;
+  });
+  if (tty) std::fprintf(stderr, "\r\033[K");
+
+  int ok = 0, flagged = 0, failed = 0;
+  std::printf("%-18s %8s  %-11s %12s %10s %10s %9s %8s\n", "codec", "ctx", "status", "decode tok/s", "TTFT s",
+              "ITL p50", "KV MiB", "bits/v");
+  for (const auto& c : res.cells) {
+    (c.status == "ok" ? ok : c.status == "flagged" ? flagged : failed)++;
+    if (c.measured())
+      std::printf("%-18s %8d  %-11s %12.2f %10.4f %10.3f %9.2f %8.3f\n", c.codec.c_str(), c.ctx, c.status.c_str(),
+                  c.decode_tps.median, c.ttft_s.median, c.itl_p50_ms.median, double(c.kv_bytes) / (1 << 20),
+                  c.bits_per_value);
+    else
+      std::printf("%-18s %8d  %-11s %s\n", c.codec.c_str(), c.ctx, c.status.c_str(), c.error.substr(0, 100).c_str());
+  }
+  for (const auto& f : res.fits)
+    std::printf("fit %-14s ITL = %.4f ms + %.5f ms per 1k KV tokens (RMS residual %.4f ms, %d points)\n",
+                f.codec.c_str(), f.a_ms, f.b_ms_per_1k, f.residual_ms, f.n_points);
+  std::fprintf(stderr, "kvq bench: run %lld %s: %zu cells (%d ok, %d flagged, %d failed)\n", (long long)res.run_id,
+               res.status.c_str(), res.cells.size(), ok, flagged, failed);
+  std::fprintf(stderr, "kvq bench: report %s\nkvq bench: csv    %s\nkvq bench: db     %s\n", res.report_path.c_str(),
+               res.csv_path.c_str(), bench::runs_db_path(bench::resolve_home(a.home)).c_str());
+  if (!res.plot_note.empty()) std::fprintf(stderr, "kvq bench: %s\n", res.plot_note.c_str());
+  return res.status == "interrupted" ? 130 : 0;
+}
+
+int run_list(const BenchArgs& a) {
+  bench::RunsDb db(bench::runs_db_path(bench::resolve_home(a.home)));
+  std::fputs(bench::format_run_list(db, a.kind == "all" ? "" : a.kind).c_str(), stdout);
+  return 0;
+}
+
+int run_compare(const BenchArgs& a) {
+  bench::RunsDb db(bench::runs_db_path(bench::resolve_home(a.home)));
+  const int64_t ia = bench::resolve_run_id(db, a.run_a, "bench");
+  const int64_t ib = bench::resolve_run_id(db, a.run_b, "bench");
+  const auto ca = db.cells(ia), cb = db.cells(ib);
+  const bench::Comparison c = bench::compare_cells(ca, cb, a.threshold);
+  std::fputs(bench::format_comparison(*db.run(ia), *db.run(ib), c).c_str(), stdout);
+  return a.fail_on_regression && c.regressions > 0 ? 1 : 0;
+}
+
+int run_report(const BenchArgs& a) {
+  const std::string home = bench::resolve_home(a.home);
+  bench::RunsDb db(bench::runs_db_path(home));
+  const int64_t id = bench::resolve_run_id(db, a.run_a, "bench");
+  const std::string dir = a.out.empty() ? home + "/runs/" + std::to_string(id) : a.out;
+  const std::string path = bench::write_report(dir, *db.run(id), db.cells(id), db.fits(id), !a.no_plots);
+  std::printf("%s\n", path.c_str());
+  return 0;
+}
+
+// The command line as typed, for the run's metadata (from /proc: main()'s
+// argv is not passed to commands).
+std::string command_line() {
+  FILE* f = std::fopen("/proc/self/cmdline", "rb");
+  if (!f) return "";
+  std::string s;
+  char buf[4096];
+  size_t k;
+  while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, k);
+  std::fclose(f);
+  for (char& ch : s)
+    if (ch == '\0') ch = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+KVQ_REGISTER_COMMAND(
+    "bench", "Measure codecs x contexts (decode tok/s, TTFT, ITL, KV bytes) into runs.db, CSV and a report",
+    [](CLI::App& app) {
+      auto a = std::make_shared<BenchArgs>();
+      add_model_source_options(app, a->model);
+      app.add_option("--codecs", a->codecs,
+                     "Codecs: all (the codec table), seeds (the seeds' 25) or a comma list, e.g. none,k8v4,tsym3")
+          ->capture_default_str();
+      app.add_option("--contexts", a->contexts, "Prompt lengths in tokens, comma list; k = 1024 (e.g. 512,4k,64k)")
+          ->capture_default_str();
+      app.add_option("--gen", a->gen, "Tokens generated per repetition (decode tok/s counts tokens 2..gen)")
+          ->check(CLI::Range(2, 1 << 20))
+          ->capture_default_str();
+      app.add_option("--reps", a->reps, "Measured repetitions per cell (medians, min, max)")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str();
+      app.add_option("--warmup", a->warmup, "Discarded repetitions before them")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
+      app.add_option("--seed", a->seed, "Seed of the random prompt tokens")->capture_default_str();
+      auto home_opt = [&](CLI::App& sub) {
+        sub.add_option("--home", a->home, "kvq home folder holding runs.db and runs/ (default: $KVQ_HOME or ~/.kvq)");
+      };
+      home_opt(app);
+      app.add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
+      app.add_flag("--no-plots", a->no_plots, "Skip the gnuplot plots");
+
+      CLI::App* list = app.add_subcommand("list", "List the runs in runs.db");
+      home_opt(*list);
+      list->add_option("--kind", a->kind, "Runs to list: bench, eval or all")
+          ->check(CLI::IsMember({"bench", "eval", "all"}))
+          ->capture_default_str();
+      CLI::App* compare = app.add_subcommand("compare", "Compare two bench runs cell by cell");
+      home_opt(*compare);
+      compare->add_option("run_a", a->run_a, "Run id (or latest, latest~N): the baseline")->required();
+      compare->add_option("run_b", a->run_b, "Run id (or latest, latest~N): compared with the baseline")->required();
+      compare->add_option("--threshold", a->threshold,
+                          "Median change (fraction) below which a difference is never a regression")
+          ->check(CLI::Range(0.0, 1.0))
+          ->capture_default_str();
+      compare->add_flag("--fail-on-regression", a->fail_on_regression, "Exit with status 1 when a cell regressed");
+      CLI::App* report = app.add_subcommand("report", "Write a run's report (Markdown, plots, CSV) again from runs.db");
+      home_opt(*report);
+      report->add_option("run", a->run_a, "Run id (or latest, latest~N)")->required();
+      report->add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
+      report->add_flag("--no-plots", a->no_plots, "Skip the gnuplot plots");
+      app.require_subcommand(0, 1);
+      return [a, list, compare, report] {
+        if (list->parsed()) return run_list(*a);
+        if (compare->parsed()) return run_compare(*a);
+        if (report->parsed()) return run_report(*a);
+        a->command_line = command_line();
+        return run_bench(*a);
+      };
+    });
+
+}  // namespace
+}  // namespace kvq::cli

@@ -1,0 +1,234 @@
+// `kvq bench` end to end as a user runs it (the CI sweep): a small sweep on
+// the synthetic tiny model writes CSV, runs.db rows, a report with plots;
+// list, compare and report work; Ctrl-C leaves a consistent runs.db;
+// `kvq run --repeat` goes through the same measurement.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Out {
+  int rc;
+  std::string out, err;
+};
+
+Out kvq(const std::string& args) {
+  static int n = 0;
+  const fs::path errf =
+      fs::temp_directory_path() / ("kvq_bench_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+  const std::string cmd = std::string(KVQ_BIN) + " " + args + " 2>" + errf.string() + " </dev/null";
+  Out o{};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t k;
+  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), k);
+  const int st = pclose(p);
+  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(errf);
+  o.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
+  fs::remove(errf);
+  return o;
+}
+
+struct TempHome {
+  fs::path p;
+  TempHome() {
+    static int n = 0;
+    p = fs::temp_directory_path() / ("kvq_bench_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(p);
+  }
+  ~TempHome() { fs::remove_all(p); }
+  std::string db() const { return (p / "runs.db").string(); }
+};
+
+// First column of the first row of a query, read with the sqlite3 C API the
+// way a person inspecting runs.db would.
+std::string sql(const std::string& db, const std::string& q) {
+  sqlite3* h = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(h);
+    return "<cannot open>";
+  }
+  sqlite3_busy_timeout(h, 5000);
+  sqlite3_stmt* st = nullptr;
+  std::string out = "<error>";
+  if (sqlite3_prepare_v2(h, q.c_str(), -1, &st, nullptr) == SQLITE_OK) {
+    out = "";
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+      out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+size_t count_lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+const char* kSweep = "bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128,256 --gen 8 --reps 2 -t 1";
+
+}  // namespace
+
+TEST(BenchCli, SweepWritesCsvDatabaseReportAndPlots) {
+  TempHome h;
+  const Out r = kvq(std::string(kSweep) + " --home " + h.p.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("run 1 ok: 6 cells (6 ok, 0 flagged, 0 failed)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("fit none"), std::string::npos) << r.out;
+
+  // runs.db: one run, its end, six measured cells with the dispatch proof, fits.
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM runs"), "1");
+  EXPECT_EQ(sql(h.db(), "SELECT status FROM run_ends WHERE run_id = 1"), "ok");
+  EXPECT_EQ(sql(h.db(), "SELECT model || ' ' || device || ' ' || build_type FROM runs"), "synthetic:tiny cpu Release");
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE run_id = 1 AND status = 'ok'"), "6");
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE decode_tps > 0 AND ttft_s > 0 AND itl_p50_ms > 0 "
+                        "AND itl_p50_ms <= itl_p99_ms AND decode_tps_min <= decode_tps AND decode_tps <= decode_tps_max"),
+            "6");
+  EXPECT_EQ(sql(h.db(), "SELECT group_concat(DISTINCT attn_kernels) FROM bench_cells"), "cpu-packed (2 layers)");
+  EXPECT_EQ(sql(h.db(), "SELECT sum(kv_host_device_bytes) FROM bench_cells"), "0");
+  EXPECT_EQ(sql(h.db(), "SELECT bits_per_value FROM bench_cells WHERE codec = 'k8v4' AND ctx = 64"), "6.3125");
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_fits WHERE run_id = 1 AND n_points = 3"), "2");
+  EXPECT_GT(std::stod(sql(h.db(), "SELECT copy_bw_gbs FROM runs")), 0.0);
+  EXPECT_EQ(sql(h.db(), "PRAGMA journal_mode"), "wal");
+
+  // CSV, report, plots under <home>/runs/1.
+  const fs::path dir = h.p / "runs" / "1";
+  EXPECT_EQ(count_lines(read(dir / "cells.csv")), 7u);
+  const std::string md = read(dir / "report.md");
+  EXPECT_NE(md.find("# kvq bench run 1"), std::string::npos);
+  EXPECT_NE(md.find("| none | 64 | ok |"), std::string::npos) << md;
+  EXPECT_NE(md.find("![tps_vs_ctx.svg](tps_vs_ctx.svg)"), std::string::npos);
+  for (const char* plot : {"tps_vs_ctx", "kv_mib_vs_ctx", "itl_fit"})
+    for (const char* ext : {".svg", ".png"}) {
+      const fs::path f = dir / (std::string(plot) + ext);
+      ASSERT_TRUE(fs::exists(f)) << f;
+      EXPECT_GT(fs::file_size(f), 1000u) << f;
+    }
+  EXPECT_NE(read(dir / "tps_vs_ctx.svg").find("k8v4"), std::string::npos);  // a series per codec
+}
+
+TEST(BenchCli, ListCompareAndReport) {
+  TempHome h;
+  const std::string home = " --home " + h.p.string();
+  ASSERT_EQ(kvq(std::string(kSweep) + home + " --no-plots").rc, 0);
+  const fs::path out = h.p / "custom-out";
+  const Out second = kvq(std::string(kSweep) + home + " --no-plots --out " + out.string());
+  ASSERT_EQ(second.rc, 0) << second.err;
+  EXPECT_TRUE(fs::exists(out / "report.md"));
+  EXPECT_TRUE(fs::exists(out / "cells.csv"));
+  EXPECT_FALSE(fs::exists(h.p / "runs" / "2"));
+
+  const Out list = kvq("bench list" + home);
+  ASSERT_EQ(list.rc, 0) << list.err;
+  EXPECT_EQ(count_lines(list.out), 3u) << list.out;  // header + 2 runs
+  EXPECT_NE(list.out.find("6/6"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("synthetic:tiny"), std::string::npos);
+
+  const Out cmp = kvq("bench compare 1 latest" + home);
+  ASSERT_EQ(cmp.rc, 0) << cmp.err;
+  EXPECT_NE(cmp.out.find("B/A tok/s"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("| k8v4 | 256 |"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("in 6 cells"), std::string::npos) << cmp.out;
+  const Out bad = kvq("bench compare 1 99" + home);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("no run 99"), std::string::npos) << bad.err;
+
+  const fs::path again = h.p / "again";
+  const Out rep = kvq("bench report 1 --out " + again.string() + home);
+  ASSERT_EQ(rep.rc, 0) << rep.err;
+  EXPECT_NE(read(again / "report.md").find("# kvq bench run 1"), std::string::npos);
+  EXPECT_EQ(count_lines(read(again / "cells.csv")), 7u);
+  EXPECT_GT(fs::file_size(again / "itl_fit.svg"), 1000u);
+}
+
+TEST(BenchCli, ClearErrorsForBadOptions) {
+  TempHome h;
+  const std::string home = " --home " + h.p.string();
+  const Out codec = kvq("bench -m synthetic:tiny --codecs none,turbo9 --contexts 64 --gen 4 --reps 1" + home);
+  EXPECT_EQ(codec.rc, 2);
+  EXPECT_NE(codec.err.find("turbo9"), std::string::npos) << codec.err;
+  const Out ctx = kvq("bench -m synthetic:tiny --codecs none --contexts 64,x --gen 4 --reps 1" + home);
+  EXPECT_EQ(ctx.rc, 2);
+  EXPECT_NE(ctx.err.find("'x'"), std::string::npos) << ctx.err;
+  const Out shape = kvq("bench -m synthetic:huge --codecs none --contexts 64 --gen 4 --reps 1" + home);
+  EXPECT_EQ(shape.rc, 2);
+  EXPECT_NE(shape.err.find("bonsai-8b"), std::string::npos) << "lists the shapes: " << shape.err;
+  EXPECT_NE(kvq("bench -m synthetic:tiny --gen 1" + home).rc, 0);
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM runs"), "0");  // nothing recorded for refused setups
+}
+
+TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {
+  TempHome h;
+  fs::create_directories(h.p);
+  const std::string db = h.db();
+  // Many cells, so the sweep is still running when the signal arrives.
+  std::vector<std::string> args = {KVQ_BIN, "bench", "-m", "synthetic:tiny", "--codecs", "all", "--contexts",
+                                   "64,128", "--gen", "8", "--reps", "2", "-t", "1", "--no-plots", "--home",
+                                   h.p.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, KVQ_BIN, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  // Wait (up to a minute) until the first cell is in runs.db, then Ctrl-C.
+  bool started = false;
+  for (int i = 0; i < 600 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // (before the schema exists the query answers "<error>" or "<cannot open>")
+    const std::string n = fs::exists(db) ? sql(db, "SELECT count(*) FROM bench_cells") : "";
+    started = !n.empty() && std::isdigit(static_cast<unsigned char>(n[0])) && std::stoi(n) >= 1;
+  }
+  ASSERT_TRUE(started) << "the sweep recorded no cell within a minute";
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal instead of stopping";
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  EXPECT_EQ(sql(db, "SELECT status FROM run_ends WHERE run_id = 1"), "interrupted");
+  const int cells = std::stoi(sql(db, "SELECT count(*) FROM bench_cells"));
+  EXPECT_GE(cells, 1);
+  EXPECT_LT(cells, 52);  // 26 codecs x 2 contexts planned
+  EXPECT_EQ(sql(db, "SELECT count(*) FROM bench_cells WHERE status = 'ok'"), std::to_string(cells));
+  EXPECT_EQ(sql(db, "PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(count_lines(read(h.p / "runs" / "1" / "cells.csv")), size_t(cells) + 1);
+}
+
+TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
+  const Out r = kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 -t 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("kvq: warm-up"), std::string::npos) << "progress lines only on a terminal: " << r.err;
+  EXPECT_NE(r.err.find("kvq: run 2/2: prefill 48 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("median of 2 runs: prompt 48 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("KV k8v4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("6.312 bits/value"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("WARNING"), std::string::npos) << r.err;
+  const Out one = kvq("run -m synthetic:tiny --random-prompt 8 -n 1 --repeat 2 -t 1");
+  EXPECT_EQ(one.rc, 2);
+  EXPECT_NE(one.err.find("-n 2 or more"), std::string::npos) << one.err;
+}

@@ -1,0 +1,322 @@
+// runs.db (bench/runs_db.hpp): schema and migrations, append-only triggers,
+// round trips of runs, cells, fits and eval results, transactions, home folder.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "backend/backend.hpp"
+#include "bench/run_meta.hpp"
+#include "bench/runs_db.hpp"
+#include "core/error.hpp"
+
+using namespace kvq;
+using namespace kvq::bench;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path p;
+  TempDir() {
+    static int n = 0;
+    p = fs::temp_directory_path() / ("kvq_runsdb_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+  std::string db() const { return (p / "runs.db").string(); }
+};
+
+RunMeta meta(const std::string& kind) {
+  RunMeta m;
+  m.kind = kind;
+  m.model = "synthetic:tiny";
+  m.device = "cpu";
+  m.git_sha = "abc123";
+  m.build_type = "Release";
+  m.kvq_version = "0.1.0";
+  m.host = "testhost";
+  m.gpu_name = "Test CPU";
+  m.copy_bw_gbs = 12.5;
+  m.params_json = R"({"gen":8})";
+  return m;
+}
+
+CellResult measured_cell() {
+  CellResult c;
+  c.codec = "k8v4";
+  c.ctx = 128;
+  c.gen = 8;
+  c.status = "flagged";
+  c.flags = {"digest", "kv_memory"};
+  c.reps = 2;
+  c.decode_tps = {100, 90, 110};
+  c.ttft_s = {0.5, 0.4, 0.6};
+  c.prefill_tps = {256, 250, 260};
+  c.itl_p50_ms = {10, 9, 11};
+  c.itl_p99_ms = {12, 11, 13};
+  c.kv_seq = 132;
+  c.kv_bytes = 1 << 20;
+  c.bits_per_value = 6.25;
+  c.kv_capacity_bytes = 2 << 20;
+  c.device_mem_delta = -1;
+  c.weight_bytes = 123456;
+  c.step_bytes = 1.5e6;
+  c.achieved_gbs = 0.15;
+  c.pct_copy_bw = 1.2;
+  c.dispatch.counted = true;
+  c.dispatch.attention = {{0, "cpu-packed", false, 1}, {0, "cpu-packed", true, 7}, {1, "cpu-packed", true, 7}};
+  c.digest = "0123456789abcdef";
+  c.digests_agree = false;
+  c.rep_results = {{110, 0.4, 260, 9, 11, 8, "0123456789abcdef"}, {90, 0.6, 250, 11, 13, 8, "fedcba9876543210"}};
+  return c;
+}
+
+std::string query_text(sqlite3* db, const char* sql) {
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql, -1, &st, nullptr), SQLITE_OK) << sql;
+  std::string out;
+  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+    out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  return out;
+}
+
+}  // namespace
+
+TEST(BenchRunsDb, FreshDatabaseHasCurrentSchemaAndWal) {
+  TempDir d;
+  RunsDb db(d.db());
+  EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
+  EXPECT_EQ(query_text(db.handle(), "PRAGMA journal_mode"), "wal");
+  for (const char* t : {"runs", "run_ends", "bench_cells", "bench_fits", "eval_results", "schema_version"})
+    EXPECT_EQ(query_text(db.handle(), (std::string("SELECT name FROM sqlite_master WHERE name='") + t + "'").c_str()),
+              t);
+}
+
+TEST(BenchRunsDb, RunsRoundTripAndEndRows) {
+  TempDir d;
+  RunsDb db(d.db());
+  EXPECT_FALSE(db.latest_run().has_value());
+  const int64_t a = db.begin_run(meta("bench"));
+  const int64_t b = db.begin_run(meta("eval"));
+  EXPECT_LT(a, b);
+  db.end_run(a, "interrupted", R"({"cells":3})");
+  const auto ra = db.run(a);
+  ASSERT_TRUE(ra.has_value());
+  EXPECT_EQ(ra->meta.kind, "bench");
+  EXPECT_EQ(ra->meta.model, "synthetic:tiny");
+  EXPECT_EQ(ra->meta.git_sha, "abc123");
+  EXPECT_DOUBLE_EQ(ra->meta.copy_bw_gbs, 12.5);
+  EXPECT_EQ(ra->meta.params_json, R"({"gen":8})");
+  EXPECT_FALSE(ra->meta.started_at.empty());  // filled by begin_run
+  EXPECT_EQ(ra->status, "interrupted");
+  EXPECT_EQ(ra->summary_json, R"({"cells":3})");
+  EXPECT_FALSE(ra->finished_at.empty());
+  EXPECT_EQ(db.run(b)->status, "incomplete");  // no run_ends row
+  EXPECT_FALSE(db.run(b + 100).has_value());
+  EXPECT_EQ(db.runs().size(), 2u);
+  ASSERT_EQ(db.runs("eval").size(), 1u);
+  EXPECT_EQ(db.runs("eval")[0].run_id, b);
+  EXPECT_EQ(*db.latest_run(), b);
+  EXPECT_EQ(*db.latest_run("bench"), a);
+  // A run ends once.
+  try {
+    db.end_run(a, "ok");
+    FAIL() << "a run ended twice";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("already ended"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(db.run(a)->status, "interrupted");
+  EXPECT_THROW(db.end_run(b + 100, "ok"), Error);
+  EXPECT_THROW(db.add_cell(b + 100, CellResult{}), Error);
+  EXPECT_THROW(db.add_fit(b + 100, ItlFit{}), Error);
+}
+
+TEST(BenchRunsDb, CellsAndFitsRoundTrip) {
+  TempDir d;
+  RunsDb db(d.db());
+  const int64_t run = db.begin_run(meta("bench"));
+  const CellResult c = measured_cell();
+  CellResult failed;
+  failed.codec = "turbo3";
+  failed.ctx = 256;
+  failed.gen = 8;
+  failed.status = "unsupported";
+  failed.error = "no GPU kernels for turbo3";
+  db.add_cell(run, c);
+  db.add_cell(run, failed);
+  db.add_fit(run, {"k8v4", 1.5, 0.25, 0.01, 3, 64, 256});
+
+  const auto cells = db.cells(run);
+  ASSERT_EQ(cells.size(), 2u);
+  const CellResult& g = cells[0];
+  EXPECT_EQ(g.codec, "k8v4");
+  EXPECT_EQ(g.ctx, 128);
+  EXPECT_EQ(g.status, "flagged");
+  EXPECT_EQ(g.flags, (std::vector<std::string>{"digest", "kv_memory"}));
+  EXPECT_DOUBLE_EQ(g.decode_tps.median, 100);
+  EXPECT_DOUBLE_EQ(g.decode_tps.min, 90);
+  EXPECT_DOUBLE_EQ(g.itl_p99_ms.max, 13);
+  EXPECT_EQ(g.kv_bytes, uint64_t(1) << 20);
+  EXPECT_EQ(g.device_mem_delta, -1);
+  EXPECT_DOUBLE_EQ(g.bits_per_value, 6.25);
+  EXPECT_TRUE(g.dispatch.counted);
+  ASSERT_EQ(g.dispatch.attention.size(), 3u);
+  EXPECT_EQ(g.dispatch.total_calls(true), 14u);
+  EXPECT_EQ(g.dispatch.total_calls(false), 1u);
+  EXPECT_FALSE(g.digests_agree);
+  ASSERT_EQ(g.rep_results.size(), 2u);
+  EXPECT_EQ(g.rep_results[1].digest, "fedcba9876543210");
+  EXPECT_EQ(g.rep_results[0].n_generated, 8);
+
+  const CellResult& f = cells[1];
+  EXPECT_EQ(f.status, "unsupported");
+  EXPECT_EQ(f.error, "no GPU kernels for turbo3");
+  EXPECT_TRUE(f.flags.empty());
+  EXPECT_FALSE(f.measured());
+  // Unmeasured values are NULL in the table, not zeros that would plot.
+  EXPECT_EQ(query_text(db.handle(), "SELECT typeof(decode_tps) FROM bench_cells WHERE codec='turbo3'"), "null");
+  EXPECT_EQ(query_text(db.handle(), "SELECT attn_kernels FROM bench_cells WHERE codec='k8v4'"),
+            "cpu-packed (2 layers)");
+
+  const auto fits = db.fits(run);
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].codec, "k8v4");
+  EXPECT_DOUBLE_EQ(fits[0].b_ms_per_1k, 0.25);
+  EXPECT_EQ(fits[0].ctx_max, 256);
+}
+
+TEST(BenchRunsDb, EvalResultsRoundTrip) {
+  TempDir d;
+  RunsDb db(d.db());
+  const int64_t run = db.begin_run(meta("eval"));
+  db.add_eval_result({run, "k8v4", "kl_mean", 4096, 0.0012, R"({"tokens":4096})", ""});
+  db.add_eval_result({run, "turbo3", "needle_acc", std::nullopt, 0.9, "{}", ""});
+  const auto rows = db.eval_results(run);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].codec, "k8v4");
+  EXPECT_EQ(rows[0].metric, "kl_mean");
+  ASSERT_TRUE(rows[0].ctx.has_value());
+  EXPECT_EQ(*rows[0].ctx, 4096);
+  EXPECT_DOUBLE_EQ(rows[0].value, 0.0012);
+  EXPECT_EQ(rows[0].detail_json, R"({"tokens":4096})");
+  EXPECT_FALSE(rows[0].created_at.empty());
+  EXPECT_FALSE(rows[1].ctx.has_value());
+  EXPECT_TRUE(db.eval_results(run + 1).empty());
+  // Bad input is refused with a message, nothing half-written.
+  EXPECT_THROW(db.add_eval_result({run, "k8v4", "kl", 1, 0, "not json", ""}), Error);
+  EXPECT_THROW(db.add_eval_result({run, "", "kl", 1, 0, "{}", ""}), Error);
+  EXPECT_THROW(db.add_eval_result({run + 1000, "k8v4", "kl", 1, 0, "{}", ""}), Error);  // no such run
+  EXPECT_EQ(db.eval_results(run).size(), 2u);
+}
+
+TEST(BenchRunsDb, AppendOnly) {
+  TempDir d;
+  RunsDb db(d.db());
+  const int64_t run = db.begin_run(meta("bench"));
+  db.add_cell(run, measured_cell());
+  db.add_eval_result({run, "k8v4", "ppl", 512, 7.5, "{}", ""});
+  for (const char* sql : {"UPDATE runs SET model = 'x'", "DELETE FROM runs", "UPDATE bench_cells SET ctx = 1",
+                          "DELETE FROM bench_cells", "DELETE FROM eval_results", "UPDATE eval_results SET value = 0",
+                          "DELETE FROM schema_version"}) {
+    char* err = nullptr;
+    EXPECT_NE(sqlite3_exec(db.handle(), sql, nullptr, nullptr, &err), SQLITE_OK) << sql;
+    EXPECT_NE(std::string(err ? err : "").find("append-only"), std::string::npos) << sql;
+    sqlite3_free(err);
+  }
+  EXPECT_EQ(db.cells(run).size(), 1u);
+  EXPECT_EQ(db.run(run)->meta.model, "synthetic:tiny");
+}
+
+TEST(BenchRunsDb, TransactionRollsBackOnError) {
+  TempDir d;
+  RunsDb db(d.db());
+  const int64_t run = db.begin_run(meta("bench"));
+  EXPECT_THROW(db.transaction([&] {
+    db.add_cell(run, measured_cell());
+    db.add_fit(run, {"k8v4", 1, 2, 3, 2, 64, 128});
+    throw Error(Errc::internal, "simulated failure mid-cell");
+  }),
+               Error);
+  EXPECT_TRUE(db.cells(run).empty());
+  EXPECT_TRUE(db.fits(run).empty());
+  db.transaction([&] { db.add_cell(run, measured_cell()); });
+  EXPECT_EQ(db.cells(run).size(), 1u);
+}
+
+TEST(BenchRunsDb, ReopenKeepsDataAndRefusesNewerOrForeignFiles) {
+  TempDir d;
+  int64_t run = 0;
+  {
+    RunsDb db(d.db());
+    run = db.begin_run(meta("bench"));
+  }
+  {
+    RunsDb db(d.db());  // migrations are not re-applied
+    EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
+    EXPECT_EQ(query_text(db.handle(), "SELECT count(*) FROM schema_version"), std::to_string(RunsDb::kSchemaVersion));
+    ASSERT_TRUE(db.run(run).has_value());
+    // A newer kvq migrated this file further.
+    ASSERT_EQ(sqlite3_exec(db.handle(), "INSERT INTO schema_version VALUES (99, 'later')", nullptr, nullptr, nullptr),
+              SQLITE_OK);
+  }
+  try {
+    RunsDb db(d.db());
+    FAIL() << "a newer schema was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::format);
+    EXPECT_NE(std::string(e.what()).find("newer"), std::string::npos) << e.what();
+  }
+  // Someone else's SQLite file.
+  const std::string other = (d.p / "other.db").string();
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(other.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "CREATE TABLE photos(id INTEGER)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  EXPECT_THROW(RunsDb{other}, Error);
+  // Not a database at all.
+  const std::string text = (d.p / "text.db").string();
+  FILE* f = fopen(text.c_str(), "w");
+  fputs("this is not an sqlite database, just some text that is long enough to have a header\n", f);
+  fclose(f);
+  EXPECT_THROW(RunsDb{text}, Error);
+}
+
+TEST(BenchRunsDb, HomeFolderResolution) {
+  TempDir d;
+  const std::string flag = (d.p / "flag-home" / "nested").string();
+  EXPECT_EQ(resolve_home(flag), flag);
+  EXPECT_TRUE(fs::is_directory(flag));
+  const char* old_home = std::getenv("KVQ_HOME");
+  const std::string saved = old_home ? old_home : "";
+  const std::string env_home = (d.p / "env-home").string();
+  setenv("KVQ_HOME", env_home.c_str(), 1);
+  EXPECT_EQ(resolve_home(""), env_home);
+  EXPECT_EQ(resolve_home(flag), flag);  // --home wins over $KVQ_HOME
+  unsetenv("KVQ_HOME");
+  const char* home = std::getenv("HOME");
+  if (home) EXPECT_EQ(resolve_home("") , (fs::path(home) / ".kvq").string());
+  if (old_home) setenv("KVQ_HOME", saved.c_str(), 1);
+  EXPECT_EQ(runs_db_path(flag), (fs::path(flag) / "runs.db").string());
+  // A file where the folder should be.
+  const std::string file = (d.p / "a-file").string();
+  fclose(fopen(file.c_str(), "w"));
+  EXPECT_THROW(resolve_home(file), Error);
+}
+
+TEST(BenchRunsDb, RunMetaDescribesBuildAndDevice) {
+  auto be = make_backend("cpu");
+  const RunMeta m = collect_run_meta(*be, /*measure_bandwidth=*/true);
+  EXPECT_EQ(m.device, "cpu");
+  EXPECT_FALSE(m.git_sha.empty());
+  EXPECT_FALSE(m.build_type.empty());
+  EXPECT_EQ(m.kvq_version, KVQ_VERSION);
+  EXPECT_FALSE(m.gpu_name.empty());
+  EXPECT_GT(m.copy_bw_gbs, 0.0);
+  EXPECT_EQ(m.started_at.size(), std::string("2024-01-01T00:00:00Z").size());
+}

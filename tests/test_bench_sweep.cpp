@@ -1,0 +1,194 @@
+// run_sweep (bench/sweep.hpp) on the CPU with the synthetic tiny model:
+// failing cells are recorded and the sweep goes on; a stop request leaves a
+// consistent runs.db; CSV, report and plots are written.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "backend/backend.hpp"
+#include "bench/runs_db.hpp"
+#include "bench/sweep.hpp"
+#include "core/error.hpp"
+#include "kv/cache.hpp"
+#include "kv/codec_table.hpp"
+
+using namespace kvq;
+using namespace kvq::bench;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The CPU backend, except that its caches refuse some codecs the way the
+// CUDA backend does today (Errc::unsupported) and run out of memory above a
+// token count (the CUDA cache's out_of_range "GPU memory" error).
+class PickyBackend final : public Backend {
+ public:
+  PickyBackend() : cpu_(make_backend("cpu")) {}
+  const char* name() const override { return cpu_->name(); }
+  std::unique_ptr<Buffer> alloc(size_t n) override { return cpu_->alloc(n); }
+  Matrix upload(const Matrix& m) override { return cpu_->upload(m); }
+  void upload(const float* h, float* d, size_t n) override { cpu_->upload(h, d, n); }
+  void download(const float* s, float* h, size_t n) override { cpu_->download(s, h, n); }
+  void embed(const Matrix& t, const int32_t* ids, int n, float* out) override { cpu_->embed(t, ids, n, out); }
+  void matmul(const Matrix& w, const float* x, int n, float* y) override { cpu_->matmul(w, x, n, y); }
+  void rms_norm(const float* x, const float* w, int n, int dim, float eps, float* y) override {
+    cpu_->rms_norm(x, w, n, dim, eps, y);
+  }
+  void rope(float* x, int n, int h, int d, int pos, const Rope& r) override { cpu_->rope(x, n, h, d, pos, r); }
+  void swiglu(const float* g, const float* u, float* o, size_t n) override { cpu_->swiglu(g, u, o, n); }
+  void add(float* x, const float* y, size_t n) override { cpu_->add(x, y, n); }
+  void write_kv(kv::LayerCache& l, int pos, int n, const float* k, const float* v) override {
+    cpu_->write_kv(l, pos, n, k, v);
+  }
+  void attention(const kv::LayerCache& l, int pos, int n, const float* q, int h, float s, float* o) override {
+    cpu_->attention(l, pos, n, q, h, s, o);
+  }
+  std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& o, const kv::CacheShape& shape) override {
+    const std::string name = kv::resolve_codec(o).name;
+    if (name == "tsym3") fail(Errc::unsupported, "fused GPU decode for tsym3 is not implemented yet");
+    if (name == "k8v4" && shape.max_tokens > 100)
+      fail(Errc::out_of_range, "GPU KV cache for ", shape.max_tokens, " tokens needs 9 MiB but only 1 MiB of GPU memory are free");
+    return cpu_->make_cache(o, shape);
+  }
+  void reset_dispatch_stats(kv::Cache& c) override { cpu_->reset_dispatch_stats(c); }
+  DispatchStats dispatch_stats(kv::Cache& c) override { return cpu_->dispatch_stats(c); }
+  double measure_copy_bandwidth() override { return 1e10; }
+
+ private:
+  std::unique_ptr<Backend> cpu_;
+};
+
+struct TempHome {
+  fs::path p;
+  TempHome() {
+    static int n = 0;
+    p = fs::temp_directory_path() / ("kvq_sweep_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(p);
+  }
+  ~TempHome() { fs::remove_all(p); }
+};
+
+// One CPU thread: tiny matrices gain nothing from more, and on a loaded
+// 2-core CI machine OpenMP barriers between busy threads cost seconds.
+struct OneThread {
+  int saved = omp_get_max_threads();
+  ~OneThread() { omp_set_num_threads(saved); }
+};
+
+SweepConfig small_sweep(const std::string& home) {
+  SweepConfig cfg;
+  cfg.model = "synthetic:tiny";
+  cfg.codecs = {"none", "k8v4", "tsym3"};
+  cfg.contexts = {32, 64, 128};
+  cfg.gen = 4;
+  cfg.reps = 2;
+  cfg.threads = 1;
+  cfg.home = home;
+  cfg.make_backend = [](const std::string&) { return std::make_unique<PickyBackend>(); };
+  return cfg;
+}
+
+size_t lines(const fs::path& p) {
+  std::ifstream f(p);
+  size_t n = 0;
+  for (std::string l; std::getline(f, l);) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(BenchSweep, FailingCellsAreRecordedAndTheSweepGoesOn) {
+  OneThread one;
+  TempHome h;
+  int progress_calls = 0;
+  double last_elapsed = 0;
+  const SweepResult r = run_sweep(small_sweep(h.p.string()), [&](const SweepProgress& p) {
+    ++progress_calls;
+    EXPECT_EQ(p.cells, 9);
+    EXPECT_GE(p.elapsed_s, last_elapsed);
+    last_elapsed = p.elapsed_s;
+    EXPECT_FALSE(format_progress(p).empty());
+  });
+  EXPECT_GT(progress_calls, 9);
+  EXPECT_EQ(r.status, "ok");
+  ASSERT_EQ(r.cells.size(), 9u);
+  // codec-major order; statuses per the backend above
+  const std::vector<std::string> want = {"ok", "ok", "ok", "ok", "ok", "oom", "unsupported", "unsupported", "unsupported"};
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(r.cells[i].status, want[i]) << i << ": " << r.cells[i].error;
+  EXPECT_NE(r.cells[5].error.find("GPU memory"), std::string::npos);
+  EXPECT_NE(r.cells[6].error.find("tsym3"), std::string::npos);
+  // Fits: none has 3 contexts, k8v4 two (the third ran out of memory), tsym3 none.
+  ASSERT_EQ(r.fits.size(), 2u);
+  EXPECT_EQ(r.fits[0].codec, "none");
+  EXPECT_EQ(r.fits[0].n_points, 3);
+  EXPECT_EQ(r.fits[1].codec, "k8v4");
+  EXPECT_EQ(r.fits[1].n_points, 2);
+
+  // The database holds the same cells and the run's end.
+  RunsDb db(runs_db_path(h.p.string()));
+  const auto run = db.run(r.run_id);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->status, "ok");
+  EXPECT_EQ(run->meta.kind, "bench");
+  EXPECT_EQ(run->meta.model, "synthetic:tiny");
+  EXPECT_DOUBLE_EQ(run->meta.copy_bw_gbs, 10.0);
+  const auto cells = db.cells(r.run_id);
+  ASSERT_EQ(cells.size(), 9u);
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(cells[i].status, want[i]);
+  EXPECT_EQ(db.fits(r.run_id).size(), 2u);
+  EXPECT_NEAR(cells[0].pct_copy_bw, 100.0 * cells[0].achieved_gbs / 10.0, 1e-6);
+
+  // Outputs in <home>/runs/<id>
+  EXPECT_EQ(fs::path(r.out_dir), h.p / "runs" / std::to_string(r.run_id));
+  EXPECT_EQ(lines(r.csv_path), 10u);
+  std::ifstream rep(r.report_path);
+  const std::string md((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("| tsym3 | 32 | unsupported |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| k8v4 | 128 | oom |"), std::string::npos);
+  EXPECT_NE(md.find("## ITL fits"), std::string::npos);
+  for (const auto& p : r.plot_paths) {
+    EXPECT_TRUE(fs::exists(p)) << p;
+    EXPECT_GT(fs::file_size(p), 1000u) << p;
+  }
+  EXPECT_EQ(r.plot_paths.size(), 6u) << r.plot_note;  // 3 plots x (svg, png): gnuplot is a dependency
+}
+
+TEST(BenchSweep, StopRequestEndsAfterTheCurrentCell) {
+  OneThread one;
+  TempHome h;
+  SweepConfig cfg = small_sweep(h.p.string());
+  cfg.codecs = {"none", "k8v8"};
+  cfg.reps = 1;
+  cfg.plots = false;
+  int polls = 0;
+  cfg.should_stop = [&] { return ++polls > 2; };  // two cells, then "Ctrl-C"
+  const SweepResult r = run_sweep(cfg);
+  EXPECT_EQ(r.status, "interrupted");
+  ASSERT_EQ(r.cells.size(), 2u);
+  RunsDb db(runs_db_path(h.p.string()));
+  EXPECT_EQ(db.run(r.run_id)->status, "interrupted");
+  EXPECT_EQ(db.cells(r.run_id).size(), 2u);
+  EXPECT_EQ(lines(r.csv_path), 3u);
+  EXPECT_TRUE(fs::exists(r.report_path));
+  EXPECT_TRUE(r.plot_paths.empty());
+}
+
+TEST(BenchSweep, SetupErrorsComeBeforeAnyRun) {
+  OneThread one;
+  TempHome h;
+  SweepConfig cfg = small_sweep(h.p.string());
+  cfg.codecs = {"none", "nope"};
+  EXPECT_THROW(run_sweep(cfg), Error);
+  cfg.codecs = {"none"};
+  cfg.gen = 1;
+  EXPECT_THROW(run_sweep(cfg), Error);
+  cfg.gen = 4;
+  cfg.model = "synthetic:nope";
+  EXPECT_THROW(run_sweep(cfg), Error);
+  // Nothing was recorded for the refused setups.
+  RunsDb db(runs_db_path(h.p.string()));
+  EXPECT_TRUE(db.runs().empty());
+}
