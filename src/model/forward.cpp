@@ -46,7 +46,7 @@ Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
 void Model::set_step_graphs(bool on) {
   step_graphs_ = on && backend_.supports_step_graphs();
   own_run_.step_graph_.reset();
-  own_run_.warm_cache_ = nullptr;
+  own_run_.warm_cache_ = 0;
 }
 
 Model::~Model() = default;
@@ -95,7 +95,7 @@ void Model::ensure_scratch(RunState& r, int n) {
   r.scratch_tokens_ = n;
   // A recorded step refers to the old buffers.
   r.step_graph_.reset();
-  r.warm_cache_ = nullptr;
+  r.warm_cache_ = 0;
 }
 
 void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits,
@@ -156,12 +156,12 @@ void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
   try {
     if (r.step_graph_ && be.replay(*r.step_graph_, cache)) {
       // replayed
-    } else if (r.warm_cache_ != &cache) {
+    } else if (r.warm_cache_ != cache.id()) {
       // First step over this cache: run it directly so lazily sized scratch exists.
       r.step_graph_.reset();
       run_layers(r, &id, 1, pos, cache);
       lm_head_row(r, 0);
-      r.warm_cache_ = &cache;
+      r.warm_cache_ = cache.id();
     } else {
       r.step_graph_.reset();
       be.record_begin();

@@ -41,10 +41,11 @@ class RunState {
   Backend& backend_;
   int scratch_tokens_ = 0;
   std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
-  // A step is first run directly once per cache (warm_cache_), so every
-  // lazily sized backend scratch exists before recording.
+  // A step is first run directly once per cache (warm_cache_, a
+  // kv::Cache::id), so every lazily sized backend scratch exists before
+  // recording.
   std::unique_ptr<StepGraph> step_graph_;
-  const kv::Cache* warm_cache_ = nullptr;
+  uint64_t warm_cache_ = 0;
   int recordings_ = 0;
 };
 
