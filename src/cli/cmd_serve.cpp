@@ -1,6 +1,7 @@
 // kvq serve: an OpenAI-compatible HTTP server over one model (src/server/).
 // Prints "kvq serve: listening on http://HOST:PORT" on stderr once it accepts
 // requests; SIGINT/SIGTERM stop it (running generations are cancelled).
+#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -64,7 +65,10 @@ int serve(ServeArgs& a) {
     so.on_prefill_progress = std::move(on_chunk);
     return std::make_unique<Session>(model, make_cache(o, model, req_ctx), l.tokenizer.get(), std::move(so));
   };
-  server::Engine engine(*l.tokenizer, vocab, factory, a.max_queue);
+  const int threads = a.model.threads;
+  server::Engine engine(*l.tokenizer, vocab, factory, a.max_queue, [threads] {
+    if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
+  });
 
   server::ServerOptions& so = a.server;
   so.ctx = ctx;

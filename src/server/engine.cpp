@@ -10,10 +10,14 @@ struct Abandoned {};
 
 }  // namespace
 
-Engine::Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting)
+Engine::Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting,
+               std::function<void()> thread_init)
     : tok_(tok), vocab_(vocab), make_session_(std::move(make_session)), queue_(1, max_waiting) {
   KVQ_CHECK(make_session_, Errc::internal, "Engine needs a session factory");
-  thread_ = std::thread([this] { engine_loop(); });
+  thread_ = std::thread([this, init = std::move(thread_init)] {
+    if (init) init();
+    engine_loop();
+  });
 }
 
 Engine::~Engine() {

@@ -51,7 +51,10 @@ struct Job {
 class Engine {
  public:
   // vocab: the ids that can be sampled (tokenizer and embedding both have them).
-  Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting);
+  // thread_init runs first on the engine thread (OpenMP's thread count, for
+  // one, is a per-thread setting).
+  Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting,
+         std::function<void()> thread_init = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -1,24 +1,18 @@
 #include "server/metrics.hpp"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
 
 #include "core/error.hpp"
 
 namespace kvq::server {
 namespace {
 
-// Prometheus floats: shortest round-trip form, "+Inf" for infinity.
+// Prometheus floats: the shortest text that reads back as the same double.
 std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  double back = 0;
-  for (int prec = 1; prec <= 17; ++prec) {  // shortest that reads back equal
-    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
-    std::sscanf(buf, "%lf", &back);
-    if (back == v) break;
-  }
-  return buf;
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"};
