@@ -55,7 +55,10 @@ struct Served {
       so.on_prefill_progress = std::move(on_chunk);
       return std::make_unique<Session>(*m.model, m.backend->make_cache(c, m.model->cache_shape(ctx)), &m.tok, so);
     };
-    engine = std::make_unique<Engine>(m.tok, m.vocab(), factory, max_queue);
+    EngineSetup setup;
+    setup.make_session = factory;
+    setup.max_waiting = max_queue;
+    engine = std::make_unique<Engine>(m.tok, m.vocab(), setup);
     o.port = 0;
     o.model_id = "tiny";
     o.default_codec = "none";

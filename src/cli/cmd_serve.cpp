@@ -51,24 +51,33 @@ int serve(ServeArgs& a) {
   const int ctx = resolve_ctx(a.model, model.config(), 4096);
   const int vocab = std::min(l.tokenizer->vocab_size(), model.config().vocab_size);
 
-  // Each request's session: the shared model options with the request's codec.
-  server::SessionFactory factory = [&a, &model, &l](const std::string& codec, int req_ctx,
-                                                    std::function<void(int, int)> on_chunk) {
+  // A request's kv_codec replaces --kv, --ctk, --ctv and --f32-kv.
+  auto options_for = [&a](const std::string& codec) {
     ModelOptions o = a.model;
-    if (!codec.empty()) {  // a request's kv_codec replaces --kv, --ctk, --ctv and --f32-kv
+    if (!codec.empty()) {
       o.codec.kv = codec;
       o.codec.ctk.clear();
       o.codec.ctv.clear();
       o.f32_kv = false;
     }
+    return o;
+  };
+  server::EngineSetup setup;
+  setup.make_session = [&, options_for](const std::string& codec, int req_ctx, std::function<void(int, int)> on_chunk) {
+    const ModelOptions o = options_for(codec);
     SessionOptions so = session_options(o, model, req_ctx);
     so.on_prefill_progress = std::move(on_chunk);
     return std::make_unique<Session>(model, make_cache(o, model, req_ctx), l.tokenizer.get(), std::move(so));
   };
+  // The backend is the judge: a one-token cache of the codec (the CUDA
+  // backend, for one, serves only some codecs).
+  setup.check_codec = [&, options_for](const std::string& codec) { make_cache(options_for(codec), model, 1); };
   const int threads = a.model.threads;
-  server::Engine engine(*l.tokenizer, vocab, factory, a.max_queue, [threads] {
+  setup.thread_init = [threads] {
     if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
-  });
+  };
+  setup.max_waiting = a.max_queue;
+  server::Engine engine(*l.tokenizer, vocab, std::move(setup));
 
   server::ServerOptions& so = a.server;
   so.ctx = ctx;

@@ -1,6 +1,7 @@
 #include "server/engine.hpp"
 
 #include "core/error.hpp"
+#include "kv/codec_table.hpp"
 
 namespace kvq::server {
 namespace {
@@ -10,14 +11,23 @@ struct Abandoned {};
 
 }  // namespace
 
-Engine::Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting,
-               std::function<void()> thread_init)
-    : tok_(tok), vocab_(vocab), make_session_(std::move(make_session)), queue_(1, max_waiting) {
-  KVQ_CHECK(make_session_, Errc::internal, "Engine needs a session factory");
-  thread_ = std::thread([this, init = std::move(thread_init)] {
-    if (init) init();
+Engine::Engine(const Tokenizer& tok, int vocab, EngineSetup setup)
+    : tok_(tok), vocab_(vocab), setup_(std::move(setup)), queue_(1, setup_.max_waiting) {
+  KVQ_CHECK(setup_.make_session, Errc::internal, "Engine needs a session factory");
+  thread_ = std::thread([this] {
+    if (setup_.thread_init) setup_.thread_init();
     engine_loop();
   });
+}
+
+void Engine::check_codec(const std::string& kv_codec) const {
+  if (setup_.check_codec) {
+    setup_.check_codec(kv_codec);
+  } else {
+    kv::CodecOptions c;
+    c.kv = kv_codec;
+    kv::resolve_codec(c);
+  }
 }
 
 Engine::~Engine() {
@@ -75,7 +85,7 @@ std::optional<GenerateResult> Engine::run(FairQueue::Ticket& ticket, const Job& 
 
   std::optional<GenerateResult> out;
   execute([&] {
-    std::unique_ptr<Session> session = make_session_(job.kv_codec, job.ctx, [&](int, int) {
+    std::unique_ptr<Session> session = setup_.make_session(job.kv_codec, job.ctx, [&](int, int) {
       if (give_up()) throw Abandoned{};
     });
     // Bytes the cache holds for its whole capacity (allocated up front).

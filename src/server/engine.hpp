@@ -41,6 +41,19 @@ namespace kvq::server {
 using SessionFactory = std::function<std::unique_ptr<Session>(const std::string& kv_codec, int ctx,
                                                               std::function<void(int, int)> on_prefill_chunk)>;
 
+// What the engine needs from its owner (`kvq serve` builds it from the CLI options).
+struct EngineSetup {
+  SessionFactory make_session;
+  // Throws kvq::Error when a request's kv_codec cannot be served (an unknown
+  // name, or one the backend does not support); called on request threads,
+  // before the request queues. Empty: the codec table decides.
+  std::function<void(const std::string& kv_codec)> check_codec;
+  // Runs first on the engine thread (OpenMP's thread count, for one, is a
+  // per-thread setting).
+  std::function<void()> thread_init;
+  int max_waiting = 32;  // requests that may wait for their turn (--max-queue)
+};
+
 struct Job {
   std::vector<TokenId> prompt;
   GenerateOptions gen;   // n_predict, stop, sampling; on_token returning false cancels
@@ -51,16 +64,15 @@ struct Job {
 class Engine {
  public:
   // vocab: the ids that can be sampled (tokenizer and embedding both have them).
-  // thread_init runs first on the engine thread (OpenMP's thread count, for
-  // one, is a per-thread setting).
-  Engine(const Tokenizer& tok, int vocab, SessionFactory make_session, int max_waiting,
-         std::function<void()> thread_init = {});
+  Engine(const Tokenizer& tok, int vocab, EngineSetup setup);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const Tokenizer& tokenizer() const { return tok_; }
   int vocab() const { return vocab_; }
+  // Throws kvq::Error naming the problem when kv_codec cannot be served.
+  void check_codec(const std::string& kv_codec) const;
 
   // A place in the queue, or nullptr when it is full (HTTP 429).
   std::unique_ptr<FairQueue::Ticket> enter() { return queue_.enter(); }
@@ -93,7 +105,7 @@ class Engine {
 
   const Tokenizer& tok_;
   int vocab_;
-  SessionFactory make_session_;
+  EngineSetup setup_;
   FairQueue queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> kv_bytes_{0};

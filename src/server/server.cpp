@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "core/log.hpp"
-#include "kv/codec_table.hpp"
 #include "server/metrics.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -211,9 +210,7 @@ void Server::Impl::completion(Endpoint ep, const httplib::Request& req, const st
                        "' (GET /v1/models)"));
   if (!r.kv_codec.empty()) {
     try {
-      kv::CodecOptions c;
-      c.kv = r.kv_codec;
-      kv::resolve_codec(c);
+      engine.check_codec(r.kv_codec);
     } catch (const Error& e) {
       bad_request("kv_codec", "'kv_codec': ", e.what());
     }
