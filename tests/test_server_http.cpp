@@ -405,3 +405,13 @@ TEST(ServerHttp, FullQueueIs429AndADisconnectStopsTheGeneration) {
   const json ok = s.post_json("/v1/completions", {{"prompt", "y"}, {"max_tokens", 3}});
   EXPECT_EQ(ok["usage"]["completion_tokens"], 3);
 }
+
+TEST(ServerHttp, APortInUseIsAnError) {
+  Served s;
+  ServerOptions o;
+  o.port = s.port;
+  o.model_id = "tiny";
+  Server second(*s.engine, o);
+  EXPECT_THROW(second.bind(), Error);  // not a silent second listener (SO_REUSEPORT)
+  EXPECT_EQ(s.client().Get("/health")->status, 200);
+}

@@ -1,6 +1,7 @@
 #include "server/server.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -111,6 +112,13 @@ void Server::Impl::setup() {
   const size_t threads = o.http_threads > 0 ? size_t(o.http_threads) : size_t(engine.max_waiting()) + 64;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(o.max_body);
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the
+  // same port and silently take half its connections; a port in use must be
+  // an error. SO_REUSEADDR alone still allows a quick restart.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
 
   // POST bodies are read through a content reader: httplib's own reading
   // would parse a form-encoded body (curl -d's default Content-Type) and cap
