@@ -272,6 +272,9 @@ void Server::Impl::completion(Endpoint ep, const httplib::Request& req, const st
 }
 
 bool Server::Impl::serve(Pending& p, httplib::DataSink& sink) {
+  // The place in the queue is given up when this returns, however it returns.
+  const std::unique_ptr<FairQueue::Ticket> ticket = std::move(p.ticket);
+  if (!ticket) return false;  // served already (httplib calls a provider until it is done)
   const Tokenizer& tok = engine.tokenizer();
   const bool sse = p.req.stream;
   bool gone = false;
@@ -319,7 +322,7 @@ bool Server::Impl::serve(Pending& p, httplib::DataSink& sink) {
 
   std::optional<GenerateResult> r;
   try {
-    r = engine.run(*p.ticket, p.job, on_text, abandon);
+    r = engine.run(*ticket, p.job, on_text, abandon);
   } catch (const std::exception& e) {
     // The status line is out already: the error goes in the body.
     log_warn("serve: ", p.rid.id, ": ", e.what());
@@ -333,10 +336,22 @@ bool Server::Impl::serve(Pending& p, httplib::DataSink& sink) {
     sink.done();
     return !gone;
   }
-  p.ticket.reset();
   if (!r || r->stop_reason == "cancelled") {
-    if (gone) metrics.cancelled();
-    return false;  // the client left or the server is stopping: close the connection
+    if (gone) {
+      metrics.cancelled();
+      return false;  // the client left: close the connection
+    }
+    // The server is stopping: say so to a client that is still there.
+    const ApiError err(503, "server_error", "shutting_down", "", "the server is shutting down");
+    if (sse) {
+      send_event(error_json(err));
+      write("data: [DONE]\n\n");
+    } else {
+      write(dump(error_json(err)) + "\n");
+    }
+    if (gone) return false;
+    sink.done();
+    return true;
   }
 
   const Usage usage{int(p.job.prompt.size()), int(r->tokens.size())};
