@@ -114,7 +114,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // Plain greedy decoding needs only the argmax of each step's logits: the
   // backend computes it and the logits stay where they are (on a GPU the
   // vocab-sized download per token is skipped). Any sampler state that reads
-  // logits (temperature, repetition penalty) or a logits sink takes the
+  // logits (temperature, penalties), a logits sink or token_logits takes the
   // download path.
   const SamplingParams& sp = g.sampling;
   const bool backend_greedy =
