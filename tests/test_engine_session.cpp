@@ -176,3 +176,37 @@ TEST(EngineSession, PromptLongerThanTheContextIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("--ctx"), std::string::npos) << e.what();
   }
 }
+
+TEST(EngineSession, OnTokenSeesEveryTokenWithItsLogitsAndCanCancel) {
+  auto& t = tiny();
+  const auto prompt = t.session()->tokenize("def add(a, b):", true, false);
+  const GenerateResult ref = t.session()->generate(prompt, greedy(10));
+  ASSERT_EQ(ref.tokens.size(), 10u);
+
+  // Every token, in order; with token_logits the row it was chosen from (greedy: its argmax).
+  std::vector<TokenId> seen;
+  GenerateOptions g = greedy(10);
+  g.token_logits = true;
+  const int vocab = std::min(t.tok->vocab_size(), t.model->config().vocab_size);
+  g.on_token = [&](TokenId id, const float* logits) {
+    EXPECT_NE(logits, nullptr);
+    if (logits) EXPECT_EQ(TokenId(std::max_element(logits, logits + vocab) - logits), id);
+    seen.push_back(id);
+    return true;
+  };
+  const GenerateResult r = t.session()->generate(prompt, g);
+  EXPECT_EQ(seen, ref.tokens);
+  EXPECT_EQ(r.tokens, ref.tokens);
+
+  // Without token_logits (the backend-greedy path) no logits; false cancels after that token.
+  int calls = 0;
+  GenerateOptions c = greedy(10);
+  c.on_token = [&](TokenId, const float* logits) {
+    EXPECT_EQ(logits, nullptr);
+    return ++calls < 4;
+  };
+  const GenerateResult cancelled = t.session()->generate(prompt, c);
+  EXPECT_EQ(cancelled.stop_reason, "cancelled");
+  EXPECT_EQ(cancelled.tokens, std::vector<TokenId>(ref.tokens.begin(), ref.tokens.begin() + 4));
+  EXPECT_EQ(calls, 4);
+}

@@ -90,13 +90,7 @@ std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text
 
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages) {
   const ChatTemplate t = resolve_chat_template(o.chat_template, tok.chat_template());
-  const std::string text = format_chat(t, messages, /*add_generation_prompt=*/true, /*enable_thinking=*/!o.no_think);
-  std::vector<TokenId> ids;
-  // Templates that render the BOS text themselves get no second BOS.
-  if (!chat_template_has_bos(t) && tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
-  const auto body = tok.encode(text, /*parse_special=*/true);
-  ids.insert(ids.end(), body.begin(), body.end());
-  return ids;
+  return kvq::encode_chat(tok, t, messages, /*add_generation_prompt=*/true, /*enable_thinking=*/!o.no_think);
 }
 
 std::string resolve_model_path(const std::string& flag) {
@@ -164,10 +158,15 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
   return m.backend().make_cache(c, shape);  // the backend's own cache (device memory on CUDA)
 }
 
-std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
+SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(l.model->backend().name());
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(m.backend().name());
+  return so;
+}
+
+std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
+  SessionOptions so = session_options(o, *l.model, ctx);
   // Progress only where someone watches it: a terminal, or a prompt long
   // enough that silence would look like a hang.
   const bool tty = ::isatty(2);

@@ -52,7 +52,8 @@ void add_chat_options(CLI::App& app, ChatOptions& o);
 // literally in the text are recognised.
 std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text);
 // Token ids of a conversation rendered with the chat template (the model's,
-// or --chat-template), ending with an open assistant turn.
+// or --chat-template), ending with an open assistant turn. Message text is
+// never read as control tokens (kvq::encode_chat).
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages);
 
 // The model to use: -m if given (a file, or synthetic:SHAPE as is), else
@@ -74,6 +75,9 @@ Loaded load(const ModelOptions& o);
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
 // The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
 std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
+// Session options for the device: the context and --prefill-chunk (or the
+// device's default); no progress callback.
+SessionOptions session_options(const ModelOptions& o, Model& m, int ctx);
 // A Session over a fresh cache, with a prefill progress indicator on stderr
 // for long prompts.
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);

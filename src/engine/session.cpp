@@ -114,11 +114,11 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // Plain greedy decoding needs only the argmax of each step's logits: the
   // backend computes it and the logits stay where they are (on a GPU the
   // vocab-sized download per token is skipped). Any sampler state that reads
-  // logits (temperature, repetition penalty) or a logits sink takes the
+  // logits (temperature, penalties), a logits sink or token_logits takes the
   // download path.
   const SamplingParams& sp = g.sampling;
   const bool backend_greedy =
-      !sink_ && sp.temperature <= 0.0f && (sp.repeat_penalty == 1.0f || sp.repeat_last_n <= 0);
+      !sink_ && !g.token_logits && sp.temperature <= 0.0f && !sp.uses_history();
   TokenId greedy_next = -1;  // the backend's choice for the next token, when backend_greedy
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
     TokenId id;
@@ -137,6 +137,10 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
     r.tokens.push_back(id);
     r.token_s.push_back(t_decode.seconds());
     last_fed = false;
+    if (g.on_token && !g.on_token(id, g.token_logits ? logits->data() : nullptr)) {
+      r.stop_reason = "cancelled";
+      break;
+    }
     if (g.stop_at_eog && tok_ && tok_->is_eog(id)) {
       r.stop_reason = "eog";
       break;
@@ -165,7 +169,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // A logits sink gets a row for every token, the final one included, so a
   // dump lines up with its token list; this extra step is not timed.
   if (sink_ && !last_fed && int(tokens_.size()) < opts_.ctx) feed({r.tokens.back()});
-  if (detok && r.stop_reason != "stop string") {
+  if (detok && r.stop_reason != "stop string" && r.stop_reason != "cancelled") {
     bool stopped = false;
     emit(stops.push(unhealed(detok->flush()), &stopped));
     if (!stopped) emit(stops.flush());

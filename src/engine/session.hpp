@@ -35,6 +35,13 @@ struct GenerateOptions {
   // healing.first_allowed, and the healed prefix (already part of the
   // user's prompt text) is not streamed again.
   TokenHealing healing;
+  // Called with each sampled token before its text is emitted; returning
+  // false ends generation with stop_reason "cancelled" (a server whose client
+  // went away). `logits` is the row the token was sampled from when
+  // token_logits is set (which keeps the logits on the host every step),
+  // else nullptr.
+  std::function<bool(TokenId id, const float* logits)> on_token;
+  bool token_logits = false;
 };
 
 // Receives every logits row the model produces for this session, in order:
@@ -44,7 +51,7 @@ using LogitsSink = std::function<void(TokenId token, const float* logits, int vo
 struct GenerateResult {
   std::vector<TokenId> tokens;  // generated tokens, the stop token included when it ended generation
   std::string text;             // streamed text (stop string removed)
-  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full"
+  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full", "cancelled"
   int n_prompt = 0;             // tokens prefilled by this call
   int n_decoded = 0;            // single-token forward steps
   double prefill_s = 0;         // wall time of the prefill (forward passes over the new prompt tokens)

@@ -5,11 +5,16 @@
 // Jinja implementation, tests/data/tokenizer/chat_ref.json).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvq {
+
+class Tokenizer;
+using TokenId = int32_t;
 
 enum class ChatTemplate {
   chatml,  // <|im_start|>role\n...<|im_end|>, Qwen3 dialect (thinking blocks, tool responses)
@@ -40,5 +45,22 @@ ChatTemplate resolve_chat_template(std::string_view override_name, std::string_v
 std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                         bool enable_thinking = true);
 bool chat_template_has_bos(ChatTemplate t);
+
+// format_chat's text plus the byte ranges [first, second) of it that came
+// from the messages (roles and contents; sorted, disjoint). Those ranges are
+// data: a user who types <|im_end|> means those ten characters.
+struct ChatPrompt {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> literal;
+};
+ChatPrompt render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                       bool enable_thinking = true);
+
+// Token ids of a rendered conversation: the template's markup becomes its
+// control tokens, message text never does (Tokenizer::encode with literal
+// ranges). A BOS is prepended when the tokenizer wants one and the template
+// does not render it itself.
+std::vector<TokenId> encode_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt = true, bool enable_thinking = true);
 
 }  // namespace kvq

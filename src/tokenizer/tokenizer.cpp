@@ -56,6 +56,8 @@ struct Tokenizer::Impl {
   explicit Impl(TokenizerData d) : data(std::move(d)), pre(data.pre) {}
 
   void build();
+  std::vector<TokenId> encode(std::string_view text, bool parse_special,
+                              const std::vector<std::pair<size_t, size_t>>* literal) const;
   void encode_fragment(std::string_view text, std::vector<TokenId>& out) const;
   void encode_valid(std::string_view text, std::vector<TokenId>& out) const;
   void bpe_piece(std::string_view piece, std::vector<TokenId>& out) const;
@@ -149,7 +151,24 @@ void Tokenizer::Impl::build() {
 // Control tokens are eligible only with parse_special; user-defined ones always
 // are, as in HF (encode_special_tokens) and llama.cpp (parse_special = false).
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special) const {
-  const Impl& m = *impl_;
+  return impl_->encode(text, parse_special, nullptr);
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text,
+                                       const std::vector<std::pair<size_t, size_t>>& literal) const {
+  return impl_->encode(text, true, &literal);
+}
+
+std::vector<TokenId> Tokenizer::Impl::encode(std::string_view text, bool parse_special,
+                                             const std::vector<std::pair<size_t, size_t>>* literal) const {
+  const Impl& m = *this;
+  // Whether [b, e) overlaps a literal range: the first range ending after b
+  // must begin before e (ranges are sorted and disjoint).
+  auto in_literal = [&](size_t b, size_t e) {
+    if (!literal) return false;
+    auto it = std::partition_point(literal->begin(), literal->end(), [&](const auto& r) { return r.second <= b; });
+    return it != literal->end() && it->first < e;
+  };
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 4);
   size_t plain_start = 0;
@@ -157,8 +176,8 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special
     const auto& cands = m.added_by_byte[static_cast<unsigned char>(text[i])];
     TokenId hit = -1;
     for (TokenId id : cands) {
-      if (!parse_special && m.types[id] == TokenType::control) continue;
       const std::string& t = m.bytes[id];
+      if (m.types[id] == TokenType::control && (!parse_special || in_literal(i, i + t.size()))) continue;
       if (text.compare(i, t.size(), t) == 0) {
         hit = id;
         break;

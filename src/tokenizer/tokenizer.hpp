@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tokenizer/vocab.hpp"
@@ -32,6 +33,11 @@ class Tokenizer {
 
   // parse_special: recognise special/added tokens written literally in text.
   std::vector<TokenId> encode(std::string_view text, bool parse_special = false) const;
+  // encode(text, true), except that no control token is recognised where it
+  // would overlap a `literal` byte range [first, second) (sorted, disjoint): user text inside a
+  // template stays text while the template's own markup becomes control
+  // tokens. Outside control tokens the result is encode(text, true)'s.
+  std::vector<TokenId> encode(std::string_view text, const std::vector<std::pair<size_t, size_t>>& literal) const;
   // Concatenated bytes of the tokens; control tokens omitted when !show_special.
   std::string decode(const std::vector<TokenId>& ids, bool show_special = false) const;
   std::string piece(TokenId id) const;  // raw bytes of one token
