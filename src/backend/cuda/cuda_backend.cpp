@@ -117,7 +117,6 @@ class CudaBackend final : public Backend {
               " columns (quantized types need a multiple of 256 columns, float types a multiple of 8)");
     auto gm = std::make_unique<GpuMatrix>(
         GpuMatrix::upload(pack_matrix_for_gpu(host.type, host.rows, host.cols, host.data)));
-    if (host.type == gguf::TensorType::Q1_0) gemv_scratch_.reserve(host.cols);  // before any recording
     Matrix dev = host;
     dev.data = gm->codes.data();  // device address: only this backend dereferences it
     dev.handle = gm.get();
@@ -469,7 +468,6 @@ class CudaBackend final : public Backend {
   // is set), with this backend's scratch; the caller adds the outputs.
   GemvRequest step_gemv(const float* x, const float* norm_w = nullptr, float eps = 0.0f) {
     GemvRequest req;
-    req.scratch = &gemv_scratch_;
     req.x = x;
     req.norm_weight = norm_w;
     req.norm_eps = eps;
@@ -527,7 +525,6 @@ class CudaBackend final : public Backend {
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
     a.push_back(inv_freq_.data());
-    a.push_back(gemv_scratch_.q1.data());
   }
 
   cudaStream_t stream_ = nullptr;
@@ -547,7 +544,6 @@ class CudaBackend final : public Backend {
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;
   std::vector<float> inv_freq_host_;
-  GemvScratch gemv_scratch_;  // the Q1_0 tensor-core kernel's prepared input
 };
 
 }  // namespace

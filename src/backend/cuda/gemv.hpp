@@ -46,15 +46,6 @@ struct GemvOut {
   float* y = nullptr;  // device, w->rows floats
 };
 
-// Device scratch of the fused GEMVs: the input prepared once per launch for
-// the binary tensor-core Q1_0 kernel. Sized by reserve() for the widest
-// matrix before any recorded (graph) step uses it; its address is part of a
-// recording.
-struct GemvScratch {
-  DeviceBuffer<unsigned char> q1;
-  void reserve(int64_t max_cols);
-};
-
 // One fused launch (see the top of this file). All matrices have the same
 // type and cols; for swiglu n_out == 2 (gate, up) with equal rows and the
 // result goes to out[0].y. No y may overlap x or norm_weight.
@@ -65,9 +56,6 @@ struct GemvRequest {
   GemvOut out[3];
   int n_out = 1;
   GemvEpilogue epilogue = GemvEpilogue::store;
-  // Scratch for the Q1_0 tensor-core kernel; null: a shared internal buffer
-  // (fine for tests and the lab; calls on concurrent streams must pass their own).
-  GemvScratch* scratch = nullptr;
   // Kernel-lab timeline (dp4a and float kernels): 8 device uint64 the launch
   // folds its CTAs' global-timer readings into, as min/max pairs of: CTA
   // start, predecessor wait returned, input staged, CTA end. The caller sets
@@ -92,17 +80,8 @@ void gemv(const GemvRequest& req, cudaStream_t stream);
 // y[rows] = W[rows][cols] x[cols] (no norm, store).
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
 
-// The Q1_0 kernel: dp4a over int8 inputs (per 32 values; the default), or the
-// binary tensor cores over int16 bit-planes of the input (per 128 values; an
-// experiment, 2.7x slower: docs/perf.md). Only the GPU tests and the kernel
-// lab switch to the latter, with set_q1_kernel.
-enum class Q1Kernel { dp4a, binary_mma };
-Q1Kernel q1_kernel();
-void set_q1_kernel(Q1Kernel k);
-bool gemv_q1_uses_mma();
-
 // True when gemv() of this matrix type rounds its input to integers (int8 per
-// 32 values; Q1_0 on tensor cores: int16 per 128, see gemv_q1_uses_mma).
+// 32 values).
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
   return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
 }
