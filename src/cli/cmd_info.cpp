@@ -176,7 +176,7 @@ std::function<int()> setup(CLI::App& sub) {
   sub.add_flag("--json", *as_json, "Print JSON");
   sub.add_flag("--keys", *keys, "Also list every metadata key (arrays truncated)");
   return [path, as_json, keys]() {
-    const File f = File::open(kvq::cli::resolve_model_path(*path));
+    const File f = File::open(path->empty() ? kvq::cli::resolve_model_path("") : *path);
     json j;
     j["file"] = f.path();
     j["version"] = f.version();

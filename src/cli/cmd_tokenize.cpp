@@ -38,7 +38,7 @@ Tokenizer load(const Source& src) {
   KVQ_CHECK(src.model.empty() || src.tokenizer_json.empty(), Errc::invalid_argument,
             "give -m FILE.gguf or --tokenizer-json PATH, not both");
   if (!src.tokenizer_json.empty()) return Tokenizer::from_hf_json(src.tokenizer_json);
-  const gguf::File f = gguf::File::open(resolve_model_path(src.model));  // the default model like `kvq run`
+  const gguf::File f = gguf::File::open(src.model.empty() ? resolve_model_path("") : src.model);  // default: as `kvq run`
   return Tokenizer::from_gguf(f);
 }
 
