@@ -438,13 +438,12 @@ TEST(ChatTurns, ATurnOpenerEndsTheReply) {
 // 10. The thread default does not pile threads onto busy cores
 
 TEST(ThreadDefault, CountsOnlyIdleCores) {
-  EXPECT_EQ(threads_for_load(2, 1.0, 2), 1);    // one core kept busy by another process
-  EXPECT_EQ(threads_for_load(2, 0.05, 1), 2);   // idle
-  EXPECT_EQ(threads_for_load(2, 2.9, 1), 2);    // the load average remembers a finished build
-  EXPECT_EQ(threads_for_load(2, 0.2, 5), 2);    // a short burst of runnable threads
-  EXPECT_EQ(threads_for_load(8, 2.4, 4), 6);
-  EXPECT_EQ(threads_for_load(4, 9.0, 12), 1);   // never zero
-  EXPECT_EQ(threads_for_load(0, 0.0, 1), 1);
+  EXPECT_EQ(threads_for_load(2, 2), 1);   // one core kept busy by another process
+  EXPECT_EQ(threads_for_load(2, 1), 2);   // idle: only this thread runs
+  EXPECT_EQ(threads_for_load(8, 3), 6);
+  EXPECT_EQ(threads_for_load(4, 12), 1);  // never zero
+  EXPECT_EQ(threads_for_load(0, 1), 1);
+  EXPECT_EQ(threads_for_load(2, 0), 2);   // unknown (no /proc): all cores
   const int d = default_thread_count();
   EXPECT_GE(d, 1);
   EXPECT_LE(d, usable_cpu_count());

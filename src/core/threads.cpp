@@ -29,29 +29,41 @@ int usable_cpu_count() {
   return std::max(1, n);
 }
 
-int default_thread_count() {
-  const int cpus = usable_cpu_count();
-  // /proc/loadavg: "0.52 0.58 0.59 3/1234 5678": 1-minute load, and runnable
-  // threads now (this one included) over all threads.
-  double load1 = 0.0;
-  int runnable = 1, total = 0;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    double l5, l15;
-    if (std::fscanf(f, "%lf %lf %lf %d/%d", &load1, &l5, &l15, &runnable, &total) != 5) {
-      load1 = 0.0;
-      runnable = 1;
-    }
-    std::fclose(f);
-  }
-  return threads_for_load(cpus, load1, runnable);
+namespace {
+
+// Runnable threads on the machine now, this one included: the "3" of
+// /proc/loadavg's "0.52 0.58 0.59 3/1234 5678". 0 when unknown.
+int runnable_now() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return 0;
+  double l1, l5, l15;
+  int running = 0, total = 0;
+  if (std::fscanf(f, "%lf %lf %lf %d/%d", &l1, &l5, &l15, &running, &total) != 5) running = 0;
+  std::fclose(f);
+  return running;
 }
 
-int threads_for_load(int cpus, double load1, int runnable) {
+}  // namespace
+
+int default_thread_count() {
+  // The fewest runnable threads over a few samples 2 ms apart: a process that
+  // keeps a core busy is runnable in every sample, a passing one is not. (The
+  // load average is no help: it lags by a minute both ways.)
+  int fewest = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int r = runnable_now();
+    if (r <= 0) return usable_cpu_count();
+    fewest = i == 0 ? r : std::min(fewest, r);
+    if (fewest <= 1) break;
+    ::usleep(2000);
+  }
+  return threads_for_load(usable_cpu_count(), fewest);
+}
+
+int threads_for_load(int cpus, int runnable) {
   cpus = std::max(1, cpus);
-  // Both measures must agree that a core is busy: the load average lags (it
-  // remembers a build that just finished), the runnable count is a snapshot.
-  const double others = std::max(0.0, std::min(load1, double(std::max(0, runnable - 1))));
-  return std::clamp(cpus - int(std::lround(others)), 1, cpus);
+  const int others = std::max(0, runnable - 1);  // minus this thread
+  return std::clamp(cpus - others, 1, cpus);
 }
 
 int set_thread_count(int n) {
