@@ -432,7 +432,7 @@ void File::parse_all() {
     if (!info) {
       if (const char* known = ggml_type_id_name(type_id))
         r.error("unsupported tensor type ", known, " (id ", type_id, ") for ", quoted(ti.name),
-                "; kvq reads F32, F16, BF16, Q8_0, Q4_0, Q1_0");
+                "; kvq reads ", tensor_type_names());
       r.error("unknown tensor type id ", type_id, " for ", quoted(ti.name));
     }
     ti.type = info->type;

@@ -147,12 +147,17 @@ bool supports_weight_type(TensorType t) {
     case TensorType::Q8_0:
     case TensorType::Q4_0:
     case TensorType::Q1_0:
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
       return true;
   }
   return false;
 }
 
-const char* supported_weight_types() { return "F32, F16, BF16, Q8_0, Q4_0, Q1_0"; }
+const char* supported_weight_types() { return "F32, F16, BF16, Q8_0, Q4_0, Q1_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"; }
 
 int block_size(TensorType t) {
   switch (t) {
@@ -162,6 +167,11 @@ int block_size(TensorType t) {
     case TensorType::Q8_0:
     case TensorType::Q4_0: return 32;
     case TensorType::Q1_0: return 128;
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: return 256;
   }
   fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
        supported_weight_types(), ")");
@@ -175,6 +185,11 @@ size_t block_bytes(TensorType t) {
     case TensorType::Q8_0: return 34;
     case TensorType::Q4_0: return 18;
     case TensorType::Q1_0: return 18;
+    case TensorType::Q2_K: return 84;
+    case TensorType::Q3_K: return 110;
+    case TensorType::Q4_K: return 144;
+    case TensorType::Q5_K: return 176;
+    case TensorType::Q6_K: return 210;
   }
   fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
        supported_weight_types(), ")");
@@ -205,6 +220,95 @@ inline void dequant_q4_0(const uint8_t* b, float* dst) {
     dst[j] = d * float(int(q[j] & 15) - 8);
     dst[j + 16] = d * float(int(q[j] >> 4) - 8);
   }
+}
+
+// K-quant super-blocks (256 weights; layouts in gguf/quant.hpp), written as
+// loops over runs of 16 or 32 weights that share a scale, so they vectorize.
+// Each weight is (d * sc) * q - (dmin * m), as the reference evaluates it.
+
+// 6-bit scale and min of sub-block s (0..7) of Q4_K/Q5_K.
+inline void k4_scale_min(const uint8_t* sm, int s, float d, float dmin, float& scale, float& offset) {
+  const int sc = s < 4 ? sm[s] & 63 : (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4);
+  const int m = s < 4 ? sm[s + 4] & 63 : (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4);
+  scale = d * float(sc);
+  offset = dmin * float(m);
+}
+
+inline void dequant_q4_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  const uint8_t* qs = b + 16;
+  for (int p = 0; p < 4; ++p, qs += 32, y += 64) {
+    float s0, o0, s1, o1;
+    k4_scale_min(b + 4, 2 * p, d, dmin, s0, o0);
+    k4_scale_min(b + 4, 2 * p + 1, d, dmin, s1, o1);
+    for (int l = 0; l < 32; ++l) {
+      y[l] = s0 * float(qs[l] & 15) - o0;
+      y[32 + l] = s1 * float(qs[l] >> 4) - o1;
+    }
+  }
+}
+
+inline void dequant_q5_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int p = 0; p < 4; ++p, qs += 32, y += 64) {
+    float s0, o0, s1, o1;
+    k4_scale_min(b + 4, 2 * p, d, dmin, s0, o0);
+    k4_scale_min(b + 4, 2 * p + 1, d, dmin, s1, o1);
+    for (int l = 0; l < 32; ++l) {
+      y[l] = s0 * float((qs[l] & 15) | (((qh[l] >> (2 * p)) & 1) << 4)) - o0;
+      y[32 + l] = s1 * float((qs[l] >> 4) | (((qh[l] >> (2 * p + 1)) & 1) << 4)) - o1;
+    }
+  }
+}
+
+inline void dequant_q6_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int h = 0; h < 2; ++h, y += 128) {
+    const uint8_t* ql = b + 64 * h;
+    const uint8_t* qh = b + 128 + 32 * h;
+    for (int g = 0; g < 4; ++g)
+      for (int half = 0; half < 2; ++half) {
+        const float s = d * float(sc[8 * h + 2 * g + half]);
+        for (int l = 16 * half; l < 16 * half + 16; ++l) {
+          const uint8_t lq = ql[32 * (g % 2) + l];
+          const int low = g < 2 ? lq & 15 : lq >> 4;
+          y[32 * g + l] = s * float((low | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
+        }
+      }
+  }
+}
+
+inline void dequant_q2_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b + 80), dmin = load_f16(b + 82);
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t sm = b[8 * n + 2 * j + half];
+        const float s = d * float(sm & 15), o = dmin * float(sm >> 4);
+        const uint8_t* qs = b + 16 + 32 * n + 16 * half;
+        float* yy = y + 128 * n + 32 * j + 16 * half;
+        for (int l = 0; l < 16; ++l) yy[l] = s * float((qs[l] >> (2 * j)) & 3) - o;
+      }
+}
+
+inline void dequant_q3_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b + 108);
+  const uint8_t* sc12 = b + 96;
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half) {
+        const int k = 8 * n + 2 * j + half;
+        const int low = k < 8 ? sc12[k] & 15 : sc12[k - 8] >> 4;
+        const float s = d * float((low | (((sc12[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
+        const uint8_t* qs = b + 32 + 32 * n + 16 * half;
+        const uint8_t* hm = b + 16 * half;
+        float* yy = y + 128 * n + 32 * j + 16 * half;
+        for (int l = 0; l < 16; ++l)
+          yy[l] = s * float(int((qs[l] >> (2 * j)) & 3) - (((hm[l] >> (4 * n + j)) & 1) ? 0 : 4));
+      }
 }
 
 }  // namespace
@@ -240,6 +344,21 @@ void dequantize_row(TensorType t, const uint8_t* src, float* dst, int64_t n) {
       }
       return;
     }
+    case TensorType::Q2_K:
+      for (int64_t b = 0; b < n / 256; ++b) dequant_q2_k(src + 84 * b, dst + 256 * b);
+      return;
+    case TensorType::Q3_K:
+      for (int64_t b = 0; b < n / 256; ++b) dequant_q3_k(src + 110 * b, dst + 256 * b);
+      return;
+    case TensorType::Q4_K:
+      for (int64_t b = 0; b < n / 256; ++b) dequant_q4_k(src + 144 * b, dst + 256 * b);
+      return;
+    case TensorType::Q5_K:
+      for (int64_t b = 0; b < n / 256; ++b) dequant_q5_k(src + 176 * b, dst + 256 * b);
+      return;
+    case TensorType::Q6_K:
+      for (int64_t b = 0; b < n / 256; ++b) dequant_q6_k(src + 210 * b, dst + 256 * b);
+      return;
   }
   block_size(t);  // throws the "unsupported" error
 }
@@ -320,6 +439,12 @@ float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
       }
       return s;
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return dot_via_dequant(t, row, x, n);
   }
   block_size(t);  // throws
   return 0.0f;
