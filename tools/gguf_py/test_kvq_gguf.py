@@ -164,7 +164,9 @@ class KQuantTest(unittest.TestCase):
             back = g.dequantize(data, t, 512)
             errs.append(max(abs(a - b) for a, b in zip(vals, back)))
         self.assertEqual(errs, sorted(errs, reverse=True))
-        self.assertLess(errs[-1], 0.03)  # Q6_K on values in [-1, 1)
+        # Q6_K on values in [-1, 1): within one step (amax / 32; the code range -32..31 costs a
+        # step when a value of the other sign is as large as the largest)
+        self.assertLess(errs[-1], 1.0 / 32 * 1.1)
 
 
 if __name__ == "__main__":
