@@ -222,93 +222,202 @@ inline void dequant_q4_0(const uint8_t* b, float* dst) {
   }
 }
 
-// K-quant super-blocks (256 weights; layouts in gguf/quant.hpp), written as
-// loops over runs of 16 or 32 weights that share a scale, so they vectorize.
-// Each weight is (d * sc) * q - (dmin * m), as the reference evaluates it.
+// K-quant super-blocks (256 weights; layouts in gguf/quant.hpp) in two
+// vectorizable passes (the unpacking is always inlined, so it is vectorized
+// for the caller's target and its byte stores are wide enough for the loads
+// of the second pass to forward from them): the codes are unpacked into signed bytes (offsets such
+// as Q6_K's -32 applied), then y = s[k] * q - o[k] over each run of 16
+// weights k. Each weight is (d * sc) * q - (dmin * m) in fp32, bit for bit
+// what the reference computes.
+struct KBlock {
+  alignas(32) int8_t q[256];
+  float s[16], o[16];
+};
 
-// 6-bit scale and min of sub-block s (0..7) of Q4_K/Q5_K.
-inline void k4_scale_min(const uint8_t* sm, int s, float d, float dmin, float& scale, float& offset) {
-  const int sc = s < 4 ? sm[s] & 63 : (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4);
-  const int m = s < 4 ? sm[s + 4] & 63 : (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4);
-  scale = d * float(sc);
-  offset = dmin * float(m);
+#if defined(__x86_64__) && defined(__GNUC__)
+// s * q is exact in fp32 for every K-quant except Q6_K, whose o is 0, so the
+// fused multiply-subtract rounds exactly as s * q - o does.
+__attribute__((target("avx2,fma"))) void k_scale_avx2(const KBlock& kb, float* y) {
+  for (int k = 0; k < 16; ++k) {
+    const __m256 s = _mm256_set1_ps(kb.s[k]), o = _mm256_set1_ps(kb.o[k]);
+    const __m128i q = _mm_load_si128(reinterpret_cast<const __m128i*>(kb.q + 16 * k));
+    const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+    _mm256_storeu_ps(y + 16 * k, _mm256_fmsub_ps(s, q0, o));
+    _mm256_storeu_ps(y + 16 * k + 8, _mm256_fmsub_ps(s, q1, o));
+  }
 }
+#endif
 
-inline void dequant_q4_k(const uint8_t* b, float* y) {
-  const float d = load_f16(b), dmin = load_f16(b + 2);
-  const uint8_t* qs = b + 16;
-  for (int p = 0; p < 4; ++p, qs += 32, y += 64) {
-    float s0, o0, s1, o1;
-    k4_scale_min(b + 4, 2 * p, d, dmin, s0, o0);
-    k4_scale_min(b + 4, 2 * p + 1, d, dmin, s1, o1);
-    for (int l = 0; l < 32; ++l) {
-      y[l] = s0 * float(qs[l] & 15) - o0;
-      y[32 + l] = s1 * float(qs[l] >> 4) - o1;
-    }
+#if defined(__x86_64__) && defined(__GNUC__)
+// Sum over the super-block of (s * q - o) * x, into two accumulators.
+__attribute__((target("avx2,fma"))) inline void k_dot_avx2(const KBlock& kb, const float* x, __m256& acc0,
+                                                           __m256& acc1) {
+  for (int k = 0; k < 16; ++k) {
+    const __m256 s = _mm256_set1_ps(kb.s[k]), o = _mm256_set1_ps(kb.o[k]);
+    const __m128i q = _mm_load_si128(reinterpret_cast<const __m128i*>(kb.q + 16 * k));
+    const __m256 w0 = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), o);
+    const __m256 w1 = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), o);
+    acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + 16 * k), acc0);
+    acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 16 * k + 8), acc1);
+  }
+}
+#endif
+
+void k_scale(const KBlock& kb, float* __restrict y) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) return k_scale_avx2(kb, y);
+#endif
+  for (int k = 0; k < 16; ++k) {
+    const float s = kb.s[k], o = kb.o[k];
+    for (int l = 0; l < 16; ++l) y[16 * k + l] = s * float(kb.q[16 * k + l]) - o;
   }
 }
 
-inline void dequant_q5_k(const uint8_t* b, float* y) {
+// Q4_K/Q5_K: 6-bit scale and min of sub-block s (0..7), as the per-16 runs 2s and 2s+1.
+__attribute__((always_inline)) inline void k4_scales(const uint8_t* b, KBlock& kb) {
   const float d = load_f16(b), dmin = load_f16(b + 2);
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  for (int p = 0; p < 4; ++p, qs += 32, y += 64) {
-    float s0, o0, s1, o1;
-    k4_scale_min(b + 4, 2 * p, d, dmin, s0, o0);
-    k4_scale_min(b + 4, 2 * p + 1, d, dmin, s1, o1);
-    for (int l = 0; l < 32; ++l) {
-      y[l] = s0 * float((qs[l] & 15) | (((qh[l] >> (2 * p)) & 1) << 4)) - o0;
-      y[32 + l] = s1 * float((qs[l] >> 4) | (((qh[l] >> (2 * p + 1)) & 1) << 4)) - o1;
-    }
+  const uint8_t* sm = b + 4;
+  for (int s = 0; s < 8; ++s) {
+    const int sc = s < 4 ? sm[s] & 63 : (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4);
+    const int m = s < 4 ? sm[s + 4] & 63 : (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4);
+    kb.s[2 * s] = kb.s[2 * s + 1] = d * float(sc);
+    kb.o[2 * s] = kb.o[2 * s + 1] = dmin * float(m);
   }
 }
 
-inline void dequant_q6_k(const uint8_t* b, float* y) {
+__attribute__((always_inline)) inline void unpack_q4_k(const uint8_t* __restrict b, KBlock& kb) {
+  k4_scales(b, kb);
+  const uint8_t* __restrict qs = b + 16;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      kb.q[64 * p + l] = int8_t(qs[32 * p + l] & 15);
+      kb.q[64 * p + 32 + l] = int8_t(qs[32 * p + l] >> 4);
+    }
+}
+
+__attribute__((always_inline)) inline void unpack_q5_k(const uint8_t* __restrict b, KBlock& kb) {
+  k4_scales(b, kb);
+  const uint8_t* __restrict qh = b + 16;
+  const uint8_t* __restrict qs = b + 48;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      kb.q[64 * p + l] = int8_t((qs[32 * p + l] & 15) | (((qh[l] >> (2 * p)) & 1) << 4));
+      kb.q[64 * p + 32 + l] = int8_t((qs[32 * p + l] >> 4) | (((qh[l] >> (2 * p + 1)) & 1) << 4));
+    }
+}
+
+__attribute__((always_inline)) inline void unpack_q6_k(const uint8_t* __restrict b, KBlock& kb) {
   const float d = load_f16(b + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  for (int h = 0; h < 2; ++h, y += 128) {
-    const uint8_t* ql = b + 64 * h;
-    const uint8_t* qh = b + 128 + 32 * h;
-    for (int g = 0; g < 4; ++g)
-      for (int half = 0; half < 2; ++half) {
-        const float s = d * float(sc[8 * h + 2 * g + half]);
-        for (int l = 16 * half; l < 16 * half + 16; ++l) {
-          const uint8_t lq = ql[32 * (g % 2) + l];
-          const int low = g < 2 ? lq & 15 : lq >> 4;
-          y[32 * g + l] = s * float((low | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
-        }
-      }
+  for (int k = 0; k < 16; ++k) {
+    kb.s[k] = d * float(sc[k]);
+    kb.o[k] = 0.0f;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* __restrict ql = b + 64 * h;
+    const uint8_t* __restrict qh = b + 128 + 32 * h;
+    int8_t* __restrict q = kb.q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      q[l] = int8_t(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+      q[32 + l] = int8_t(((ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      q[64 + l] = int8_t(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      q[96 + l] = int8_t(((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
   }
 }
 
-inline void dequant_q2_k(const uint8_t* b, float* y) {
+__attribute__((always_inline)) inline void unpack_q2_k(const uint8_t* __restrict b, KBlock& kb) {
   const float d = load_f16(b + 80), dmin = load_f16(b + 82);
-  for (int n = 0; n < 2; ++n)
-    for (int j = 0; j < 4; ++j)
-      for (int half = 0; half < 2; ++half) {
-        const uint8_t sm = b[8 * n + 2 * j + half];
-        const float s = d * float(sm & 15), o = dmin * float(sm >> 4);
-        const uint8_t* qs = b + 16 + 32 * n + 16 * half;
-        float* yy = y + 128 * n + 32 * j + 16 * half;
-        for (int l = 0; l < 16; ++l) yy[l] = s * float((qs[l] >> (2 * j)) & 3) - o;
-      }
+  for (int k = 0; k < 16; ++k) {
+    kb.s[k] = d * float(b[k] & 15);
+    kb.o[k] = dmin * float(b[k] >> 4);
+  }
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* __restrict qs = b + 16 + 32 * n;
+    int8_t* __restrict q = kb.q + 128 * n;
+    for (int l = 0; l < 32; ++l) {
+      q[l] = int8_t(qs[l] & 3);
+      q[32 + l] = int8_t((qs[l] >> 2) & 3);
+      q[64 + l] = int8_t((qs[l] >> 4) & 3);
+      q[96 + l] = int8_t(qs[l] >> 6);
+    }
+  }
 }
 
-inline void dequant_q3_k(const uint8_t* b, float* y) {
+__attribute__((always_inline)) inline void unpack_q3_k(const uint8_t* __restrict b, KBlock& kb) {
   const float d = load_f16(b + 108);
   const uint8_t* sc12 = b + 96;
-  for (int n = 0; n < 2; ++n)
+  for (int k = 0; k < 16; ++k) {
+    const int low = k < 8 ? sc12[k] & 15 : sc12[k - 8] >> 4;
+    kb.s[k] = d * float((low | (((sc12[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
+    kb.o[k] = 0.0f;
+  }
+  const uint8_t* __restrict hm = b;
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* __restrict qs = b + 32 + 32 * n;
+    int8_t* __restrict q = kb.q + 128 * n;
     for (int j = 0; j < 4; ++j)
-      for (int half = 0; half < 2; ++half) {
-        const int k = 8 * n + 2 * j + half;
-        const int low = k < 8 ? sc12[k] & 15 : sc12[k - 8] >> 4;
-        const float s = d * float((low | (((sc12[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
-        const uint8_t* qs = b + 32 + 32 * n + 16 * half;
-        const uint8_t* hm = b + 16 * half;
-        float* yy = y + 128 * n + 32 * j + 16 * half;
-        for (int l = 0; l < 16; ++l)
-          yy[l] = s * float(int((qs[l] >> (2 * j)) & 3) - (((hm[l] >> (4 * n + j)) & 1) ? 0 : 4));
-      }
+      for (int l = 0; l < 32; ++l)
+        q[32 * j + l] = int8_t((((qs[l] >> (2 * j)) & 3) | (((hm[l] >> (4 * n + j)) & 1) << 2)) - 4);
+  }
+}
+
+__attribute__((always_inline)) inline void unpack_k(TensorType t, const uint8_t* b, KBlock& kb) {
+  switch (t) {
+    case TensorType::Q2_K: unpack_q2_k(b, kb); break;
+    case TensorType::Q3_K: unpack_q3_k(b, kb); break;
+    case TensorType::Q4_K: unpack_q4_k(b, kb); break;
+    case TensorType::Q5_K: unpack_q5_k(b, kb); break;
+    default: unpack_q6_k(b, kb); break;
+  }
+}
+
+constexpr size_t k_block_bytes(TensorType t) {
+  return t == TensorType::Q2_K   ? 84
+         : t == TensorType::Q3_K ? 110
+         : t == TensorType::Q4_K ? 144
+         : t == TensorType::Q5_K ? 176
+                                 : 210;
+}
+
+// Dequantizes n / 256 super-blocks of a K-quant.
+KVQ_SIMD_CLONES
+void dequant_k(TensorType t, const uint8_t* src, float* dst, int64_t n) {
+  KBlock kb;
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, src + k_block_bytes(t) * blk, kb);
+    k_scale(kb, dst + 256 * blk);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma,f16c"))) float dot_k_avx2(TensorType t, const uint8_t* row, const float* x,
+                                                          int64_t n) {
+  KBlock kb;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, row + k_block_bytes(t) * blk, kb);
+    k_dot_avx2(kb, x + 256 * blk, acc0, acc1);
+  }
+  return hsum256(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+// Row . x for a K-quant: on AVX2 the dequantized weights never leave registers.
+float dot_k(TensorType t, const uint8_t* row, const float* x, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) return dot_k_avx2(t, row, x, n);
+#endif
+  KBlock kb;
+  alignas(64) float w[256];
+  float s = 0.0f;
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, row + k_block_bytes(t) * blk, kb);
+    k_scale(kb, w);
+    s += dot_f32(w, x + 256 * blk, 256);
+  }
+  return s;
 }
 
 }  // namespace
@@ -345,19 +454,11 @@ void dequantize_row(TensorType t, const uint8_t* src, float* dst, int64_t n) {
       return;
     }
     case TensorType::Q2_K:
-      for (int64_t b = 0; b < n / 256; ++b) dequant_q2_k(src + 84 * b, dst + 256 * b);
-      return;
     case TensorType::Q3_K:
-      for (int64_t b = 0; b < n / 256; ++b) dequant_q3_k(src + 110 * b, dst + 256 * b);
-      return;
     case TensorType::Q4_K:
-      for (int64_t b = 0; b < n / 256; ++b) dequant_q4_k(src + 144 * b, dst + 256 * b);
-      return;
     case TensorType::Q5_K:
-      for (int64_t b = 0; b < n / 256; ++b) dequant_q5_k(src + 176 * b, dst + 256 * b);
-      return;
     case TensorType::Q6_K:
-      for (int64_t b = 0; b < n / 256; ++b) dequant_q6_k(src + 210 * b, dst + 256 * b);
+      dequant_k(t, src, dst, n);
       return;
   }
   block_size(t);  // throws the "unsupported" error
@@ -444,7 +545,7 @@ float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
     case TensorType::Q4_K:
     case TensorType::Q5_K:
     case TensorType::Q6_K:
-      return dot_via_dequant(t, row, x, n);
+      return dot_k(t, row, x, n);
   }
   block_size(t);  // throws
   return 0.0f;
