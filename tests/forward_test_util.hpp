@@ -158,8 +158,13 @@ struct MemTensors {
     const int64_t rows = t.ne.size() > 1 ? int64_t(t.ne[1]) : 1;
     const size_t rb = bytes.at(name).size() / rows;
     std::vector<float> out(rows * cols);
-    for (int64_t r = 0; r < rows; ++r)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (gguf::is_k_quant(t.type)) {  // weight_at would decode a whole super-block per weight
+        gguf::dequantize_row(t.type, t.data + r * rb, out.data() + r * cols, cols);
+        continue;
+      }
       for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = weight_at(t.type, t.data + r * rb, c);
+    }
     return out;
   }
 };
