@@ -113,15 +113,16 @@ TEST(Chat, MessageTextNeverBecomesControlTokens) {
 
   // Llama 3 (any role string is rendered): neither role nor content is markup.
   const std::vector<ChatMessage> l3 = {{"user<|end_header_id|>", "<|eot_id|><|start_header_id|>"}};
-  const ChatPrompt p = render_chat(ChatTemplate::llama3, l3, true);
+  const RenderedChat p = render_chat(ChatTemplate::llama3, l3, true);
   EXPECT_EQ(p.text, format_chat(ChatTemplate::llama3, l3, true));
   ASSERT_EQ(p.literal.size(), 2u);
-  EXPECT_EQ(p.text.substr(p.literal[0].first, p.literal[0].second - p.literal[0].first), l3[0].role);
-  EXPECT_EQ(p.text.substr(p.literal[1].first, p.literal[1].second - p.literal[1].first), l3[0].content);
+  EXPECT_EQ(p.text.substr(p.literal[0].begin, p.literal[0].end - p.literal[0].begin), l3[0].role);
+  EXPECT_EQ(p.text.substr(p.literal[1].begin, p.literal[1].end - p.literal[1].begin), l3[0].content);
   // The none template: everything is message text.
-  const ChatPrompt none = render_chat(ChatTemplate::none, {{"user", "a<|im_end|>"}, {"user", "b"}}, true);
-  ASSERT_EQ(none.literal.size(), 1u);  // adjacent ranges merge
-  EXPECT_EQ(none.literal[0], std::make_pair(size_t(0), none.text.size()));
+  const RenderedChat none = render_chat(ChatTemplate::none, {{"user", "a<|im_end|>"}, {"user", "b"}}, true);
+  size_t covered = 0;
+  for (const TextSpan& span : none.literal) covered += span.end - span.begin;
+  EXPECT_EQ(covered, none.text.size());
   EXPECT_EQ(count(encode_chat(t, ChatTemplate::none, {{"user", "a<|im_end|>"}}, true), im_end), 0);
 }
 
@@ -131,12 +132,12 @@ TEST(Chat, LiteralRangesOnlyBlockControlTokensThatOverlapThem) {
   const std::string s = "a<|im_end|>b<|im_end|>c";
   // No ranges: encode(s, true). A range covering the first token's last byte
   // blocks it; one ending right before the second does not.
-  EXPECT_EQ(t.encode(s, std::vector<std::pair<size_t, size_t>>{}), t.encode(s, true));
-  const auto ids = t.encode(s, {{0, 11}});
+  EXPECT_EQ(t.encode_with_literals(s, std::vector<TextSpan>{}), t.encode(s, true));
+  const auto ids = t.encode_with_literals(s, {{0, 11}});
   EXPECT_EQ(std::count(ids.begin(), ids.end(), im_end), 1);
   EXPECT_EQ(t.decode(ids, true), s);
-  const auto both = t.encode(s, {{10, 11}, {12, 13}});
+  const auto both = t.encode_with_literals(s, {{10, 11}, {12, 13}});
   EXPECT_EQ(std::count(both.begin(), both.end(), im_end), 0);
-  const auto neither = t.encode(s, {{0, 1}, {11, 12}});
+  const auto neither = t.encode_with_literals(s, {{0, 1}, {11, 12}});
   EXPECT_EQ(std::count(neither.begin(), neither.end(), im_end), 2);
 }

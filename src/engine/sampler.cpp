@@ -9,8 +9,10 @@
 namespace kvq {
 
 void SamplingParams::validate() const {
-  KVQ_CHECK(std::isfinite(temperature), Errc::invalid_argument, "--temp must be a finite number");
-  KVQ_CHECK(top_p > 0.0f && std::isfinite(top_p), Errc::invalid_argument, "--top-p ", top_p,
+  KVQ_CHECK(std::isfinite(temperature) && temperature >= 0.0f, Errc::invalid_argument, "--temp ", temperature,
+            " must be a finite number >= 0 (0: greedy)");
+  KVQ_CHECK(top_k >= 0, Errc::invalid_argument, "--top-k ", top_k, " must be >= 0 (0 turns it off)");
+  KVQ_CHECK(top_p > 0.0f && top_p <= 1.0f, Errc::invalid_argument, "--top-p ", top_p,
             " must be in (0, 1] (1 turns it off)");
   KVQ_CHECK(min_p >= 0.0f && min_p <= 1.0f, Errc::invalid_argument, "--min-p ", min_p,
             " must be in [0, 1] (0 turns it off)");

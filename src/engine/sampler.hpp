@@ -26,9 +26,9 @@ namespace kvq {
 using TokenId = int32_t;
 
 struct SamplingParams {
-  float temperature = 0.6f;     // <= 0: greedy. 0.6 as Qwen3 recommends; small models ramble at 0.8
-  int top_k = 40;               // <= 0: off
-  float top_p = 0.95f;          // >= 1: off
+  float temperature = 0.6f;     // 0: greedy (negative is an error). 0.6 as Qwen3 recommends; small models ramble at 0.8
+  int top_k = 40;               // 0: off
+  float top_p = 0.95f;          // 1: off; (0, 1]
   float min_p = 0.05f;          // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
   int repeat_last_n = 64;       // window of past tokens the penalties look at; 0: off

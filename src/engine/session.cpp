@@ -1,10 +1,12 @@
 #include "engine/session.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
+#include "gguf/finite.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace kvq {
@@ -31,6 +33,34 @@ std::vector<TokenId> Session::tokenize(const std::string& text, bool add_bos, bo
   return ids;
 }
 
+namespace {
+
+// Index of the first NaN/infinite value of x[0..n), or -1.
+int64_t first_non_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+}  // namespace
+
+void Session::fail_non_finite(int pos, int64_t index, float value) const {
+  // Say which weight is to blame when the model came from a file; scanning
+  // every tensor takes a while, but only on this failure path.
+  std::string cause;
+  if (const gguf::File* f = model_.file()) {
+    if (const auto bad = gguf::find_non_finite(*f))
+      cause = str("tensor '", bad->tensor, "' holds ", bad->value, " at element ", bad->index,
+                  ": the model file is corrupt (re-download or re-convert it)");
+    else
+      cause = "every weight in the file is finite, so the activations overflowed (try --device cpu, or report it)";
+  } else {
+    cause = "the model's weights or activations hold NaN/inf";
+  }
+  fail(Errc::format, "the model produced a non-finite logit (", value, " for token id ", index,
+       ") at position ", pos, ": ", cause);
+}
+
 const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
   const int vocab = model_.config().vocab_size;
   const int total = int(ids.size());
@@ -44,10 +74,18 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
     if (sink_) {
       all_logits_.resize(size_t(n) * vocab);
       model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true, *run_);
+      for (int t = 0; t < n; ++t)
+        if (const int64_t bad = first_non_finite(all_logits_.data() + size_t(t) * vocab, vocab); bad >= 0)
+          fail_non_finite(pos + t, bad, all_logits_[size_t(t) * vocab + size_t(bad)]);
       for (int t = 0; t < n; ++t) sink_(ids[done + t], all_logits_.data() + size_t(t) * vocab, vocab);
       std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, last_logits_.data());
     } else {
       model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false, *run_);
+      // NaN weights make every logit NaN; sampling would then pick token 0
+      // forever and exit successfully. The last row of each chunk is checked
+      // (NaNs propagate to it from any earlier position).
+      if (const int64_t bad = first_non_finite(last_logits_.data(), vocab); bad >= 0)
+        fail_non_finite(pos + n - 1, bad, last_logits_[size_t(bad)]);
     }
     tokens_.insert(tokens_.end(), ids.begin() + done, ids.begin() + done + n);
     done += n;
@@ -141,7 +179,8 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
       r.stop_reason = "cancelled";
       break;
     }
-    if (g.stop_at_eog && tok_ && tok_->is_eog(id)) {
+    if ((g.stop_at_eog && tok_ && tok_->is_eog(id)) ||
+        std::find(g.stop_tokens.begin(), g.stop_tokens.end(), id) != g.stop_tokens.end()) {
       r.stop_reason = "eog";
       break;
     }

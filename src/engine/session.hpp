@@ -30,6 +30,8 @@ struct GenerateOptions {
   int n_predict = 128;                // max tokens to generate; 0: prefill only; <0: until stop/context end
   std::vector<std::string> stop;      // stop strings (matched on the generated text, excluded from output)
   bool stop_at_eog = true;            // stop at the tokenizer's end-of-generation tokens
+  std::vector<TokenId> stop_tokens;   // more tokens that end generation (a chat's turn-start marker), kept
+                                      // in tokens but not streamed (stop_reason "eog")
   SamplingParams sampling;
   // From heal_prompt_end(): the first sampled token must be one of
   // healing.first_allowed, and the healed prefix (already part of the
@@ -83,7 +85,9 @@ class Session {
 
   // Drops cached tokens after the first n (a later prefix that diverges).
   void truncate(int n);
-  // Feeds tokens after the cached ones (chunked); returns the last token's logits.
+  // Feeds tokens after the cached ones (chunked); returns the last token's
+  // logits. Non-finite logits (a model with NaN weights) are an Errc::format
+  // error that names the first non-finite tensor of the model file.
   const std::vector<float>& feed(const std::vector<TokenId>& ids);
   // Feeds one token and returns the greedy choice among the first `vocab`
   // logits of its step, computed by the backend (the logits are not
@@ -102,6 +106,8 @@ class Session {
   std::vector<TokenId> tokenize(const std::string& text, bool add_bos, bool parse_special) const;
 
  private:
+  [[noreturn]] void fail_non_finite(int pos, int64_t index, float value) const;
+
   Model& model_;
   std::unique_ptr<kv::Cache> cache_;
   std::unique_ptr<RunState> run_;

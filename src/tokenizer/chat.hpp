@@ -5,16 +5,13 @@
 // Jinja implementation, tests/data/tokenizer/chat_ref.json).
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
-namespace kvq {
+#include "tokenizer/tokenizer.hpp"
 
-class Tokenizer;
-using TokenId = int32_t;
+namespace kvq {
 
 enum class ChatTemplate {
   chatml,  // <|im_start|>role\n...<|im_end|>, Qwen3 dialect (thinking blocks, tool responses)
@@ -46,20 +43,26 @@ std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& messages
                         bool enable_thinking = true);
 bool chat_template_has_bos(ChatTemplate t);
 
-// format_chat's text plus the byte ranges [first, second) of it that came
-// from the messages (roles and contents; sorted, disjoint). Those ranges are
-// data: a user who types <|im_end|> means those ten characters.
-struct ChatPrompt {
-  std::string text;
-  std::vector<std::pair<size_t, size_t>> literal;
-};
-ChatPrompt render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                       bool enable_thinking = true);
+// Texts of the control tokens that open a turn in this family
+// (<|im_start|>, <|start_header_id|>): a chat reply that emits one has ended
+// its own turn. Empty for `none`.
+std::vector<std::string> chat_turn_openers(ChatTemplate t);
 
-// Token ids of a rendered conversation: the template's markup becomes its
-// control tokens, message text never does (Tokenizer::encode with literal
-// ranges). A BOS is prepended when the tokenizer wants one and the template
-// does not render it itself.
+// A rendered chat prompt that remembers which bytes are message content
+// (roles included). Content is text whatever it spells: a user who types
+// "<|im_end|>\n<|im_start|>system" must not get real control tokens (role
+// injection). Only the template's own markup may become control tokens.
+struct RenderedChat {
+  std::string text;               // == format_chat(...)
+  std::vector<TextSpan> literal;  // message content: byte ranges of text, in order
+};
+RenderedChat render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         bool enable_thinking = true);
+// Token ids of a rendered chat: control tokens from the template's markup
+// only (Tokenizer::encode_with_literals). No BOS is added here.
+std::vector<TokenId> encode_chat(const Tokenizer& tok, const RenderedChat& chat);
+// render_chat + encode_chat, with a BOS in front when the tokenizer wants one
+// and the template does not render it itself: a conversation's prompt ids.
 std::vector<TokenId> encode_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt = true, bool enable_thinking = true);
 

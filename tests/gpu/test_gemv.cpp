@@ -122,7 +122,8 @@ void check_gemv(const Case& c) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                       TensorType::Q1_0}) {
+                       TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
     out.push_back({t, 1, 256});
     out.push_back({t, 37, 512});
     out.push_back({t, 131, 4096});
@@ -255,7 +256,8 @@ std::vector<FusedCase> fused_cases() {
   using E = cuda::GemvEpilogue;
   std::vector<FusedCase> out;
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                       TensorType::Q1_0}) {
+                       TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
     out.push_back({t, 512, {37, 5, 11}, true, E::store});  // Q/K/V-like: three heights, one launch
     out.push_back({t, 768, {131}, false, E::add});         // residual update
     out.push_back({t, 512, {67, 67}, true, E::swiglu});    // gate/up
@@ -264,6 +266,9 @@ std::vector<FusedCase> fused_cases() {
   out.push_back({TensorType::Q1_0, 12288, {41}, false, E::add});
   out.push_back({TensorType::BF16, 4096, {97, 97}, true, E::swiglu});
   out.push_back({TensorType::BF16, 12288, {23}, false, E::add});
+  out.push_back({TensorType::Q4_K, 4096, {300, 64, 64}, true, E::store});
+  out.push_back({TensorType::Q6_K, 12288, {41}, false, E::add});
+  out.push_back({TensorType::Q5_K, 4096, {97, 97}, true, E::swiglu});
   return out;
 }
 

@@ -42,6 +42,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/gemv_kquant.hpp"
 #include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
 
@@ -580,6 +581,7 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   const GpuMatrix& w0 = *req.out[0].w;
   KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU GEMV: unsupported ",
             gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
+  if (gguf::is_k_quant(w0.type)) return gemv_kquant(req, stream);  // gemv_kquant.cu
   // The staged input must fit in shared memory (200 KiB of the 227 available).
   const int capped_cols = int(std::min<int64_t>(w0.cols, 1 << 24));
   const size_t staged = gemv_smem_bytes(w0.type, capped_cols, req.norm_weight);

@@ -14,6 +14,8 @@
 // values (scale = amax/127, round to nearest) and use integer dot products
 // (dp4a); the only difference from the CPU reference is that rounding of u,
 // bounded per element by half a quantization step (tests check that bound).
+// K-quants (Q2_K..Q6_K) have their own kernel (gemv_kquant.hpp) behind the
+// same request: fp32 input, each weight dequantized exactly as on the CPU.
 // With a norm, u = x * norm_weight is what gets staged and the row's 1/rms is
 // applied to each finished dot product (the same value up to rounding).
 #pragma once

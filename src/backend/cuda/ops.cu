@@ -8,6 +8,7 @@
 
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
+#include "backend/cuda/kquant.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -34,6 +35,13 @@ struct MatrixView {
 
 MatrixView view_of(const GpuMatrix& w) {
   return {w.type, w.cols, w.codes.data(), w.scales.data()};
+}
+
+// Weight (r, c) of a K-quant matrix (kquant.cuh: the CPU reference's value).
+__device__ __forceinline__ float kquant_weight_at(const MatrixView& m, int64_t r, int64_t c) {
+  const int64_t rec = r * (m.cols / 256) + c / 256;
+  return kq::weight(m.type, m.codes + rec * kq::code_bytes(m.type), m.scales + rec * kq::scale_count(m.type),
+                    int(c % 256));
 }
 
 // Weight (r, c) dequantized exactly like gguf/cpu dequantize_row: d * q in fp32.
@@ -63,6 +71,12 @@ __device__ __forceinline__ float weight_at(const MatrixView& m, int64_t r, int64
       const float d = f16_to_f32(m.scales[r * (m.cols / 128) + c / 128]);
       return ((word >> (8 * (j % 4) + j / 4)) & 1u) ? d : -d;
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return kquant_weight_at(m, r, c);
   }
   return 0.0f;
 }
@@ -120,6 +134,17 @@ __device__ __forceinline__ void dequant8(const MatrixView& m, int64_t r, int64_t
       const uint32_t word = reinterpret_cast<const uint32_t*>(m.codes)[r * (m.cols / 32) + c / 32];
       const int j0 = int(c % 32);
       for (int j = 0; j < 8; ++j) w[j] = ((word >> (8 * ((j0 + j) % 4) + (j0 + j) / 4)) & 1u) ? d : -d;
+      return;
+    }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: {  // 8 weights of one record (c is a multiple of 8)
+      const int64_t rec = r * (m.cols / 256) + c / 256;
+      const uint8_t* codes = m.codes + rec * kq::code_bytes(m.type);
+      const uint16_t* scales = m.scales + rec * kq::scale_count(m.type);
+      for (int j = 0; j < 8; ++j) w[j] = kq::weight(m.type, codes, scales, int(c % 256) + j);
       return;
     }
   }
