@@ -4,7 +4,8 @@
 # device time per call. The tracked tree plus the carried binaries must stay
 # under the device tool's 64 MiB, so only what the GPU needs travels:
 #   mkdir -p carry && cp build/kvq build/tests/kvq_gpu_tests build/kvq_bench_gemv tests/data/kv/heldout_code.txt carry/
-#   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb .deps-run/
+#   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb \
+#     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps-run/
 #   (carry .deps-run and carry; untrack tests/data and models/tokenizers for the call if the tree is too large)
 # On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [bench] [eval]
 # Results: $OUT (gpu_tests_*.txt, bench.tgz, ...); a summary on stdout.

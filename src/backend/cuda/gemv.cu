@@ -42,6 +42,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/gemv_kquant.hpp"
 #include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
@@ -485,36 +486,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
 
 GemvTuning g_tuning;  // set_gemv_tuning (BackendOptions::gemv_warps)
 
-// CTAs of one kernel that stay resident per SM with `smem` bytes, cached per
-// kernel (keyed by its address: instances share a function-pointer type).
-template <typename Kernel>
-int resident_ctas(Kernel kernel, size_t smem, int threads = kThreads) {
-  struct Entry {
-    size_t configured = 0;
-    int ctas = 1;
-  };
-  // The shared-memory opt-in is an attribute of the kernel (whatever its
-  // block size) and only ever raised: lowering it for one block size would
-  // break a later launch at another size that relies on the larger value.
-  static std::map<const void*, size_t> opted_in;
-  static std::map<std::pair<const void*, int>, Entry> cache;
-  const void* key = reinterpret_cast<const void*>(kernel);
-  Entry& e = cache[{key, threads}];
-  if (smem > e.configured) {
-    // Always raised once: the static shared memory (the norm's partial sums)
-    // counts against the 48 KiB default too.
-    size_t& opted = opted_in[key];
-    if (smem > opted) {
-      KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      opted = smem;
-    }
-    int n = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    e.ctas = std::max(1, n);
-    e.configured = smem;
-  }
-  return e.ctas;
-}
 
 template <TensorType T, bool kPair, bool kWide = false>
 void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/kquant.cuh"
 #include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
@@ -332,24 +333,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kquant_kernel(KArgs a) {
   }
 }
 
-// CTAs of a kernel instance resident per SM with `smem` bytes, cached.
-template <typename Kernel>
-int resident_ctas(Kernel kernel, size_t smem, int threads) {
-  struct Entry {
-    size_t configured = 0;
-    int ctas = 1;
-  };
-  static std::map<std::pair<const void*, int>, Entry> cache;
-  Entry& e = cache[{reinterpret_cast<const void*>(kernel), threads}];
-  if (smem > e.configured) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    int n = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    e.ctas = std::max(1, n);
-    e.configured = smem;
-  }
-  return e.ctas;
-}
 
 template <TensorType T, bool kPair>
 void launch(const KArgs& a, cudaStream_t stream) {
