@@ -1,7 +1,7 @@
 // Kernel lab: time one decode step's worth of GEMVs for a model shape with the
 // production gemv() (weights resident in the GPU layout, random contents),
 // against the measured device-to-device copy bandwidth.
-//   kvq_bench_gemv [bonsai-8b|qwen3-8b|q8-8b|q4-8b] [iters]
+//   kvq_bench_gemv [bonsai-8b|qwen3-8b|q8-8b|q4-8b|q2k-8b|q3k-8b|q4k-8b|q5k-8b|q6k-8b] [iters]
 // Prints per-matrix-kind and whole-step times (CUDA events, median of iters
 // after warm-up), GB/s and % of copy bandwidth.
 #include <cuda_runtime.h>
@@ -40,6 +40,17 @@ cuda::GpuMatrix random_matrix(TensorType t, int64_t rows, int64_t cols, uint32_t
   const auto& info = gguf::tensor_type_info(t);
   const bool q = t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
   const size_t blocks = size_t(rows) * (cols / info.block_size);
+  if (gguf::is_k_quant(t)) {  // random records (values are irrelevant to the timing), fp16 super-scales ~0.0078
+    const GpuKQuantRecord rec = gpu_kquant_record(t);
+    m.codes.resize(blocks * rec.code_bytes);
+    fill_random_bytes<<<1024, 256>>>(m.codes.data(), m.codes.size(), seed);
+    if (rec.scales) {
+      m.scales.resize(blocks * rec.scales);
+      fill_value_u16<<<1024, 256>>>(m.scales.data(), m.scales.size(), 0x2000);
+    }
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    return m;
+  }
   m.codes.resize(blocks * (q ? info.block_bytes - 2 : info.block_bytes));
   fill_random_bytes<<<1024, 256>>>(m.codes.data(), m.codes.size(), seed);
   if (t == TensorType::BF16) {  // keep values finite: overwrite with a constant bf16 pattern
@@ -64,6 +75,11 @@ int main(int argc, char** argv) {
   if (shape == "qwen3-8b") t = TensorType::BF16;
   else if (shape == "q8-8b") t = TensorType::Q8_0;
   else if (shape == "q4-8b") t = TensorType::Q4_0;
+  else if (shape == "q2k-8b") t = TensorType::Q2_K;
+  else if (shape == "q3k-8b") t = TensorType::Q3_K;
+  else if (shape == "q4k-8b") t = TensorType::Q4_K;
+  else if (shape == "q5k-8b") t = TensorType::Q5_K;
+  else if (shape == "q6k-8b") t = TensorType::Q6_K;
   const int layers = 36, d = 4096, qd = 4096, kvd = 1024, ff = 12288, vocab = 151936;
   struct Kind { const char* name; int rows, cols; };
   const Kind kinds[] = {{"attn_q", qd, d}, {"attn_k", kvd, d}, {"attn_v", kvd, d}, {"attn_output", d, qd},

@@ -8,12 +8,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gguf/gguf.hpp"
+#include "gguf/quant.hpp"
 #include "model/config.hpp"
 #include "model/tensor_names.hpp"
 #include "model/weights.hpp"
@@ -23,12 +25,17 @@ namespace kvq::testutil {
 using gguf::TensorType;
 
 inline int block_of(TensorType t) {
-  return t == TensorType::Q8_0 || t == TensorType::Q4_0 ? 32 : t == TensorType::Q1_0 ? 128 : 1;
+  return int(gguf::tensor_type_info(t).block_size);
 }
 
 // Quantizes n floats (a multiple of the block size) into type t.
 inline std::vector<uint8_t> quantize(TensorType t, const float* x, int64_t n) {
   std::vector<uint8_t> out;
+  if (gguf::is_k_quant(t)) {  // the library's quantizer: only the dequantized values matter here
+    out.resize(gguf::tensor_row_bytes(t, uint64_t(n)));
+    gguf::quantize_row(t, x, out.data(), n);
+    return out;
+  }
   auto put16 = [&](uint16_t h) { out.push_back(uint8_t(h & 0xff)); out.push_back(uint8_t(h >> 8)); };
   switch (t) {
     case TensorType::F32:
@@ -106,6 +113,18 @@ inline float weight_at(TensorType t, const uint8_t* row, int64_t i) {
       const int j = int(i % 128);
       return ((b[2 + j / 8] >> (j % 8)) & 1) ? f16(b) : -f16(b);
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: {
+      // gguf/quant.cpp's per-weight reference (checked against the Python
+      // decoder's fixtures in test_kquant.cpp), not backend/cpu's kernels.
+      float block[256];
+      const uint32_t bb = gguf::tensor_type_info(t).block_bytes;
+      gguf::dequantize_row(t, row + bb * (i / 256), block, 256);
+      return block[i % 256];
+    }
   }
   return NAN;
 }
@@ -139,8 +158,13 @@ struct MemTensors {
     const int64_t rows = t.ne.size() > 1 ? int64_t(t.ne[1]) : 1;
     const size_t rb = bytes.at(name).size() / rows;
     std::vector<float> out(rows * cols);
-    for (int64_t r = 0; r < rows; ++r)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (gguf::is_k_quant(t.type)) {  // weight_at would decode a whole super-block per weight
+        gguf::dequantize_row(t.type, t.data + r * rb, out.data() + r * cols, cols);
+        continue;
+      }
       for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = weight_at(t.type, t.data + r * rb, c);
+    }
     return out;
   }
 };
@@ -151,23 +175,27 @@ inline std::vector<float> randn(Rng& rng, size_t n, float scale) {
   return v;
 }
 
-// A tiny random model of the given architecture, every matrix in `wtype`.
+// A tiny random model of the given architecture, every matrix in `wtype`
+// (token_embd in `embd_type` when given, as llama-quantize stores it in Q6_K).
 struct TinyModel {
   ModelConfig cfg;
   MemTensors t;
 };
 
-inline std::unique_ptr<TinyModel> make_tiny(Arch arch, TensorType wtype, uint64_t seed, bool tied = false) {
+inline std::unique_ptr<TinyModel> make_tiny(Arch arch, TensorType wtype, uint64_t seed, bool tied = false,
+                                            std::optional<TensorType> embd_type = std::nullopt) {
   auto m = std::make_unique<TinyModel>();
   ModelConfig& c = m->cfg;
+  // K-quants need rows of 256 weights: a wider model for them.
+  const bool wide = block_of(wtype) > 128 || (embd_type && block_of(*embd_type) > 128);
   c.arch = arch;
   c.n_layers = 2;
-  c.d_model = 128;
-  c.d_ff = 256;
+  c.d_model = wide ? 256 : 128;
+  c.d_ff = wide ? 512 : 256;
   c.n_heads = 4;
   c.n_kv_heads = 2;
-  c.head_dim = 32;
-  c.head_dim_v = 32;
+  c.head_dim = wide ? 64 : 32;
+  c.head_dim_v = c.head_dim;
   c.vocab_size = 96;
   c.context_length = 256;
   c.norm_eps = 1e-6f;
@@ -184,7 +212,7 @@ inline std::unique_ptr<TinyModel> make_tiny(Arch arch, TensorType wtype, uint64_
     for (float& x : v) x = 1.0f + 0.1f * float(rng.normal());
     return v;
   };
-  m->t.add(tn::token_embd, wtype, {d, V}, randn(rng, d * V, 1.0f));
+  m->t.add(tn::token_embd, embd_type.value_or(wtype), {d, V}, randn(rng, d * V, 1.0f));
   if (!tied) m->t.add(tn::output, wtype, {d, V}, randn(rng, d * V, 1.0f / std::sqrt(float(d))));
   m->t.add(tn::output_norm, TensorType::F32, {d}, ones_ish(d));
   for (int l = 0; l < c.n_layers; ++l) {

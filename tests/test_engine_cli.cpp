@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cli_test_util.hpp"
 #include "core/npy.hpp"
 #include "model/synth.hpp"
 
@@ -17,50 +18,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Out {
-  int rc;
-  std::string out, err;
-};
+using Out = kvq::test::CliOut;
 
-// Runs kvq with args (and `input` on stdin); captures stdout, stderr, exit status.
-Out sh(const std::string& args, const std::string& input = "") {
-  static int n = 0;
-  const std::string tag = std::to_string(::getpid()) + "_" + std::to_string(n++);
-  const fs::path errf = fs::temp_directory_path() / ("kvq_cli_err_" + tag);
-  const fs::path inf = fs::temp_directory_path() / ("kvq_cli_in_" + tag);
-  {
-    FILE* f = fopen(inf.c_str(), "w");
-    fwrite(input.data(), 1, input.size(), f);
-    fclose(f);
-  }
-  const std::string cmd = std::string(KVQ_BIN) + " " + args + " <" + inf.string() + " 2>" + errf.string();
-  Out o{};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t k;
-  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), k);
-  const int st = pclose(p);
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  FILE* e = fopen(errf.c_str(), "r");
-  while (e && (k = fread(buf.data(), 1, buf.size(), e)) > 0) o.err.append(buf.data(), k);
-  if (e) fclose(e);
-  fs::remove(errf);
-  fs::remove(inf);
-  return o;
-}
-
-const std::string& tiny_path(const std::string& shape) {
-  static std::map<std::string, std::string> paths;
-  auto& p = paths[shape];
-  if (p.empty()) {
-    p = (fs::temp_directory_path() / ("kvq_cli_" + shape + "_" + std::to_string(::getpid()) + ".gguf")).string();
-    SynthOptions so;
-    so.shape = shape;
-    so.seed = 3;
-    write_synthetic(so, p);
-  }
-  return p;
-}
+Out sh(const std::string& args, const std::string& input = "") { return kvq::test::kvq_cli(args, input); }
+const std::string& tiny_path(const std::string& shape) { return kvq::test::synth_model_path(shape); }
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // determinism, prefix reuse across calls, logits sink alignment, stop rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -101,6 +102,29 @@ TEST(EngineSession, ChunkedPrefillGivesTheSameGeneration) {
   EXPECT_EQ(whole, chunked);
 }
 
+// Two sequences on one model, decoding in turns (the server's case): each has
+// its own run state and cache, so each produces exactly what it produces alone.
+TEST(EngineSession, InterleavedSessionsOnOneModelMatchTheSessionsAlone) {
+  auto& t = tiny();
+  const auto pa = t.session()->tokenize("def add(a, b):", true, false);
+  const auto pb = t.session()->tokenize("import os\nimport sys\n", true, false);
+  const auto alone_a = t.session()->generate(pa, greedy(12)).tokens;
+  const auto alone_b = t.session()->generate(pb, greedy(12)).tokens;
+  auto a = t.session(), b = t.session();
+  EXPECT_NE(&a->run_state(), &b->run_state());
+  // Prefill both, then alternate single steps (greedy over the tokenizer's
+  // vocabulary, as generate() samples).
+  const int vocab = std::min(t.tok->vocab_size(), t.model->config().vocab_size);
+  auto best = [&](const std::vector<float>& l) { return TokenId(std::max_element(l.begin(), l.begin() + vocab) - l.begin()); };
+  std::vector<TokenId> ta{best(a->feed(pa))}, tb{best(b->feed(pb))};
+  for (int i = 0; i + 1 < 12; ++i) {
+    ta.push_back(a->feed_greedy(ta.back(), vocab));
+    tb.push_back(b->feed_greedy(tb.back(), vocab));
+  }
+  EXPECT_EQ(ta, alone_a);
+  EXPECT_EQ(tb, alone_b);
+}
+
 TEST(EngineSession, LogitsSinkHasARowForEveryToken) {
   auto& t = tiny();
   auto s = t.session();
@@ -151,4 +175,38 @@ TEST(EngineSession, PromptLongerThanTheContextIsAClearError) {
     EXPECT_EQ(e.code(), Errc::out_of_range);
     EXPECT_NE(std::string(e.what()).find("--ctx"), std::string::npos) << e.what();
   }
+}
+
+TEST(EngineSession, OnTokenSeesEveryTokenWithItsLogitsAndCanCancel) {
+  auto& t = tiny();
+  const auto prompt = t.session()->tokenize("def add(a, b):", true, false);
+  const GenerateResult ref = t.session()->generate(prompt, greedy(10));
+  ASSERT_EQ(ref.tokens.size(), 10u);
+
+  // Every token, in order; with token_logits the row it was chosen from (greedy: its argmax).
+  std::vector<TokenId> seen;
+  GenerateOptions g = greedy(10);
+  g.token_logits = true;
+  const int vocab = std::min(t.tok->vocab_size(), t.model->config().vocab_size);
+  g.on_token = [&](TokenId id, const float* logits) {
+    EXPECT_NE(logits, nullptr);
+    if (logits) EXPECT_EQ(TokenId(std::max_element(logits, logits + vocab) - logits), id);
+    seen.push_back(id);
+    return true;
+  };
+  const GenerateResult r = t.session()->generate(prompt, g);
+  EXPECT_EQ(seen, ref.tokens);
+  EXPECT_EQ(r.tokens, ref.tokens);
+
+  // Without token_logits (the backend-greedy path) no logits; false cancels after that token.
+  int calls = 0;
+  GenerateOptions c = greedy(10);
+  c.on_token = [&](TokenId, const float* logits) {
+    EXPECT_EQ(logits, nullptr);
+    return ++calls < 4;
+  };
+  const GenerateResult cancelled = t.session()->generate(prompt, c);
+  EXPECT_EQ(cancelled.stop_reason, "cancelled");
+  EXPECT_EQ(cancelled.tokens, std::vector<TokenId>(ref.tokens.begin(), ref.tokens.begin() + 4));
+  EXPECT_EQ(calls, 4);
 }

@@ -127,7 +127,8 @@ struct Fixture {
   std::unique_ptr<testutil::TinyModel> tiny;
   std::unique_ptr<Backend> backend = cpu::make_cpu_backend();
   std::unique_ptr<Model> model;
-  Fixture(Arch arch, TensorType t, bool tied = false) : tiny(testutil::make_tiny(arch, t, 11, tied)) {
+  Fixture(Arch arch, TensorType t, bool tied = false, std::optional<TensorType> embd = std::nullopt)
+      : tiny(testutil::make_tiny(arch, t, 11, tied, embd)) {
     model = std::make_unique<Model>(tiny->cfg, load_weights(tiny->cfg, tiny->t.lookup()), *backend);
   }
   // Logits of every position, feeding the ids in chunks of `chunk`.
@@ -150,9 +151,8 @@ const char* type_name(TensorType t) {
     case TensorType::BF16: return "BF16";
     case TensorType::Q8_0: return "Q8_0";
     case TensorType::Q4_0: return "Q4_0";
-    case TensorType::Q1_0: return "Q1_0";
+    default: return gguf::tensor_type_name(t);
   }
-  return "?";
 }
 
 }  // namespace
@@ -182,12 +182,35 @@ INSTANTIATE_TEST_SUITE_P(
     AllArchsAndTypes, ForwardVsNaive,
     ::testing::Combine(::testing::Values(Arch::qwen3, Arch::llama),
                        ::testing::Values(TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0,
-                                         TensorType::Q4_0, TensorType::Q1_0),
+                                         TensorType::Q4_0, TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K,
+                                         TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K),
                        ::testing::Bool()),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == Arch::qwen3 ? "qwen3_" : "llama_") +
              type_name(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_tied" : "");
     });
+
+// llama-quantize's Q4_0 (and Q1_0) outputs store token_embd as Q6_K; Q4_K_M
+// files mix Q4_K and Q6_K. Tied, so the Q6_K table is also the LM head.
+TEST(ForwardVsNaiveMixed, QuantizeToolMixesOfTypes) {
+  for (auto [matrices, embd] : {std::pair{TensorType::Q4_0, TensorType::Q6_K}, {TensorType::Q1_0, TensorType::Q6_K},
+                                {TensorType::Q4_K, TensorType::Q6_K}}) {
+    Fixture f(Arch::qwen3, matrices, /*tied=*/true, embd);
+    ASSERT_EQ(f.tiny->t.info.at(tensor_names::token_embd).type, embd);
+    const auto ids = some_ids(9, f.tiny->cfg.vocab_size, 3);
+    const auto got = f.run(ids, 5);
+    const auto ref = naive_forward(*f.tiny, ids);
+    const int V = f.tiny->cfg.vocab_size;
+    double ref_max = 0;
+    for (const auto& row : ref)
+      for (double v : row) ref_max = std::max(ref_max, std::fabs(v));
+    ASSERT_GT(ref_max, 0.1);
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (int i = 0; i < V; ++i)
+        ASSERT_NEAR(got[t * V + i], ref[t][i], 1e-4 * ref_max + 1e-5)
+            << gguf::tensor_type_name(matrices) << " + " << gguf::tensor_type_name(embd) << " position " << t;
+  }
+}
 
 TEST(ForwardConsistency, BatchedPrefillEqualsTokenByTokenDecode) {
   for (Arch arch : {Arch::qwen3, Arch::llama}) {
@@ -252,7 +275,7 @@ TEST(ForwardErrors, MissingOrMisshapenTensorNamesIt) {
   tiny2->t.info[tn::blk(0, tn::attn_q)].ne = {128, 64};
   EXPECT_THROW(load_weights(tiny2->cfg, tiny2->t.lookup()), Error);
   auto tiny3 = testutil::make_tiny(Arch::llama, TensorType::F32, 1);
-  tiny3->t.info[tn::blk(0, tn::attn_q)].type = TensorType(12);  // Q4_K: not supported
+  tiny3->t.info[tn::blk(0, tn::attn_q)].type = TensorType(6);  // Q5_0: not supported
   try {
     load_weights(tiny3->cfg, tiny3->t.lookup());
     FAIL() << "no error";

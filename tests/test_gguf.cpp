@@ -50,8 +50,9 @@ TEST(GgufTypes, TableHasBlockGeometry) {
   EXPECT_EQ(uint32_t(TensorType::Q1_0), 41u);
   EXPECT_EQ(tensor_type_from_name("q1_0"), TensorType::Q1_0);
   EXPECT_EQ(tensor_type_from_name("bf16"), TensorType::BF16);
-  EXPECT_FALSE(tensor_type_from_name("q4_k").has_value());
-  EXPECT_EQ(tensor_type_info(12u), nullptr);
+  EXPECT_FALSE(tensor_type_from_name("q5_0").has_value());  // a real ggml type kvq does not read
+  EXPECT_EQ(tensor_type_info(6u), nullptr);
+  EXPECT_STREQ(ggml_type_id_name(6), "Q5_0");
   EXPECT_STREQ(ggml_type_id_name(12), "Q4_K");
   EXPECT_EQ(ggml_type_id_name(1000), nullptr);
   EXPECT_EQ(tensor_row_bytes(TensorType::Q1_0, 4096), 4096u / 128 * 18);

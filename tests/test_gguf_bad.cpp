@@ -273,7 +273,7 @@ TEST(GgufBad, TensorInfos) {
   expect_bad("ne zero", one({8, 0}, 0, 0), "has a zero dimension [8, 0]");
   expect_bad("ne overflow", one({uint64_t(1) << 40, uint64_t(1) << 40}, 0, 0), "overflows 64-bit element count");
   expect_bad("ne max", one({uint64_t(-1)}, 0, 0), "overflows 64-bit element count");
-  expect_bad("unsupported type", one({256}, 12, 0), "unsupported tensor type Q4_K (id 12) for 'blk.3.attn_q.weight'");
+  expect_bad("unsupported type", one({256}, 6, 0), "unsupported tensor type Q5_0 (id 6) for 'blk.3.attn_q.weight'");
   expect_bad("unknown type", one({256}, 200, 0), "unknown tensor type id 200 for 'blk.3.attn_q.weight'");
   expect_bad("unknown type 40", one({256}, 40, 0), "unknown tensor type id 40");
   expect_bad("block size", one({33}, 8, 0), "(Q8_0) has row length 33, not a multiple of the block size 32");

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 #include "backend/gpu_layout.hpp"
 #include "core/error.hpp"
@@ -28,7 +29,8 @@ std::vector<uint8_t> random_matrix(TensorType t, int64_t rows, int64_t cols, uin
 
 TEST(GpuLayout, PackUnpackRoundTripsEveryType) {
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                       TensorType::Q1_0}) {
+                       TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
     const auto data = random_matrix(t, 7, 512, 11);
     const auto packed = pack_matrix_for_gpu(t, 7, 512, data.data());
     EXPECT_EQ(unpack_matrix_from_gpu(packed), data) << gguf::tensor_type_name(t);
@@ -68,6 +70,34 @@ TEST(GpuLayout, Q1_0WordTransposeIsABijection) {
   const uint32_t w = q1_transpose_word(0xf0u);  // weights 4..7 set: k = 1
   EXPECT_EQ((w >> 1) & 0x01010101u, 0x01010101u);
   EXPECT_EQ(w & 0x01010101u, 0u);
+}
+
+TEST(GpuLayout, KQuantRecordsAre16ByteMultiplesHoldingTheBlock) {
+  const std::map<TensorType, std::pair<uint32_t, uint32_t>> want = {{TensorType::Q2_K, {80, 2}},
+                                                                     {TensorType::Q3_K, {112, 1}},
+                                                                     {TensorType::Q4_K, {144, 0}},
+                                                                     {TensorType::Q5_K, {176, 0}},
+                                                                     {TensorType::Q6_K, {208, 1}}};
+  for (const auto& [t, sizes] : want) {
+    const GpuKQuantRecord rec = gpu_kquant_record(t);
+    EXPECT_EQ(rec.code_bytes, sizes.first) << gguf::tensor_type_name(t);
+    EXPECT_EQ(rec.scales, sizes.second) << gguf::tensor_type_name(t);
+    // Codes, scales and padding account for every byte of a GGUF block.
+    EXPECT_GE(rec.code_bytes + 2 * rec.scales, gguf::tensor_type_info(t).block_bytes);
+    EXPECT_LT(rec.code_bytes + 2 * rec.scales, gguf::tensor_type_info(t).block_bytes + 16);
+    const auto data = random_matrix(t, 3, 768, 5);
+    const auto p = pack_matrix_for_gpu(t, 3, 768, data.data());
+    ASSERT_EQ(p.codes.size(), size_t(3 * 3 * rec.code_bytes));
+    ASSERT_EQ(p.scales.size(), size_t(3 * 3 * rec.scales));
+    // Block 4 (row 1, block 1): its leading bytes, and its trailing fp16 scales.
+    const size_t bb = gguf::tensor_type_info(t).block_bytes;
+    const uint8_t* src = data.data() + 4 * bb;
+    EXPECT_EQ(std::memcmp(p.codes.data() + 4 * rec.code_bytes, src, bb - 2 * rec.scales), 0);
+    for (uint32_t k = 0; k < rec.scales; ++k)
+      EXPECT_EQ(p.scales[4 * rec.scales + k], uint16_t(src[bb - 2 * rec.scales + 2 * k] |
+                                                       (src[bb - 2 * rec.scales + 2 * k + 1] << 8)));
+  }
+  EXPECT_THROW(gpu_kquant_record(TensorType::Q8_0), Error);
 }
 
 TEST(GpuLayout, RejectsUnsupportedShapes) {

@@ -57,7 +57,7 @@ TEST(KvTables, TurboAndTcqDecodeFromTablesInParallelForm) {
     const int N = blk->spec().bits;
     for (int i = 0; i < D; ++i) {
       float c;
-      if (blk->spec().family == "turbo") {
+      if (blk->spec().family == kv::Family::turbo) {
         c = t.codebook[code_at(r.code.data(), i, D, N)];
       } else {  // window from the branch bits at i-memory .. i, read directly
         uint32_t w = 0;

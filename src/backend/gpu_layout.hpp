@@ -14,6 +14,15 @@
 //           weight 32i + 4k + b sits at bit 8b + k, so (word >> k) & 0x01010101
 //           is weights 4k..4k+3 as four 0/1 bytes, ready for one dp4a with
 //           four int8 inputs (q1_transpose_word).
+//   K-quants (256-weight super-blocks, gguf/quant.hpp), one record per super-block,
+//   row-major, every record a multiple of 16 bytes:
+//     Q4_K  : codes = the 144-byte block as stored (d, dmin, scales, nibbles)   no scales
+//     Q5_K  : codes = the 176-byte block as stored                              no scales
+//     Q6_K  : codes = ql, qh, int8 scales (208 bytes)           scales fp16 [rows][blocks]: d
+//     Q2_K  : codes = scale/min bytes, 2-bit codes (80 bytes)   scales fp16 [rows][blocks][2]: d, dmin
+//     Q3_K  : codes = high bits, low bits, 12 scale bytes, 4 zero bytes (112)
+//                                                               scales fp16 [rows][blocks]: d
+//   i.e. the fp16 super-scales that end a Q2_K/Q3_K/Q6_K block move to `scales`.
 //
 // This is plain CPU code (tested in CI); the CUDA backend uploads the result.
 #pragma once
@@ -32,6 +41,13 @@ struct GpuMatrixLayout {
   std::vector<uint8_t> codes;
   std::vector<uint16_t> scales;  // fp16 bits; empty for float types
 };
+
+// Per-super-block sizes of a K-quant in the GPU layout above.
+struct GpuKQuantRecord {
+  uint32_t code_bytes;  // multiple of 16
+  uint32_t scales;      // fp16 super-scales moved to `scales` (0, 1 or 2)
+};
+GpuKQuantRecord gpu_kquant_record(gguf::TensorType t);  // throws for non-K-quants
 
 // True when the GPU GEMV supports this type and column count (cols must be a
 // multiple of 256 for quantized types and of 8 for float types).

@@ -215,7 +215,10 @@ Plots write_plots(const std::string& dir, const std::vector<CellResult>& cells, 
     for (const auto& term : fmt.terminals) {
       const fs::path script = data_dir / ("plots_" + fmt.ext + ".gp");
       std::ofstream(script) << plot_script(term, fmt.ext, series, reps);
-      const auto [rc, text] = run_command("cd " + sh_quote(dir) + " && gnuplot " + sh_quote(script.string()));
+      // The script path made absolute: gnuplot runs inside `dir`, and a
+      // relative --out would otherwise name the script from the wrong folder.
+      const auto [rc, text] =
+          run_command("cd " + sh_quote(dir) + " && gnuplot " + sh_quote(fs::absolute(script).string()));
       bool all = rc == 0;
       for (const char* n : names) {
         const fs::path f = fs::path(dir) / (std::string(n) + "." + fmt.ext);

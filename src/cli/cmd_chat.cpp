@@ -4,14 +4,16 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <iostream>
 
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace kvq::cli {
 namespace {
+
+constexpr int kChatTurnTokens = 512;
 
 struct ChatArgs {
   ModelOptions model;
@@ -33,13 +35,14 @@ int chat(ChatArgs& a) {
   g.n_predict = a.sampling.n_predict;
   g.stop = a.sampling.stop;
   g.sampling = a.sampling.params;
+  g.stop_tokens = chat_stop_tokens(*l.tokenizer, a.chat_opts);
   std::string line;
   while (true) {
     if (tty) {
       std::fprintf(stderr, "> ");
       std::fflush(stderr);
     }
-    if (!std::getline(std::cin, line)) break;
+    if (!read_line_bounded(stdin, line, kMaxTextInputBytes, "a chat message")) break;
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       history.resize(a.chat_opts.system.empty() ? 0 : 1);
@@ -62,6 +65,9 @@ int chat(ChatArgs& a) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     history.push_back({"assistant", r.text});
+    if (r.stop_reason == "max tokens" && g.n_predict > 0)
+      std::fprintf(stderr, "kvq: (reply cut at %d tokens; -n N sets the limit per turn, -n -1 removes it)\n",
+                   g.n_predict);
     if (a.verbose_speed) std::fprintf(stderr, "kvq: %s\n", speed_line(r).c_str());
   }
   return 0;
@@ -69,7 +75,10 @@ int chat(ChatArgs& a) {
 
 KVQ_REGISTER_COMMAND("chat", "Interactive chat on stdin using the model's chat template", [](CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
-  a->sampling.n_predict = -1;  // a turn ends at the end-of-turn token
+  // A turn ends at the model's end-of-turn token; the cap keeps a model that
+  // never says it (the embedded code model rarely does) from filling the
+  // whole context in one turn. -n -1 lifts it.
+  a->sampling.n_predict = kChatTurnTokens;
   add_model_options(app, a->model);
   add_sampling_options(app, a->sampling);
   add_chat_options(app, a->chat_opts);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend/backend.hpp"
 #include "cli/command.hpp"
 #include "core/error.hpp"
 #include "gguf/gguf.hpp"
@@ -24,6 +25,9 @@ namespace {
 struct CodecsArgs {
   int head_dim = 128;
   int kv_heads = 0;  // 0: report per KV head
+  int n_heads = 0;   // query heads (from -m); the GPU column assumes Qwen3-8B's 32 / 8 without a model
+  int gpu_kv_heads() const { return kv_heads > 0 ? kv_heads : 8; }
+  int gpu_heads() const { return n_heads > 0 ? n_heads : gpu_kv_heads() * 4; }
   bool json = false;
   bool sqnr = false;
   bool design_tcq = false;
@@ -61,8 +65,13 @@ nlohmann::ordered_json codec_json(const kv::CodecInfo& info, const kv::ResolvedC
                       {"within_budget", kb <= kv::block_budget_bits(rc.k) + 1e-9 &&
                                             vb <= kv::block_budget_bits(rc.v) + 1e-9},
                       {"bytes_per_token_per_layer", per_head * size_t(a.kv_heads > 0 ? a.kv_heads : 1)},
-                      {"gpu_fused_decode", info.gpu_fused_decode},
                       {"notes", info.notes}};
+  // The CUDA kernel selector's answer at this shape (no GPU needed).
+  const GpuCodecSupport gpu = gpu_codec_support(rc.k, rc.v, d, a.gpu_heads(), a.gpu_kv_heads());
+  j["gpu_fused_decode"] = gpu.supported;
+  j["gpu_decode_kernel"] = gpu.decode_kernel;
+  j["gpu_prefill_kernel"] = gpu.prefill_kernel;
+  if (!gpu.supported) j["gpu_why"] = gpu.why;
   if (form == "rotor_qjl") j["options"] = "--kv " + info.name + " --rotor-qjl on";
   return j;
 }
@@ -72,6 +81,7 @@ int run_codecs(CodecsArgs a) {
     const ModelConfig cfg = ModelConfig::from_gguf(gguf::File::open(a.model));
     a.head_dim = cfg.head_dim;
     a.kv_heads = cfg.n_kv_heads;
+    a.n_heads = cfg.n_heads;
   }
   KVQ_CHECK(a.head_dim > 0, Errc::invalid_argument, "--head-dim must be positive");
   if (a.design_tcq) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cli/options.hpp"
 #include "core/error.hpp"
 #include "gguf/gguf.hpp"
 #include "model/config.hpp"
@@ -171,11 +172,11 @@ std::function<int()> setup(CLI::App& sub) {
   auto path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto keys = std::make_shared<bool>(false);
-  sub.add_option("-m,--model", *path, "GGUF file")->required();
+  sub.add_option("-m,--model", *path, "GGUF file (default: $KVQ_MODEL or the embedded models/kvq-tiny-code.gguf)");
   sub.add_flag("--json", *as_json, "Print JSON");
   sub.add_flag("--keys", *keys, "Also list every metadata key (arrays truncated)");
   return [path, as_json, keys]() {
-    const File f = File::open(*path);
+    const File f = File::open(path->empty() ? kvq::cli::resolve_model_path("") : *path);
     json j;
     j["file"] = f.path();
     j["version"] = f.version();

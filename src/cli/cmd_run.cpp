@@ -9,6 +9,7 @@
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/npy.hpp"
 #include "engine/token_healing.hpp"
 
@@ -23,18 +24,11 @@ struct RunArgs {
   std::string prompt_file;
   bool chat = false;
   bool no_heal = false;
+  bool special = false;   // --special: control tokens written in -p/-f text are recognised
   std::string dump_logits;
   int random_prompt = 0;  // --random-prompt N: N pseudo-random token ids instead of text
   int repeat = 1;         // --repeat R: measure R runs after a warm-up (bench protocol), report the medians
 };
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(Errc::io, "cannot read prompt file '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // FILE.npy -> FILE.tokens.npy (anything else: FILE.tokens.npy appended).
 std::string tokens_path(const std::string& logits_path) {
@@ -51,7 +45,7 @@ int run(RunArgs& a) {
   KVQ_CHECK(a.repeat >= 1, Errc::invalid_argument, "--repeat must be at least 1");
   KVQ_CHECK(a.random_prompt >= 0, Errc::invalid_argument, "--random-prompt takes a token count (0 or more)");
   KVQ_CHECK(a.repeat == 1 || a.dump_logits.empty(), Errc::invalid_argument, "--repeat and --dump-logits exclude each other");
-  const std::string text = a.random_prompt > 0 || a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
+  const std::string text = a.random_prompt > 0 || a.prompt_file.empty() ? a.prompt : read_file_bounded(a.prompt_file, kMaxTextInputBytes, "prompt file");
   KVQ_CHECK(a.random_prompt > 0 || !text.empty(), Errc::invalid_argument,
             "no prompt: pass -p TEXT, -f FILE or --random-prompt N");
 
@@ -69,7 +63,7 @@ int run(RunArgs& a) {
     msgs.push_back({"user", text});
     ids = encode_chat(tok, a.chat_opts, msgs);
   } else {
-    ids = encode_prompt(tok, text);
+    ids = encode_prompt(tok, text, a.special);
   }
   // Raw prompts end wherever the user stopped typing, often inside what would
   // be one token ("def " ends in a lone space token); heal that boundary.
@@ -129,6 +123,7 @@ int run(RunArgs& a) {
   g.stop = a.sampling.stop;
   g.sampling = a.sampling.params;
   g.healing = healing;
+  if (a.chat) g.stop_tokens = chat_stop_tokens(tok, a.chat_opts);
   const GenerateResult r = session->generate(ids, g, [](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -155,6 +150,9 @@ KVQ_REGISTER_COMMAND(
       app.add_option("-p,--prompt", a->prompt, "Prompt text");
       app.add_option("-f,--file", a->prompt_file, "Read the prompt from a file");
       app.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+      app.add_flag("--special", a->special,
+                   "Raw prompts only: recognise control tokens written in the text (<|im_start|>, ...); "
+                   "by default the prompt is plain text");
       app.add_flag("--no-heal", a->no_heal,
                    "Keep the prompt's last token as typed (default: token healing lets the first generated "
                    "token re-choose it, e.g. a trailing space becomes part of the next word)");
@@ -167,6 +165,10 @@ KVQ_REGISTER_COMMAND(
                      "Measure R runs after one warm-up, as `kvq bench` does (the same KV cache emptied each "
                      "time, exactly -n tokens, end of generation ignored), printing each run's speed and the "
                      "medians (text is not printed)");
+      // Chat-only options without --chat would be ignored: say so instead.
+      for (const char* chat_only : {"--system", "--no-think", "--chat-template"})
+        app.get_option(chat_only)->needs(app.get_option("--chat"));
+      app.get_option("--special")->excludes(app.get_option("--chat"));
       return [a] { return run(*a); };
     });
 

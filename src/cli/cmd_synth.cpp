@@ -18,7 +18,7 @@ std::function<int()> setup(CLI::App& sub) {
   std::string shapes;
   for (const auto& s : kvq::synth_shapes()) shapes += (shapes.empty() ? "" : ", ") + s.name;
   sub.add_option("--shape", opt->shape, "Model shape: " + shapes)->capture_default_str();
-  sub.add_option("--weights", *weights, "Matrix type: F32, F16, BF16, Q8_0, Q4_0, Q1_0 (default: the shape's)");
+  sub.add_option("--weights", *weights, "Matrix type: " + kvq::gguf::tensor_type_names() + " (default: the shape's)");
   sub.add_option("--vocab", opt->vocab_json, "Hugging Face tokenizer.json to store (default: built-in vocabulary)");
   sub.add_option("--seed", opt->seed, "Weight seed")->capture_default_str();
   sub.add_option("-o,--output", *out, "Output .gguf path");
@@ -33,7 +33,7 @@ std::function<int()> setup(CLI::App& sub) {
       opt->weights = kvq::gguf::tensor_type_from_name(*weights);
       if (!opt->weights)
         kvq::fail(kvq::Errc::invalid_argument, "--weights '", *weights,
-                  "' is not a supported type (F32, F16, BF16, Q8_0, Q4_0, Q1_0)");
+                  "' is not a supported type (", kvq::gguf::tensor_type_names(), ")");
     }
     kvq::Timer t;
     kvq::write_synthetic(*opt, *out);

@@ -5,10 +5,13 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "cli/options.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/timer.hpp"
 #include "gguf/gguf.hpp"
 #include "tokenizer/chat.hpp"
@@ -24,30 +27,25 @@ struct Source {
 };
 
 void add_source_options(CLI::App& sub, Source& src) {
-  sub.add_option("-m,--model", src.model, "GGUF model whose tokenizer.ggml.* metadata to use");
+  sub.add_option("-m,--model", src.model,
+                 "GGUF model whose tokenizer.ggml.* metadata to use (default: $KVQ_MODEL or the embedded "
+                 "models/kvq-tiny-code.gguf)");
   sub.add_option("--tokenizer-json", src.tokenizer_json,
                  "Hugging Face tokenizer.json instead of a GGUF (tokenizer_config.json beside it is read too)");
 }
 
 Tokenizer load(const Source& src) {
-  KVQ_CHECK(src.model.empty() != src.tokenizer_json.empty(), Errc::invalid_argument,
-            "give exactly one of -m FILE.gguf or --tokenizer-json PATH");
+  KVQ_CHECK(src.model.empty() || src.tokenizer_json.empty(), Errc::invalid_argument,
+            "give -m FILE.gguf or --tokenizer-json PATH, not both");
   if (!src.tokenizer_json.empty()) return Tokenizer::from_hf_json(src.tokenizer_json);
-  const gguf::File f = gguf::File::open(src.model);
+  const gguf::File f = gguf::File::open(src.model.empty() ? resolve_model_path("") : src.model);  // default: as `kvq run`
   return Tokenizer::from_gguf(f);
-}
-
-std::string read_all(std::istream& in) {
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 std::string read_input(const std::string& text, bool have_text, const std::string& file) {
   KVQ_CHECK(!(have_text && !file.empty()), Errc::invalid_argument, "give TEXT or -f FILE, not both");
   if (have_text) return text;
-  if (file.empty() || file == "-") return read_all(std::cin);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(Errc::io, "cannot open '", file, "'");
-  return read_all(in);
+  return read_file_bounded(file.empty() ? "-" : file, kMaxTextInputBytes, "input");
 }
 
 // JSON needs valid UTF-8; pieces that are parts of a character are shown escaped.
@@ -72,28 +70,34 @@ KVQ_REGISTER_COMMAND(
       sub.add_flag("--special", o->special, "Recognise special tokens written in the text (<|im_start|>, ...)");
       sub.add_flag("--ids", o->ids_only, "Print only the ids, space separated, on one line");
       sub.add_flag("--no-bos", o->no_bos, "Do not prepend BOS even when the model asks for it (add_bos_token)");
-      sub.add_flag("--chat", o->chat, "Format TEXT as a user message with the chat template first (implies --special)");
+      sub.add_flag("--chat", o->chat,
+                   "Format TEXT as a user message with the chat template first (control tokens come from the "
+                   "template only; TEXT stays text)");
       sub.add_option("--system", o->system, "System message for --chat");
       sub.add_option("--chat-template", o->chat_template, "Chat template for --chat: auto|chatml|llama3|none")
           ->capture_default_str();
       sub.add_flag("--no-think", o->no_think, "With --chat: disable Qwen3 thinking (enable_thinking = false)");
       sub.add_flag("--stats", o->stats, "Print size, token count and tokenizing speed to standard error");
+      for (const char* chat_only : {"--system", "--no-think", "--chat-template"})
+        sub.get_option(chat_only)->needs(sub.get_option("--chat"));
+      sub.get_option("--special")->excludes(sub.get_option("--chat"));
       return [o, text_opt] {
         const Tokenizer tok = load(o->src);
         std::string text = read_input(o->text, text_opt->count() > 0, o->file);
-        bool special = o->special;
+        const bool special = o->special;
         bool bos = tok.add_bos() && tok.bos() >= 0 && !o->no_bos;
+        std::optional<RenderedChat> chat;
         if (o->chat) {
           const ChatTemplate t = resolve_chat_template(o->chat_template, tok.chat_template());
           std::vector<ChatMessage> msgs;
           if (!o->system.empty()) msgs.push_back({"system", o->system});
           msgs.push_back({"user", text});
-          text = format_chat(t, msgs, /*add_generation_prompt=*/true, /*enable_thinking=*/!o->no_think);
-          special = true;
+          chat = render_chat(t, msgs, /*add_generation_prompt=*/true, /*enable_thinking=*/!o->no_think);
+          text = chat->text;
           if (chat_template_has_bos(t)) bos = false;  // the template wrote it
         }
         Timer timer;
-        std::vector<TokenId> ids = tok.encode(text, special);
+        std::vector<TokenId> ids = chat ? encode_chat(tok, *chat) : tok.encode(text, special);
         const double secs = timer.seconds();
         if (bos) ids.insert(ids.begin(), tok.bos());
 
@@ -136,7 +140,7 @@ KVQ_REGISTER_COMMAND(
         const Tokenizer tok = load(o->src);
         std::string all;
         if (o->ids.empty()) {
-          all = read_all(std::cin);
+          all = read_stream_bounded(stdin, "<stdin>", kMaxTextInputBytes, "token id input");
         } else {
           for (const auto& s : o->ids) all += s + " ";
         }

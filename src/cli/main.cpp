@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   using namespace kvq;
   CLI::App app{"kvq: long-context LLM inference with compressed KV caches"};
   app.require_subcommand(1);
+  app.footer("Run `kvq COMMAND --help` for a command's options.");
   app.set_version_flag("--version", std::string("kvq ") + KVQ_VERSION);
   int verbose = 0;
   app.add_flag("-v,--verbose", verbose, "More log output (repeat for debug)");
@@ -28,10 +29,39 @@ int main(int argc, char** argv) {
     auto act = std::make_shared<std::function<int()>>(cmd.setup(*sub));
     sub->callback([act, &action] { action = *act; });
   }
+  // CLI11 reports a misspelt command as "A subcommand is required": name it,
+  // and the commands there are, instead. Top-level options take no values, so
+  // the first argument that is not an option is the command.
+  std::string commands;
+  for (const auto& cmd : cli::registry()) commands += (commands.empty() ? "" : ", ") + cmd.name;
+  bool have_command = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help" || a == "--version") have_command = true;  // CLI11 answers these
+    if (a.empty() || a[0] != '-') {
+      have_command = true;
+      bool known = false;
+      for (const auto& cmd : cli::registry()) known = known || cmd.name == a;
+      if (!known) {
+        std::fprintf(stderr, "kvq: error: unknown command '%s'; the commands are: %s (kvq --help)\n", a.c_str(),
+                     commands.c_str());
+        return 2;
+      }
+      break;
+    }
+    if (a == "--") break;
+  }
+  if (!have_command) {
+    std::fprintf(stderr, "kvq: error: no command given; the commands are: %s (kvq --help)\n", commands.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // One line, like every other kvq error, and the usage-error status 2.
+    std::fprintf(stderr, "kvq: error: %s (--help lists the options)\n", e.what());
+    return 2;
   }
   set_log_level(verbose >= 2 ? LogLevel::debug : verbose == 1 ? LogLevel::info : LogLevel::warn);
   try {

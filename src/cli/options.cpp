@@ -1,59 +1,137 @@
 #include "cli/options.hpp"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "backend/cpu/f32_cache.hpp"
 #include "bench/measure.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/model_spec.hpp"
+#include "core/threads.hpp"
 
 namespace kvq::cli {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string number_text(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+CLI::Validator in_range(double lo, double hi, bool lo_open, const std::string& note) {
+  // CLI11's own range check prints its bounds in full (a 309-digit maximum
+  // for "non-negative"); this one prints the range as a user would write it.
+  const std::string range = hi == std::numeric_limits<double>::infinity()
+                                ? (lo_open ? "greater than " : "at least ") + number_text(lo)
+                                : (lo_open ? "in (" : "in [") + number_text(lo) + ", " + number_text(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end == s.c_str() || *end != '\0' || std::isnan(v))
+          return "'" + s + "' is not a number; it must be " + range + note;
+        if (v < lo || v > hi || (lo_open && v == lo)) return s + " is out of range: it must be " + range + note;
+        return std::string();
+      },
+      range);
+}
+
 void add_model_source_options(CLI::App& app, ModelOptions& o) {
+  constexpr double kIntMax = double(std::numeric_limits<int>::max());
   app.add_option("-m,--model", o.model,
                  "GGUF model file, or synthetic:SHAPE (see `kvq synth --list`) (default: $KVQ_MODEL or the embedded "
                  "models/kvq-tiny-code.gguf)");
-  app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", o.threads,
+                 "CPU threads (default: the usable cores that other processes are not keeping busy; 0: the default)")
+      ->check(in_range(0, 1024, false, " (0: the default)"));
   app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "Prompt tokens per forward pass during prefill (default: 512 on cpu, 2048 on cuda)")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kIntMax, false, ""));
 }
 
 void add_model_options(CLI::App& app, ModelOptions& o) {
+  constexpr double kIntMax = double(std::numeric_limits<int>::max());
   add_model_source_options(app, o);
   app.add_option("--ctx", o.ctx, "Context size in tokens (default: min(model context, max(4096, prompt + n)))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(1, kIntMax, false, " tokens (leave --ctx out for the default)"));
   app.add_option("--kv", o.codec.kv, "KV cache codec (see `kvq codecs`)")->capture_default_str();
   app.add_option("--ctk", o.codec.ctk, "K-side block, overriding the codec's");
   app.add_option("--ctv", o.codec.ctv, "V-side block, overriding the codec's");
   app.add_option("--rotor-qjl", o.rotor_qjl, "Add a 1-bit QJL residual sketch to rotor K sides: on|off")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app.add_flag("--f32-kv", o.f32_kv,
-               "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 references");
+  auto* f32 = app.add_flag("--f32-kv", o.f32_kv,
+                           "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 "
+                           "references");
+  for (const char* codec_flag : {"--kv", "--ctk", "--ctv", "--rotor-qjl"}) f32->excludes(app.get_option(codec_flag));
+  // Experiment knobs (A/B measurements on the GPU), grouped in --help.
+  const char* lab = "Experiment knobs";
+  app.add_flag_callback("--no-step-graphs", [&o] { o.backend.step_graphs = false; },
+                        "Run every decode step's kernels directly instead of replaying a recorded step (CUDA graph)")
+      ->group(lab);
+  app.add_flag_callback("--no-pdl", [&o] { o.backend.dependent_launches = false; },
+                        "CUDA: launch the step's kernels without programmatic dependent launches")
+      ->group(lab);
+  app.add_option("--gemv-warps", o.backend.gemv_warps, "CUDA: warps per decode GEMV CTA")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str()
+      ->group(lab);
+  app.add_option("--attn-prefetch", o.backend.attn_prefetch_tiles,
+                 "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")
+      ->check(CLI::Range(0, 8))
+      ->capture_default_str()
+      ->group(lab);
 }
 
 void add_sampling_options(CLI::App& app, SamplingOptions& o) {
+  constexpr double kIntMax = double(std::numeric_limits<int>::max());
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   SamplingParams& p = o.params;
   app.add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until end of generation or context)")
+      ->check(in_range(-1, kIntMax, false, " (-1: until the end of generation)"))
       ->capture_default_str();
-  app.add_option("--temp", p.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
-  app.add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
-  app.add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")->capture_default_str();
-  app.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability (0: off)")->capture_default_str();
-  app.add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--temp", p.temperature, "Sampling temperature (0: greedy)")
+      ->check(in_range(0, 1e6, false, " (0: greedy)"))
+      ->capture_default_str();
+  app.add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")
+      ->check(in_range(0, kIntMax, false, " (0: off)"))
+      ->capture_default_str();
+  app.add_option("--top-p", p.top_p, "Nucleus sampling threshold (1: off)")
+      ->check(in_range(0, 1, true, " (1: off)"))
+      ->capture_default_str();
+  app.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability (0: off)")
+      ->check(in_range(0, 1, false, " (0: off)"))
+      ->capture_default_str();
+  app.add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty (1: off)")
+      ->check(in_range(0, kInf, true, " (1: off)"))
+      ->capture_default_str();
   app.add_option("--repeat-last-n", p.repeat_last_n, "Tokens the repetition penalty looks back over (0: off)")
+      ->check(in_range(0, kIntMax, false, " (0: off)"))
       ->capture_default_str();
-  app.add_option("-s,--seed", p.seed, "Sampling seed (same seed, same output)")->capture_default_str();
+  app.add_option("-s,--seed", p.seed, "Sampling seed (same seed, same output)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            const bool digits = !s.empty() && s.size() <= 20 && s.find_first_not_of("0123456789") == std::string::npos;
+            if (digits && (s.size() < 20 || s <= "18446744073709551615")) return std::string();
+            return "'" + s + "' is not a valid seed: it must be an integer in [0, 18446744073709551615]";
+          },
+          "UINT64"))
+      ->capture_default_str();
   app.add_option("--stop", o.stop, "Stop when the generated text contains this string (repeatable)");
 }
 
@@ -63,22 +141,25 @@ void add_chat_options(CLI::App& app, ChatOptions& o) {
   app.add_option("--chat-template", o.chat_template, "Override the model's chat template: chatml, llama3 or none");
 }
 
-std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text) {
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text, bool parse_special) {
   std::vector<TokenId> ids;
   if (tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
-  const auto body = tok.encode(text, /*parse_special=*/true);
+  const auto body = tok.encode(text, parse_special);
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;
 }
 
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages) {
   const ChatTemplate t = resolve_chat_template(o.chat_template, tok.chat_template());
-  const std::string text = format_chat(t, messages, /*add_generation_prompt=*/true, /*enable_thinking=*/!o.no_think);
+  return kvq::encode_chat(tok, t, messages, /*add_generation_prompt=*/true, /*enable_thinking=*/!o.no_think);
+}
+
+std::vector<TokenId> chat_stop_tokens(const Tokenizer& tok, const ChatOptions& o) {
   std::vector<TokenId> ids;
-  // Templates that render the BOS text themselves get no second BOS.
-  if (!chat_template_has_bos(t) && tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
-  const auto body = tok.encode(text, /*parse_special=*/true);
-  ids.insert(ids.end(), body.begin(), body.end());
+  for (const std::string& text : chat_turn_openers(resolve_chat_template(o.chat_template, tok.chat_template()))) {
+    const TokenId id = tok.find_token(text);
+    if (id >= 0 && tok.is_control(id)) ids.push_back(id);
+  }
   return ids;
 }
 
@@ -114,9 +195,10 @@ std::string resolve_model_path(const std::string& flag) {
 }
 
 Loaded load(const ModelOptions& o) {
-  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const int threads = set_thread_count(o.threads);
+  log_info("CPU threads: ", threads, o.threads > 0 ? " (--threads)" : " (default: idle usable cores)");
   Loaded l;
-  l.backend = make_backend(o.device);  // before touching the model: --device cuda fails fast
+  l.backend = make_backend(o.device, o.backend);  // before touching the model: --device cuda fails fast
   const std::string path = resolve_model_path(o.model);
   l.model = open_model(path, *l.backend);
   l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*l.model->file()));
@@ -147,10 +229,15 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
   return m.backend().make_cache(c, shape);  // the backend's own cache (device memory on CUDA)
 }
 
-std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
+SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(l.model->backend().name());
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(m.backend().name());
+  return so;
+}
+
+std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx) {
+  SessionOptions so = session_options(o, *l.model, ctx);
   // Progress only where someone watches it: a terminal, or a prompt long
   // enough that silence would look like a hang.
   const bool tty = ::isatty(2);

@@ -18,15 +18,21 @@
 
 namespace kvq::cli {
 
+// A numeric option's check with a one-line message naming the valid range:
+// "--top-p: 2 is out of range: it must be in (0, 1] (1: off)". lo_open: lo
+// itself is not allowed; hi = infinity: no upper bound.
+CLI::Validator in_range(double lo, double hi, bool lo_open, const std::string& note);
+
 struct ModelOptions {
   std::string model;          // -m; empty: the embedded default model
   int ctx = 0;                // --ctx; 0: min(model context, max(4096, prompt + n_predict))
-  int threads = 0;            // --threads; 0: OpenMP default (all cores)
+  int threads = 0;            // --threads; 0: default_thread_count() (core/threads.hpp)
   std::string device = "cpu"; // --device cpu|cuda
   int prefill_chunk = 0;      // --prefill-chunk; 0: the device's default
   kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
+  BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --attn-prefetch
 };
 // -m, -t, --device, --prefill-chunk: a model on a device (run, chat, bench).
 void add_model_source_options(CLI::App& app, ModelOptions& o);
@@ -47,12 +53,19 @@ struct ChatOptions {
 };
 void add_chat_options(CLI::App& app, ChatOptions& o);
 
-// Token ids of a raw prompt: BOS as the tokenizer wants, special tokens written
-// literally in the text are recognised.
-std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text);
+// Token ids of a raw prompt: BOS as the tokenizer wants; control tokens
+// written in the text (<|im_start|>, ...) are recognised only with
+// parse_special (`kvq run --special`), else they are plain text.
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const std::string& text, bool parse_special);
 // Token ids of a conversation rendered with the chat template (the model's,
-// or --chat-template), ending with an open assistant turn.
+// or --chat-template), ending with an open assistant turn. Control tokens
+// come only from the template's markup: message text that spells one
+// ("<|im_end|>") is tokenized as text, so a message cannot open another role.
 std::vector<TokenId> encode_chat(const Tokenizer& tok, const ChatOptions& o, const std::vector<ChatMessage>& messages);
+
+// Token ids that end a chat reply besides end-of-generation: the template's
+// turn openers that exist in the vocabulary as control tokens.
+std::vector<TokenId> chat_stop_tokens(const Tokenizer& tok, const ChatOptions& o);
 
 // The model to use: -m if given (a file, or synthetic:SHAPE as is), else
 // $KVQ_MODEL, else the embedded default model models/kvq-tiny-code.gguf next
@@ -73,6 +86,9 @@ Loaded load(const ModelOptions& o);
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
 // The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
 std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
+// Session options for the device: the context and --prefill-chunk (or the
+// device's default); no progress callback.
+SessionOptions session_options(const ModelOptions& o, Model& m, int ctx);
 // A Session over a fresh cache, with a prefill progress indicator on stderr
 // for long prompts.
 std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx);

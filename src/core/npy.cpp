@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace kvq::npy {
 
@@ -54,11 +55,12 @@ FilePtr open_or_fail(const std::string& path, const char* mode) {
 
 void write_array(const std::string& path, const char* descr, const void* data, size_t bytes,
                  const std::vector<uint64_t>& shape) {
-  FilePtr f = open_or_fail(path, "wb");
+  OutputFile out(path);  // complete or absent: never a truncated array under the name
+  std::FILE* f = out.stream();
   const std::string h = header_bytes(descr, shape);
-  if (std::fwrite(h.data(), 1, h.size(), f.get()) != h.size() ||
-      (bytes && std::fwrite(data, 1, bytes, f.get()) != bytes) || std::fflush(f.get()) != 0)
+  if (std::fwrite(h.data(), 1, h.size(), f) != h.size() || (bytes && std::fwrite(data, 1, bytes, f) != bytes))
     fail(Errc::io, "short write to '", path, "' (disk full?)");
+  out.commit();
 }
 
 uint64_t product(const std::vector<uint64_t>& shape) {
@@ -141,23 +143,18 @@ Array read(const std::string& path) {
   return a;
 }
 
-RowWriter::RowWriter(const std::string& path, uint64_t row_len) : path_(path), row_len_(row_len) {
-  f_ = std::fopen(path.c_str(), "wb");
-  if (!f_) fail(Errc::io, "cannot open '", path, "' for writing (", std::strerror(errno), ")");
+RowWriter::RowWriter(const std::string& path, uint64_t row_len)
+    : path_(path), out_(std::make_unique<OutputFile>(path)), row_len_(row_len) {
+  f_ = out_->stream();
   // Largest shape we could rewrite later: reserve its header size now.
   const std::string h = header_bytes("<f4", {~0ull >> 1, row_len});
   const std::string real = header_bytes("<f4", {0, row_len});
   KVQ_ASSERT(h.size() == real.size());
   if (std::fwrite(real.data(), 1, real.size(), f_) != real.size())
-    fail(Errc::io, "short write to '", path, "'");
+    fail(Errc::io, "short write to '", path, "' (disk full?)");
 }
 
-RowWriter::~RowWriter() {
-  try {
-    close();
-  } catch (...) {
-  }
-}
+RowWriter::~RowWriter() = default;  // an unclosed writer's temporary file is removed by out_
 
 void RowWriter::append(const float* row) {
   KVQ_CHECK(f_, Errc::internal, "npy::RowWriter: append after close");
@@ -171,9 +168,9 @@ void RowWriter::close() {
   std::FILE* f = f_;
   f_ = nullptr;
   const std::string h = header_bytes("<f4", {rows_, row_len_});
-  const bool ok = std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) fail(Errc::io, "cannot finish writing '", path_, "'");
+  if (std::fseek(f, 0, SEEK_SET) != 0 || std::fwrite(h.data(), 1, h.size(), f) != h.size())
+    fail(Errc::io, "cannot finish writing '", path_, "' (disk full?)");
+  out_->commit();
 }
 
 }  // namespace kvq::npy

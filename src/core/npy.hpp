@@ -5,8 +5,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace kvq {
+class OutputFile;
+}
 
 namespace kvq::npy {
 
@@ -28,18 +33,22 @@ Array read(const std::string& path);
 // Appends rows of a 2-D float32 array whose row count is not known in advance
 // (logits streamed during generation). The header is written with room for
 // any row count and rewritten with the final shape by close().
+// The rows go to a temporary file beside `path`, renamed into place by
+// close(): a failed write (full disk) or a writer destroyed without close()
+// leaves no truncated .npy under the name.
 class RowWriter {
  public:
   RowWriter(const std::string& path, uint64_t row_len);
   RowWriter(const RowWriter&) = delete;
   RowWriter& operator=(const RowWriter&) = delete;
-  ~RowWriter();  // closes (errors are swallowed here; call close() to see them)
+  ~RowWriter();  // without close(): discards what was written
   void append(const float* row);
-  void close();
+  void close();  // rewrites the header with the final shape and renames the file into place
   uint64_t rows() const { return rows_; }
 
  private:
   std::string path_;
+  std::unique_ptr<OutputFile> out_;
   std::FILE* f_ = nullptr;
   uint64_t row_len_ = 0;
   uint64_t rows_ = 0;

@@ -2,20 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
 namespace kvq {
 
 void SamplingParams::validate() const {
-  KVQ_CHECK(std::isfinite(temperature), Errc::invalid_argument, "--temp must be a finite number");
-  KVQ_CHECK(top_p > 0.0f && std::isfinite(top_p), Errc::invalid_argument, "--top-p ", top_p,
+  KVQ_CHECK(std::isfinite(temperature) && temperature >= 0.0f, Errc::invalid_argument, "--temp ", temperature,
+            " must be a finite number >= 0 (0: greedy)");
+  KVQ_CHECK(top_k >= 0, Errc::invalid_argument, "--top-k ", top_k, " must be >= 0 (0 turns it off)");
+  KVQ_CHECK(top_p > 0.0f && top_p <= 1.0f, Errc::invalid_argument, "--top-p ", top_p,
             " must be in (0, 1] (1 turns it off)");
   KVQ_CHECK(min_p >= 0.0f && min_p <= 1.0f, Errc::invalid_argument, "--min-p ", min_p,
             " must be in [0, 1] (0 turns it off)");
   KVQ_CHECK(repeat_penalty > 0.0f && std::isfinite(repeat_penalty), Errc::invalid_argument, "--repeat-penalty ",
             repeat_penalty, " must be positive (1 turns it off)");
+  KVQ_CHECK(std::isfinite(presence_penalty) && std::isfinite(frequency_penalty), Errc::invalid_argument,
+            "presence and frequency penalties must be finite numbers");
   KVQ_CHECK(repeat_last_n >= 0, Errc::invalid_argument, "--repeat-last-n ", repeat_last_n,
             " must be >= 0 (0 turns it off)");
 }
@@ -39,12 +43,14 @@ TokenId Sampler::sample(const float* logits, int vocab) {
   for (float& l : work_)
     if (std::isnan(l)) l = -INFINITY;  // a NaN logit must never be chosen
 
-  if (p_.repeat_penalty != 1.0f && !history_.empty()) {
-    std::unordered_set<TokenId> seen(history_.begin(), history_.end());
-    for (TokenId id : seen) {
+  if (p_.uses_history() && !history_.empty()) {
+    std::unordered_map<TokenId, int> count;
+    for (TokenId id : history_) ++count[id];
+    for (const auto& [id, n] : count) {
       if (id < 0 || id >= vocab) continue;
       float& l = work_[id];
-      l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+      if (p_.repeat_penalty != 1.0f) l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+      l -= p_.presence_penalty + p_.frequency_penalty * float(n);
     }
   }
 

@@ -1,16 +1,18 @@
 #include "engine/session.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/error.hpp"
 #include "core/timer.hpp"
+#include "gguf/finite.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace kvq {
 
 Session::Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer* tok, SessionOptions opts)
-    : model_(model), cache_(std::move(cache)), tok_(tok), opts_(std::move(opts)) {
+    : model_(model), cache_(std::move(cache)), run_(model.new_run_state()), tok_(tok), opts_(std::move(opts)) {
   KVQ_CHECK(cache_, Errc::internal, "Session needs a KV cache");
   KVQ_CHECK(opts_.ctx > 0, Errc::invalid_argument, "--ctx must be positive");
   KVQ_CHECK(opts_.prefill_chunk > 0, Errc::invalid_argument, "--prefill-chunk must be positive");
@@ -31,6 +33,34 @@ std::vector<TokenId> Session::tokenize(const std::string& text, bool add_bos, bo
   return ids;
 }
 
+namespace {
+
+// Index of the first NaN/infinite value of x[0..n), or -1.
+int64_t first_non_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+}  // namespace
+
+void Session::fail_non_finite(int pos, int64_t index, float value) const {
+  // Say which weight is to blame when the model came from a file; scanning
+  // every tensor takes a while, but only on this failure path.
+  std::string cause;
+  if (const gguf::File* f = model_.file()) {
+    if (const auto bad = gguf::find_non_finite(*f))
+      cause = str("tensor '", bad->tensor, "' holds ", bad->value, " at element ", bad->index,
+                  ": the model file is corrupt (re-download or re-convert it)");
+    else
+      cause = "every weight in the file is finite, so the activations overflowed (try --device cpu, or report it)";
+  } else {
+    cause = "the model's weights or activations hold NaN/inf";
+  }
+  fail(Errc::format, "the model produced a non-finite logit (", value, " for token id ", index,
+       ") at position ", pos, ": ", cause);
+}
+
 const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
   const int vocab = model_.config().vocab_size;
   const int total = int(ids.size());
@@ -43,11 +73,19 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
     const int pos = int(tokens_.size());
     if (sink_) {
       all_logits_.resize(size_t(n) * vocab);
-      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true);
+      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true, *run_);
+      for (int t = 0; t < n; ++t)
+        if (const int64_t bad = first_non_finite(all_logits_.data() + size_t(t) * vocab, vocab); bad >= 0)
+          fail_non_finite(pos + t, bad, all_logits_[size_t(t) * vocab + size_t(bad)]);
       for (int t = 0; t < n; ++t) sink_(ids[done + t], all_logits_.data() + size_t(t) * vocab, vocab);
       std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, last_logits_.data());
     } else {
-      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false);
+      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false, *run_);
+      // NaN weights make every logit NaN; sampling would then pick token 0
+      // forever and exit successfully. The last row of each chunk is checked
+      // (NaNs propagate to it from any earlier position).
+      if (const int64_t bad = first_non_finite(last_logits_.data(), vocab); bad >= 0)
+        fail_non_finite(pos + n - 1, bad, last_logits_[size_t(bad)]);
     }
     tokens_.insert(tokens_.end(), ids.begin() + done, ids.begin() + done + n);
     done += n;
@@ -59,7 +97,7 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
 TokenId Session::feed_greedy(TokenId id, int vocab) {
   KVQ_CHECK(int(tokens_.size()) + 1 <= opts_.ctx, Errc::out_of_range, "feeding a token after ", tokens_.size(),
             " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
-  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab);
+  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_);
   tokens_.push_back(id);
   return next;
 }
@@ -114,11 +152,11 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // Plain greedy decoding needs only the argmax of each step's logits: the
   // backend computes it and the logits stay where they are (on a GPU the
   // vocab-sized download per token is skipped). Any sampler state that reads
-  // logits (temperature, repetition penalty) or a logits sink takes the
+  // logits (temperature, penalties), a logits sink or token_logits takes the
   // download path.
   const SamplingParams& sp = g.sampling;
   const bool backend_greedy =
-      !sink_ && sp.temperature <= 0.0f && (sp.repeat_penalty == 1.0f || sp.repeat_last_n <= 0);
+      !sink_ && !g.token_logits && sp.temperature <= 0.0f && !sp.uses_history();
   TokenId greedy_next = -1;  // the backend's choice for the next token, when backend_greedy
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
     TokenId id;
@@ -137,7 +175,12 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
     r.tokens.push_back(id);
     r.token_s.push_back(t_decode.seconds());
     last_fed = false;
-    if (g.stop_at_eog && tok_ && tok_->is_eog(id)) {
+    if (g.on_token && !g.on_token(id, g.token_logits ? logits->data() : nullptr)) {
+      r.stop_reason = "cancelled";
+      break;
+    }
+    if ((g.stop_at_eog && tok_ && tok_->is_eog(id)) ||
+        std::find(g.stop_tokens.begin(), g.stop_tokens.end(), id) != g.stop_tokens.end()) {
       r.stop_reason = "eog";
       break;
     }
@@ -165,7 +208,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // A logits sink gets a row for every token, the final one included, so a
   // dump lines up with its token list; this extra step is not timed.
   if (sink_ && !last_fed && int(tokens_.size()) < opts_.ctx) feed({r.tokens.back()});
-  if (detok && r.stop_reason != "stop string") {
+  if (detok && r.stop_reason != "stop string" && r.stop_reason != "cancelled") {
     bool stopped = false;
     emit(stops.push(unhealed(detok->flush()), &stopped));
     if (!stopped) emit(stops.flush());

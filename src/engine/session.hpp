@@ -30,11 +30,20 @@ struct GenerateOptions {
   int n_predict = 128;                // max tokens to generate; 0: prefill only; <0: until stop/context end
   std::vector<std::string> stop;      // stop strings (matched on the generated text, excluded from output)
   bool stop_at_eog = true;            // stop at the tokenizer's end-of-generation tokens
+  std::vector<TokenId> stop_tokens;   // more tokens that end generation (a chat's turn-start marker), kept
+                                      // in tokens but not streamed (stop_reason "eog")
   SamplingParams sampling;
   // From heal_prompt_end(): the first sampled token must be one of
   // healing.first_allowed, and the healed prefix (already part of the
   // user's prompt text) is not streamed again.
   TokenHealing healing;
+  // Called with each sampled token before its text is emitted; returning
+  // false ends generation with stop_reason "cancelled" (a server whose client
+  // went away). `logits` is the row the token was sampled from when
+  // token_logits is set (which keeps the logits on the host every step),
+  // else nullptr.
+  std::function<bool(TokenId id, const float* logits)> on_token;
+  bool token_logits = false;
 };
 
 // Receives every logits row the model produces for this session, in order:
@@ -44,7 +53,7 @@ using LogitsSink = std::function<void(TokenId token, const float* logits, int vo
 struct GenerateResult {
   std::vector<TokenId> tokens;  // generated tokens, the stop token included when it ended generation
   std::string text;             // streamed text (stop string removed)
-  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full"
+  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full", "cancelled"
   int n_prompt = 0;             // tokens prefilled by this call
   int n_decoded = 0;            // single-token forward steps
   double prefill_s = 0;         // wall time of the prefill (forward passes over the new prompt tokens)
@@ -65,6 +74,8 @@ class Session {
 
   Model& model() { return model_; }
   kv::Cache& cache() { return *cache_; }
+  // This sequence's scratch and recorded decode step (the model is shared).
+  const RunState& run_state() const { return *run_; }
   const std::vector<TokenId>& tokens() const { return tokens_; }  // tokens whose K/V are in the cache
   int n_ctx() const { return opts_.ctx; }
 
@@ -74,7 +85,9 @@ class Session {
 
   // Drops cached tokens after the first n (a later prefix that diverges).
   void truncate(int n);
-  // Feeds tokens after the cached ones (chunked); returns the last token's logits.
+  // Feeds tokens after the cached ones (chunked); returns the last token's
+  // logits. Non-finite logits (a model with NaN weights) are an Errc::format
+  // error that names the first non-finite tensor of the model file.
   const std::vector<float>& feed(const std::vector<TokenId>& ids);
   // Feeds one token and returns the greedy choice among the first `vocab`
   // logits of its step, computed by the backend (the logits are not
@@ -93,8 +106,11 @@ class Session {
   std::vector<TokenId> tokenize(const std::string& text, bool add_bos, bool parse_special) const;
 
  private:
+  [[noreturn]] void fail_non_finite(int pos, int64_t index, float value) const;
+
   Model& model_;
   std::unique_ptr<kv::Cache> cache_;
+  std::unique_ptr<RunState> run_;
   const Tokenizer* tok_;
   SessionOptions opts_;
   LogitsSink sink_;

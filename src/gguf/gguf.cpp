@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace kvq::gguf {
 
@@ -431,7 +432,7 @@ void File::parse_all() {
     if (!info) {
       if (const char* known = ggml_type_id_name(type_id))
         r.error("unsupported tensor type ", known, " (id ", type_id, ") for ", quoted(ti.name),
-                "; kvq reads F32, F16, BF16, Q8_0, Q4_0, Q1_0");
+                "; kvq reads ", tensor_type_names());
       r.error("unknown tensor type id ", type_id, " for ", quoted(ti.name));
     }
     ti.type = info->type;
@@ -763,20 +764,16 @@ struct MemorySink {
 // (or even one-tensor-sized) buffer. posix_fallocate reserves the space first so
 // a full disk is an error here rather than SIGBUS during a fill.
 struct FileSink {
-  std::string path;     // the temporary file written
   std::string display;  // the path the user asked for, for messages
-  int fd = -1;
+  int fd = -1;          // the temporary file written (owned by an OutputFile)
   uint8_t* map = nullptr;
   uint64_t total = 0;
 
   ~FileSink() {
     if (map) munmap(map, total);
-    if (fd >= 0) ::close(fd);
   }
   void begin(uint64_t total_bytes, const std::vector<uint8_t>& header) {
     total = total_bytes;
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail(Errc::io, display, ": cannot create: ", std::strerror(errno));
     if (const int e = posix_fallocate(fd, 0, off_t(total)); e != 0)
       fail(Errc::io, display, ": cannot reserve ", total, " bytes: ", std::strerror(e));
     void* m = mmap(nullptr, size_t(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -798,35 +795,22 @@ struct FileSink {
   void finish() {
     if (munmap(map, total) != 0) fail(Errc::io, display, ": munmap failed: ", std::strerror(errno));
     map = nullptr;
-    if (::close(fd) != 0) {
-      fd = -1;
-      fail(Errc::io, display, ": close failed: ", std::strerror(errno));
-    }
-    fd = -1;
   }
 };
 
 }  // namespace
 
 void Writer::write(const std::string& path) const {
-  // Write to a temporary name and rename, so a failed or interrupted write never
-  // leaves a truncated file under the final name.
-  const std::string tmp = str(path, ".tmp.", ::getpid());
-  try {
-    FileSink sink;
-    sink.path = tmp;
-    sink.display = path;
-    emit(sink);
-    sink.finish();
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    fail(Errc::io, path, ": cannot rename from ", tmp, ": ", std::strerror(e));
-  }
+  // Written to a temporary file renamed into place (core/file_io.hpp), so a
+  // failed or interrupted write never leaves a truncated file under the final
+  // name, and a device or FIFO given as the path is refused, never replaced.
+  OutputFile out(path);
+  FileSink sink;
+  sink.display = path;
+  sink.fd = out.fd();
+  emit(sink);
+  sink.finish();
+  out.commit();
 }
 
 std::vector<uint8_t> Writer::to_bytes() const {

@@ -12,11 +12,22 @@ namespace {
 //   Q8_0: fp16 d + 32 x int8                        = 34
 //   Q4_0: fp16 d + 16 bytes of nibbles               = 18
 //   Q1_0: fp16 d + 128 sign bits (16 bytes)          = 18
+//   K-quants, per 256 weights (layouts in gguf/quant.hpp):
+//   Q2_K: 16 scale/min bytes + 64 bytes of 2-bit q + fp16 d, dmin               = 84
+//   Q3_K: 32 high-bit bytes + 64 bytes of low 2 bits + 12 scale bytes + fp16 d   = 110
+//   Q4_K: fp16 d, dmin + 12 scale/min bytes + 128 bytes of nibbles              = 144
+//   Q5_K: fp16 d, dmin + 12 scale/min bytes + 32 high-bit bytes + 128 nibbles   = 176
+//   Q6_K: 128 bytes of low nibbles + 64 bytes of high 2 bits + 16 int8 scales + fp16 d = 210
 constexpr TensorTypeInfo kTable[] = {
     {TensorType::F32, "F32", 1, 4},
     {TensorType::F16, "F16", 1, 2},
     {TensorType::Q4_0, "Q4_0", 32, 18},
     {TensorType::Q8_0, "Q8_0", 32, 34},
+    {TensorType::Q2_K, "Q2_K", 256, 84},
+    {TensorType::Q3_K, "Q3_K", 256, 110},
+    {TensorType::Q4_K, "Q4_K", 256, 144},
+    {TensorType::Q5_K, "Q5_K", 256, 176},
+    {TensorType::Q6_K, "Q6_K", 256, 210},
     {TensorType::BF16, "BF16", 1, 2},
     {TensorType::Q1_0, "Q1_0", 128, 18},
 };
@@ -53,6 +64,12 @@ const TensorTypeInfo& tensor_type_info(TensorType t) {
   return *info;
 }
 
+std::string tensor_type_names() {
+  std::string s;
+  for (const auto& t : kTable) s += (s.empty() ? "" : ", ") + std::string(t.name);
+  return s;
+}
+
 const TensorTypeInfo* tensor_type_table(size_t* count) {
   if (count) *count = sizeof(kTable) / sizeof(kTable[0]);
   return kTable;
@@ -72,6 +89,17 @@ const char* tensor_type_name(TensorType t) {
 const char* ggml_type_id_name(uint32_t type_id) {
   if (type_id < sizeof(kGgmlNames) / sizeof(kGgmlNames[0])) return kGgmlNames[type_id];
   return nullptr;
+}
+
+bool is_k_quant(TensorType t) {
+  switch (t) {
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: return true;
+    default: return false;
+  }
 }
 
 uint64_t tensor_row_bytes(TensorType t, uint64_t n) {

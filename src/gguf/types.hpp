@@ -15,6 +15,12 @@ enum class TensorType : uint32_t {
   F16 = 1,
   Q4_0 = 2,
   Q8_0 = 8,
+  // K-quants: super-blocks of 256 weights with per-sub-block scales (gguf/quant.hpp has the layouts).
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
   BF16 = 30,
   Q1_0 = 41,  // per 128 weights: fp16 scale d, then 128 sign bits LSB-first; w = bit ? +d : -d
 };
@@ -36,8 +42,12 @@ const char* tensor_type_name(TensorType t);
 // for 12); nullptr for an id nobody defines. Used to say "unsupported tensor
 // type Q4_K (id 12)" instead of only a number.
 const char* ggml_type_id_name(uint32_t type_id);
+// "F32, F16, ...": every type kvq supports, for messages and help text.
+std::string tensor_type_names();
 // Every type kvq supports, in table order (for listings and tests).
 const TensorTypeInfo* tensor_type_table(size_t* count);
+// True for the K-quant types (256-weight super-blocks).
+bool is_k_quant(TensorType t);
 // Bytes for a row of n weights; throws Errc::format if n is not a multiple of the block size.
 uint64_t tensor_row_bytes(TensorType t, uint64_t n);
 

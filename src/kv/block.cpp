@@ -16,9 +16,31 @@ namespace kvq::kv {
 
 const char* side_name(Side s) { return s == Side::k ? "K" : "V"; }
 
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::bf16: return "bf16";
+    case Family::q8: return "q8";
+    case Family::rq8: return "rq8";
+    case Family::fp8: return "fp8";
+    case Family::turbo: return "turbo";
+    case Family::tcq: return "tcq";
+    case Family::iso: return "iso";
+    case Family::rotor: return "rotor";
+    case Family::planar: return "planar";
+  }
+  return "?";
+}
+
+static Family family_from_name(const std::string& n) {
+  for (Family f : {Family::bf16, Family::q8, Family::rq8, Family::fp8, Family::turbo, Family::tcq, Family::iso,
+                   Family::rotor, Family::planar})
+    if (n == family_name(f)) return f;
+  fail(Errc::internal, "no KV block family '", n, "'");
+}
+
 std::string BlockSpec::name() const {
-  std::string n = family;
-  if (family != "bf16" && family != "q8" && family != "rq8" && family != "fp8") n += std::to_string(bits);
+  std::string n = family_name(family);
+  if (family_has_bits(family)) n += std::to_string(bits);
   if (qjl) n += "+qjl";
   return n;
 }
@@ -52,11 +74,11 @@ BlockSpec parse_block(const std::string& name_in) {
          " (any K block may add +qjl, e.g. rotor3+qjl)");
   }
   if (name == "bf16" || name == "q8" || name == "rq8" || name == "fp8") {
-    spec.family = name;
+    spec.family = family_from_name(name);
     spec.bits = name == "bf16" ? 16 : 8;
   } else {
     size_t p = name.find_first_of("0123456789");
-    spec.family = name.substr(0, p);
+    spec.family = family_from_name(name.substr(0, p));
     spec.bits = std::stoi(name.substr(p));
   }
   return spec;
@@ -64,11 +86,17 @@ BlockSpec parse_block(const std::string& name_in) {
 
 double block_budget_bits(const BlockSpec& b) {
   double base = 0;
-  if (b.family == "bf16") base = 16;
-  else if (b.family == "q8" || b.family == "rq8") base = 8.5;
-  else if (b.family == "fp8") base = 8;
-  else if (b.family == "turbo" || b.family == "tcq") base = b.bits + 0.25;
-  else base = b.bits + 0.75;  // iso, rotor, planar
+  switch (b.family) {
+    case Family::bf16: base = 16; break;
+    case Family::q8:
+    case Family::rq8: base = 8.5; break;
+    case Family::fp8: base = 8; break;
+    case Family::turbo:
+    case Family::tcq: base = b.bits + 0.25; break;
+    case Family::iso:
+    case Family::rotor:
+    case Family::planar: base = b.bits + 0.75; break;
+  }
   return base + (b.qjl ? 1.25 : 0.0);
 }
 
@@ -76,22 +104,28 @@ double block_budget_bits(const BlockSpec& b) {
 static RowLayout base_layout(const BlockSpec& b, int d) {
   const size_t groups = (size_t(d) + kScaleGroup - 1) / kScaleGroup;
   RowLayout l;
-  if (b.family == "bf16") {
-    l.code_bytes = round_up(size_t(d) * 2, 4);
-  } else if (b.family == "fp8") {
-    l.code_bytes = round_up(size_t(d), 4);
-  } else if (b.family == "q8" || b.family == "rq8") {
-    l.code_bytes = round_up(size_t(d), 4);
-    l.side_bytes = 2 * groups;  // fp16 scale per group of 32
-  } else if (b.family == "turbo") {
-    l.code_bytes = code_bytes(d, b.bits);
-    l.side_bytes = 2;  // fp16 row norm
-  } else if (b.family == "tcq") {
-    l.code_bytes = plane_bytes(d, 1) + code_bytes(d, b.bits - 1);  // branch plane + level plane
-    l.side_bytes = 2;                                               // fp16 row norm
-  } else {  // iso, rotor, planar
-    l.code_bytes = code_bytes(d, b.bits);
-    l.side_bytes = 2 * groups;  // fp16 scale per group of 32
+  switch (b.family) {
+    case Family::bf16: l.code_bytes = round_up(size_t(d) * 2, 4); break;
+    case Family::fp8: l.code_bytes = round_up(size_t(d), 4); break;
+    case Family::q8:
+    case Family::rq8:
+      l.code_bytes = round_up(size_t(d), 4);
+      l.side_bytes = 2 * groups;  // fp16 scale per group of 32
+      break;
+    case Family::turbo:
+      l.code_bytes = code_bytes(d, b.bits);
+      l.side_bytes = 2;  // fp16 row norm
+      break;
+    case Family::tcq:
+      l.code_bytes = plane_bytes(d, 1) + code_bytes(d, b.bits - 1);  // branch plane + level plane
+      l.side_bytes = 2;                                               // fp16 row norm
+      break;
+    case Family::iso:
+    case Family::rotor:
+    case Family::planar:
+      l.code_bytes = code_bytes(d, b.bits);
+      l.side_bytes = 2 * groups;  // fp16 scale per group of 32
+      break;
   }
   return l;
 }
@@ -161,12 +195,18 @@ std::unique_ptr<Block> make_block(const BlockSpec& spec, int d, uint64_t seed, i
                           kv_head);
   }
   const uint64_t s = derive_seed(seed, layer, kv_head, side, 1);
-  if (spec.family == "bf16") return make_bf16_block(spec, d, layout);
-  if (spec.family == "fp8") return make_fp8_block(spec, d, layout);
-  if (spec.family == "q8" || spec.family == "rq8") return make_q8_block(spec, d, layout, s);
-  if (spec.family == "turbo") return make_turbo_block(spec, d, layout, s);
-  if (spec.family == "tcq") return make_tcq_block(spec, d, layout, s);
-  return make_grouped_block(spec, d, layout, s);  // iso, rotor, planar
+  switch (spec.family) {
+    case Family::bf16: return make_bf16_block(spec, d, layout);
+    case Family::fp8: return make_fp8_block(spec, d, layout);
+    case Family::q8:
+    case Family::rq8: return make_q8_block(spec, d, layout, s);
+    case Family::turbo: return make_turbo_block(spec, d, layout, s);
+    case Family::tcq: return make_tcq_block(spec, d, layout, s);
+    case Family::iso:
+    case Family::rotor:
+    case Family::planar: return make_grouped_block(spec, d, layout, s);
+  }
+  fail(Errc::internal, "make_block: unknown family");
 }
 
 }  // namespace kvq::kv

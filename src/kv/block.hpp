@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "kv/family.hpp"
+
 namespace kvq::kv {
 
 enum class Side { k, v };
@@ -30,7 +32,7 @@ const char* side_name(Side s);
 // A parsed block name: family + bits (+qjl). Names: bf16, q8, rq8, fp8,
 // turbo2/3/4, tcq2/3, iso3/4, rotor3/4, planar3/4; any K block may add "+qjl".
 struct BlockSpec {
-  std::string family;  // "bf16", "q8", "rq8", "fp8", "turbo", "tcq", "iso", "rotor", "planar"
+  Family family = Family::bf16;
   int bits = 16;       // bits per code (16 for bf16, 8 for q8/rq8/fp8, N for the N-bit families)
   bool qjl = false;    // +qjl: 1-bit QJL sketch of the residual (K sides only)
 

@@ -25,6 +25,7 @@ struct CacheShape {
   int n_kv_heads = 0;
   int head_dim = 0;
   int max_tokens = 0;  // preallocated capacity per sequence
+  int n_heads = 0;     // query heads (0: unknown; GPU kernels are chosen per GQA group)
 };
 
 // What the user asked for: a named codec (--kv), optionally per-side blocks
@@ -46,13 +47,21 @@ class LayerCache {
 
 class Cache {
  public:
+  Cache();
   virtual ~Cache() = default;
+  // Unique for the process's lifetime: a recorded decode step remembers the
+  // cache it was made over by this, never by address (a freed cache's address
+  // can come back for a new one).
+  uint64_t id() const { return id_; }
   virtual const CacheShape& shape() const = 0;
   virtual std::string codec_name() const = 0;  // canonical name, e.g. "k8v4" or "ctk=q8,ctv=turbo3"
   virtual LayerCache& layer(int i) = 0;
   // Bytes resident in the packed store for the first n_tokens tokens (codes
   // plus every scale, norm and index), all layers, K and V.
   virtual uint64_t bytes_for_tokens(int n_tokens) const = 0;
+
+ private:
+  uint64_t id_;
 };
 
 // Throws kvq::Error (invalid_argument) for an unknown codec or block name,

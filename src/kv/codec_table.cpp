@@ -74,7 +74,7 @@ ResolvedCodec resolve_codec(const CodecOptions& opts) {
   KVQ_CHECK(!r.v.qjl, Errc::invalid_argument, "+qjl is a K-side option (it makes q.k unbiased); ",
             "remove it from --ctv '", opts.ctv, "'");
   bool qjl_added = false;
-  if (opts.rotor_qjl && r.k.family == "rotor" && !r.k.qjl) {
+  if (opts.rotor_qjl && r.k.family == Family::rotor && !r.k.qjl) {
     r.k.qjl = true;
     qjl_added = true;
   }
@@ -94,6 +94,35 @@ ResolvedCodec resolve_codec(const CodecOptions& opts) {
 
 size_t codec_bytes_per_token_per_head(const ResolvedCodec& c, int head_dim) {
   return block_layout(c.k, head_dim).row_bytes() + block_layout(c.v, head_dim).row_bytes();
+}
+
+static SideDescriptor describe_side(const BlockSpec& b, int head_dim) {
+  SideDescriptor d;
+  d.spec = b;
+  const RowLayout l = block_layout(b, head_dim);
+  d.code_bytes = uint32_t(l.code_bytes);
+  d.side_bytes = uint32_t(l.side_bytes);
+  if (b.qjl) {
+    BlockSpec base = b;
+    base.qjl = false;
+    const RowLayout bl = block_layout(base, head_dim);
+    d.qjl_code_offset = uint32_t(bl.code_bytes);
+    d.qjl_side_offset = uint32_t(bl.side_bytes);
+  }
+  d.rotation = b.family != Family::bf16 && b.family != Family::q8 && b.family != Family::fp8;
+  d.codebook = b.family == Family::turbo || b.family == Family::iso || b.family == Family::rotor ||
+               b.family == Family::planar;
+  d.trellis = b.family == Family::tcq;
+  return d;
+}
+
+CodecDescriptor describe_codec(const ResolvedCodec& c, int head_dim) {
+  CodecDescriptor d;
+  d.name = c.name;
+  d.head_dim = head_dim;
+  d.k = describe_side(c.k, head_dim);
+  d.v = describe_side(c.v, head_dim);
+  return d;
 }
 
 }  // namespace kvq::kv

@@ -19,10 +19,18 @@
 
 #include "core/error.hpp"
 #include "kv/block.hpp"
+#include <atomic>
+
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
 
 namespace kvq::kv {
+
+Cache::Cache() {
+  static std::atomic<uint64_t> next{1};
+  id_ = next.fetch_add(1, std::memory_order_relaxed);
+}
+
 namespace {
 
 struct SideStore {

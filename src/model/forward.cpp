@@ -17,7 +17,7 @@ constexpr int kLogitRows = 32;
 }  // namespace
 
 Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
-    : cfg_(std::move(cfg)), w_(std::move(weights)), backend_(backend) {
+    : cfg_(std::move(cfg)), w_(std::move(weights)), backend_(backend), own_run_(backend) {
   KVQ_CHECK(int(w_.layers.size()) == cfg_.n_layers, Errc::internal, "model has ", w_.layers.size(),
             " layer weight sets for ", cfg_.n_layers, " layers");
   token_embd_ = backend_.upload(w_.token_embd);
@@ -40,14 +40,13 @@ Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
     }
     layers_.push_back(d);
   }
-  const char* env = std::getenv("KVQ_CUDA_GRAPH");
-  set_step_graphs(!(env && std::strcmp(env, "0") == 0));
+  set_step_graphs(backend_.options().step_graphs);
 }
 
 void Model::set_step_graphs(bool on) {
   step_graphs_ = on && backend_.supports_step_graphs();
-  step_graph_.reset();
-  warm_cache_ = nullptr;
+  own_run_.step_graph_.reset();
+  own_run_.warm_cache_ = 0;
 }
 
 Model::~Model() = default;
@@ -65,6 +64,7 @@ kv::CacheShape Model::cache_shape(int max_tokens) const {
   s.n_kv_heads = cfg_.n_kv_heads;
   s.head_dim = cfg_.head_dim;
   s.max_tokens = max_tokens;
+  s.n_heads = cfg_.n_heads;
   return s;
 }
 
@@ -79,34 +79,36 @@ uint64_t Model::step_weight_bytes() const {
   return n;
 }
 
-void Model::ensure_scratch(int n) {
-  if (n <= scratch_tokens_) return;
+void Model::ensure_scratch(RunState& r, int n) {
+  if (n <= r.scratch_tokens_) return;
   const size_t d = cfg_.d_model, q_dim = size_t(cfg_.n_heads) * cfg_.head_dim,
                kv_dim = size_t(cfg_.n_kv_heads) * cfg_.head_dim, ff = cfg_.d_ff;
-  x_ = backend_.alloc(n * d);
-  h_ = backend_.alloc(n * d);
-  q_ = backend_.alloc(n * q_dim);
-  k_ = backend_.alloc(n * kv_dim);
-  v_ = backend_.alloc(n * kv_dim);
-  attn_ = backend_.alloc(n * q_dim);
-  gate_ = backend_.alloc(n * ff);
-  up_ = backend_.alloc(n * ff);
-  logits_ = backend_.alloc(size_t(std::min(n, kLogitRows)) * cfg_.vocab_size);
-  scratch_tokens_ = n;
+  r.x_ = backend_.alloc(n * d);
+  r.h_ = backend_.alloc(n * d);
+  r.q_ = backend_.alloc(n * q_dim);
+  r.k_ = backend_.alloc(n * kv_dim);
+  r.v_ = backend_.alloc(n * kv_dim);
+  r.attn_ = backend_.alloc(n * q_dim);
+  r.gate_ = backend_.alloc(n * ff);
+  r.up_ = backend_.alloc(n * ff);
+  r.logits_ = backend_.alloc(size_t(std::min(n, kLogitRows)) * cfg_.vocab_size);
+  r.scratch_tokens_ = n;
   // A recorded step refers to the old buffers.
-  step_graph_.reset();
-  warm_cache_ = nullptr;
+  r.step_graph_.reset();
+  r.warm_cache_ = 0;
 }
 
-void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits) {
+void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits,
+                    RunState& r) {
   KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
   const size_t vocab = size_t(cfg_.vocab_size);
   if (n == 1 && step_graphs_) {
-    decode_step(ids[0], pos, cache);
-    backend_.download(logits_->data(), logits, vocab);
+    decode_step(r, ids[0], pos, cache);
+    backend_.download(r.logits_->data(), logits, vocab);
     return;
   }
-  run_layers(ids, n, pos, cache);
+  run_layers(r, ids, n, pos, cache);
   // Final norm and LM head, only for the rows whose logits are wanted.
   Backend& be = backend_;
   const int d = cfg_.d_model;
@@ -114,75 +116,77 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
   for (int t0 = first; t0 < n; t0 += kLogitRows) {
     const int rows = std::min(kLogitRows, n - t0);
     const Matrix* head = &output_;
-    float* out = logits_->data();
-    be.norm_matmul(x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, h_->data(), &head, &out, 1);
-    be.download(logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
+    float* out = r.logits_->data();
+    be.norm_matmul(r.x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head, &out, 1);
+    be.download(r.logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
   }
 }
 
-int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab) {
+int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& r) {
   KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
             " logits of a model with ", cfg_.vocab_size);
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
   if (step_graphs_) {
-    decode_step(id, pos, cache);
+    decode_step(r, id, pos, cache);
   } else {
-    run_layers(&id, 1, pos, cache);
-    lm_head_row(0);
+    run_layers(r, &id, 1, pos, cache);
+    lm_head_row(r, 0);
   }
-  return backend_.argmax(logits_->data(), size_t(vocab));
+  return backend_.argmax(r.logits_->data(), size_t(vocab));
 }
 
-void Model::lm_head_row(int t) {
+void Model::lm_head_row(RunState& r, int t) {
   Backend& be = backend_;
   const int d = cfg_.d_model;
   const Matrix* head = &output_;
-  float* out = logits_->data();
-  be.norm_matmul(x_->data() + size_t(t) * d, output_norm_, 1, d, cfg_.norm_eps, h_->data(), &head, &out, 1);
+  float* out = r.logits_->data();
+  be.norm_matmul(r.x_->data() + size_t(t) * d, output_norm_, 1, d, cfg_.norm_eps, r.h_->data(), &head, &out, 1);
 }
 
-void Model::decode_step(int32_t id, int pos, kv::Cache& cache) {
+void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
   // Checked here because a replay does not pass through embed()/forward checks.
   KVQ_CHECK(id >= 0 && id < token_embd_.rows, Errc::out_of_range, "token id ", id,
             " is outside the model's vocabulary of ", token_embd_.rows, " tokens");
   const int64_t max_tokens = cache.shape().max_tokens;
   KVQ_CHECK(pos >= 0 && int64_t(pos) + 1 <= max_tokens, Errc::out_of_range, "token at position ", pos,
             " does not fit the context of ", max_tokens, " tokens; raise --ctx or shorten the prompt");
-  ensure_scratch(1);  // before begin_step: it may drop the recording
+  ensure_scratch(r, 1);  // before begin_step: it may drop the recording
   Backend& be = backend_;
   be.begin_step(id, pos);
   try {
-    if (step_graph_ && be.replay(*step_graph_, cache)) {
+    if (r.step_graph_ && be.replay(*r.step_graph_, cache)) {
       // replayed
-    } else if (warm_cache_ != &cache) {
+    } else if (r.warm_cache_ != cache.id()) {
       // First step over this cache: run it directly so lazily sized scratch exists.
-      step_graph_.reset();
-      run_layers(&id, 1, pos, cache);
-      lm_head_row(0);
-      warm_cache_ = &cache;
+      r.step_graph_.reset();
+      run_layers(r, &id, 1, pos, cache);
+      lm_head_row(r, 0);
+      r.warm_cache_ = cache.id();
     } else {
-      step_graph_.reset();
+      r.step_graph_.reset();
       be.record_begin();
       try {
-        run_layers(&id, 1, pos, cache);
-        lm_head_row(0);
-        step_graph_ = be.record_end();
+        run_layers(r, &id, 1, pos, cache);
+        lm_head_row(r, 0);
+        r.step_graph_ = be.record_end();
+        ++r.recordings_;
       } catch (const Error& e) {
         // Nothing of this step ran while recording: say why, stop recording
         // for this model and run the step directly (decoding stays correct,
         // only slower). Tests assert that steps are replayed.
         be.record_abort();
-        step_graph_.reset();
+        r.step_graph_.reset();
         step_graphs_ = false;
         log_warn("recording the decode step failed, running without step graphs: ", e.what());
-        run_layers(&id, 1, pos, cache);
-        lm_head_row(0);
+        run_layers(r, &id, 1, pos, cache);
+        lm_head_row(r, 0);
         be.end_step();
         return;
       } catch (...) {
         be.record_abort();
         throw;
       }
-      KVQ_CHECK(be.replay(*step_graph_, cache), Errc::internal, "a decode step just recorded does not replay");
+      KVQ_CHECK(be.replay(*r.step_graph_, cache), Errc::internal, "a decode step just recorded does not replay");
     }
   } catch (...) {
     be.end_step();
@@ -191,20 +195,20 @@ void Model::decode_step(int32_t id, int pos, kv::Cache& cache) {
   be.end_step();
 }
 
-void Model::run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache) {
+void Model::run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cache& cache) {
   KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
   const kv::CacheShape& cs = cache.shape();
   KVQ_CHECK(cs.n_layers == cfg_.n_layers && cs.n_kv_heads == cfg_.n_kv_heads && cs.head_dim == cfg_.head_dim,
             Errc::internal, "KV cache shape does not match the model");
   KVQ_CHECK(pos >= 0 && int64_t(pos) + n <= cs.max_tokens, Errc::out_of_range, "tokens [", pos, ", ", pos + n,
             ") do not fit the context of ", cs.max_tokens, " tokens; raise --ctx or shorten the prompt");
-  ensure_scratch(n);
+  ensure_scratch(r, n);
   Backend& be = backend_;
   const int d = cfg_.d_model, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
   const float eps = cfg_.norm_eps;
   const float scale = 1.0f / std::sqrt(float(hd));
-  float *x = x_->data(), *h = h_->data(), *q = q_->data(), *k = k_->data(), *v = v_->data(),
-        *attn = attn_->data(), *gate = gate_->data(), *up = up_->data();
+  float *x = r.x_->data(), *h = r.h_->data(), *q = r.q_->data(), *k = r.k_->data(), *v = r.v_->data(),
+        *attn = r.attn_->data(), *gate = r.gate_->data(), *up = r.up_->data();
 
   be.embed(token_embd_, ids, n, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {

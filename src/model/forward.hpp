@@ -22,6 +22,33 @@
 namespace kvq {
 namespace gguf { class File; }
 
+// The per-sequence state of running a model: activation scratch and the
+// recorded decode step (valid for that scratch and the cache it was recorded
+// over). The Model (weights, shared) holds none of it, so sequences that
+// share one model each keep their own recorded step. Make one per sequence
+// with Model::new_run_state(); use it from one thread at a time.
+class RunState {
+ public:
+  explicit RunState(Backend& backend) : backend_(backend) {}
+  // True when a recorded step exists (replayed by the next step over the same cache).
+  bool step_graph_recorded() const { return step_graph_ != nullptr; }
+  // How many times a decode step was recorded for this state (a replayed
+  // step is not recorded again).
+  int recordings() const { return recordings_; }
+
+ private:
+  friend class Model;
+  Backend& backend_;
+  int scratch_tokens_ = 0;
+  std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+  // A step is first run directly once per cache (warm_cache_, a
+  // kv::Cache::id), so every lazily sized backend scratch exists before
+  // recording.
+  std::unique_ptr<StepGraph> step_graph_;
+  uint64_t warm_cache_ = 0;
+  int recordings_ = 0;
+};
+
 class Model {
  public:
   // Opens a GGUF file (kept mmap'd for the model's lifetime), reads its config
@@ -40,6 +67,9 @@ class Model {
   // Shape of a KV cache that can hold max_tokens tokens of this model.
   kv::CacheShape cache_shape(int max_tokens) const;
 
+  // A fresh run state (scratch, recorded step) for one sequence.
+  std::unique_ptr<RunState> new_run_state() const { return std::make_unique<RunState>(backend_); }
+
   // Bytes of weights one single-token decode step reads, in their stored
   // types: every layer matrix and norm, the LM head, one embedding row.
   uint64_t step_weight_bytes() const;
@@ -47,33 +77,41 @@ class Model {
   // Runs tokens ids[0..n) at positions pos..pos+n-1: writes their K/V into the
   // cache and writes logits to host memory: [n][vocab] when all_logits, else
   // only the last token's [vocab]. Positions beyond the cache capacity are an
-  // Errc::out_of_range error.
-  void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits);
+  // Errc::out_of_range error. `run` is the sequence's run state; the
+  // overloads without one use the model's own (one sequence at a time).
+  void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits, RunState& run);
+  void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits) {
+    forward(ids, n, pos, cache, logits, all_logits, own_run_);
+  }
 
   // One decode step of token `id` at `pos` that returns the greedy choice:
   // the index of the largest of the first `vocab` logits (NaN never wins,
   // lowest id on ties, as the greedy Sampler), computed by the backend so the
   // logits never leave it. vocab <= config().vocab_size.
-  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab);
+  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& run);
+  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab) {
+    return forward_argmax(id, pos, cache, vocab, own_run_);
+  }
 
-  // Single-token steps are recorded once per KV cache and replayed (CUDA
-  // graphs) when the backend supports it. On by default there; the
-  // environment variable KVQ_CUDA_GRAPH=0 turns it off for new models, and
-  // this setter for this one (off also drops any recording).
+  // Single-token steps are recorded once per KV cache and run state and
+  // replayed (CUDA graphs) when the backend supports it. On by default there
+  // (BackendOptions::step_graphs); this setter turns it on or off for this
+  // model (off also drops the model's own recording).
   void set_step_graphs(bool on);
   bool step_graphs() const { return step_graphs_; }
-  // True when a recorded step exists (it is replayed by the next step over the same cache).
-  bool step_graph_recorded() const { return step_graph_ != nullptr; }
+  // The model's own run state (the overloads without one).
+  const RunState& own_run_state() const { return own_run_; }
+  bool step_graph_recorded() const { return own_run_.step_graph_recorded(); }
 
  private:
-  void ensure_scratch(int n);
-  // The layers for tokens ids[0..n): leaves the final hidden states in x_.
-  void run_layers(const int32_t* ids, int n, int pos, kv::Cache& cache);
-  // RMSNorm + LM head of hidden row t of x_ into logits_ row 0.
-  void lm_head_row(int t);
+  void ensure_scratch(RunState& r, int n);
+  // The layers for tokens ids[0..n): leaves the final hidden states in r.x_.
+  void run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cache& cache);
+  // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
+  void lm_head_row(RunState& r, int t);
   // A single-token step (recorded/replayed when step_graphs_) that leaves the
-  // token's logits in logits_ row 0.
-  void decode_step(int32_t id, int pos, kv::Cache& cache);
+  // token's logits in r.logits_ row 0.
+  void decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache);
   float* upload_vector(const std::vector<float>& v);
 
   std::shared_ptr<const gguf::File> file_;  // shared_ptr: the deleter lives where the file is opened
@@ -91,17 +129,8 @@ class Model {
   float* output_norm_ = nullptr;
   std::vector<std::unique_ptr<Buffer>> owned_;  // norm vectors
 
-  // Activation scratch for up to scratch_tokens_ tokens.
-  int scratch_tokens_ = 0;
-  std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
-
-  // Recorded decode step: valid for the scratch above (dropped when it is
-  // reallocated) and the cache it was recorded over (the backend checks).
-  // A step is first run directly once per cache (warm_cache_), so every
-  // lazily sized backend scratch exists before recording.
   bool step_graphs_ = false;
-  std::unique_ptr<StepGraph> step_graph_;
-  const kv::Cache* warm_cache_ = nullptr;
+  RunState own_run_;  // for the overloads without a run state
 };
 
 }  // namespace kvq

@@ -24,11 +24,33 @@ std::string_view strip(std::string_view s, std::string_view chars) { return lstr
 // Jinja's `trim` filter (Python str.strip() on ASCII whitespace for our purposes).
 constexpr std::string_view kWhitespace = " \t\n\r\v\f";
 
-std::string format_chatml(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, bool enable_thinking) {
+// The rendered prompt and which parts of it are message content (RenderedChat).
+class Renderer {
+ public:
+  Renderer& tmpl(std::string_view s) {
+    out_.text += s;
+    return *this;
+  }
+  Renderer& content(std::string_view s) {
+    if (s.empty()) return *this;
+    const size_t b = out_.text.size();
+    out_.text += s;
+    if (!out_.literal.empty() && out_.literal.back().end == b) out_.literal.back().end = out_.text.size();
+    else out_.literal.push_back({b, out_.text.size()});
+    return *this;
+  }
+  RenderedChat take() { return std::move(out_); }
+
+ private:
+  RenderedChat out_;
+};
+
+RenderedChat render_chatml(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, bool enable_thinking) {
   // Mirrors Qwen3's template: a leading system message, then the turns; the
   // reasoning of assistant turns before the last real user query is dropped.
-  std::string out;
-  if (!msgs.empty() && msgs[0].role == "system") out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+  Renderer out;
+  if (!msgs.empty() && msgs[0].role == "system")
+    out.tmpl("<|im_start|>system\n").content(msgs[0].content).tmpl("<|im_end|>\n");
 
   // Index of the last user message that is not a wrapped tool response.
   int last_query = int(msgs.size()) - 1;
@@ -44,7 +66,7 @@ std::string format_chatml(const std::vector<ChatMessage>& msgs, bool add_generat
     const auto& m = msgs[i];
     const bool first = i == 0, last = i + 1 == msgs.size();
     if (m.role == "user" || (m.role == "system" && !first)) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      out.tmpl("<|im_start|>").content(m.role).tmpl("\n").content(m.content).tmpl("<|im_end|>\n");
     } else if (m.role == "assistant") {
       std::string_view content = m.content;
       std::string_view reasoning;
@@ -58,42 +80,46 @@ std::string format_chatml(const std::vector<ChatMessage>& msgs, bool add_generat
         reasoning = lstrip(open == std::string_view::npos ? before : before.substr(open + 7), "\n");
         content = lstrip(content.substr(last_close + 8), "\n");
       }
+      out.tmpl("<|im_start|>").content(m.role);
       if (int(i) > last_query && (last || !reasoning.empty())) {
-        out += "<|im_start|>" + m.role + "\n<think>\n" + std::string(strip(reasoning, "\n")) + "\n</think>\n\n" +
-               std::string(lstrip(content, "\n"));
+        out.tmpl("\n<think>\n").content(strip(reasoning, "\n")).tmpl("\n</think>\n\n").content(lstrip(content, "\n"));
       } else {
-        out += "<|im_start|>" + m.role + "\n" + std::string(content);
+        out.tmpl("\n").content(content);
       }
-      out += "<|im_end|>\n";
+      out.tmpl("<|im_end|>\n");
     } else if (m.role == "tool") {
-      if (first || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (last || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      if (first || msgs[i - 1].role != "tool") out.tmpl("<|im_start|>user");
+      out.tmpl("\n<tool_response>\n").content(m.content).tmpl("\n</tool_response>");
+      if (last || msgs[i + 1].role != "tool") out.tmpl("<|im_end|>\n");
     } else if (m.role != "system") {
       fail(Errc::invalid_argument, "chat message role '", m.role,
            "' is not supported by the chatml template (use system, user, assistant or tool)");
     }
   }
   if (add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+    out.tmpl("<|im_start|>assistant\n");
+    if (!enable_thinking) out.tmpl("<think>\n\n</think>\n\n");
   }
-  return out;
+  return out.take();
 }
 
-std::string format_llama3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
-  std::string out = "<|begin_of_text|>";
+RenderedChat render_llama3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
+  Renderer out;
+  out.tmpl("<|begin_of_text|>");
   for (const auto& m : msgs)
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(strip(m.content, kWhitespace)) +
-           "<|eot_id|>";
-  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+    out.tmpl("<|start_header_id|>")
+        .content(m.role)
+        .tmpl("<|end_header_id|>\n\n")
+        .content(strip(m.content, kWhitespace))
+        .tmpl("<|eot_id|>");
+  if (add_generation_prompt) out.tmpl("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out.take();
 }
 
-std::string format_none(const std::vector<ChatMessage>& msgs) {
-  std::string out;
-  for (const auto& m : msgs) out += m.content;
-  return out;
+RenderedChat render_none(const std::vector<ChatMessage>& msgs) {
+  Renderer out;
+  for (const auto& m : msgs) out.content(m.content);
+  return out.take();
 }
 
 constexpr const char* kOverrideHint = "pass --chat-template chatml|llama3|none to choose one";
@@ -130,16 +156,46 @@ ChatTemplate resolve_chat_template(std::string_view override_name, std::string_v
   return chat_template_from_name(override_name);
 }
 
-std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                        bool enable_thinking) {
+RenderedChat render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         bool enable_thinking) {
   switch (t) {
-    case ChatTemplate::chatml: return format_chatml(messages, add_generation_prompt, enable_thinking);
-    case ChatTemplate::llama3: return format_llama3(messages, add_generation_prompt);
-    case ChatTemplate::none: return format_none(messages);
+    case ChatTemplate::chatml: return render_chatml(messages, add_generation_prompt, enable_thinking);
+    case ChatTemplate::llama3: return render_llama3(messages, add_generation_prompt);
+    case ChatTemplate::none: return render_none(messages);
   }
   fail(Errc::internal, "unhandled chat template");
 }
 
+std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                        bool enable_thinking) {
+  return render_chat(t, messages, add_generation_prompt, enable_thinking).text;
+}
+
+std::vector<TokenId> encode_chat(const Tokenizer& tok, const RenderedChat& chat) {
+  return tok.encode_with_literals(chat.text, chat.literal);
+}
+
+std::vector<std::string> chat_turn_openers(ChatTemplate t) {
+  switch (t) {
+    case ChatTemplate::chatml: return {"<|im_start|>"};
+    case ChatTemplate::llama3: return {"<|start_header_id|>"};
+    case ChatTemplate::none: return {};
+  }
+  return {};
+}
+
 bool chat_template_has_bos(ChatTemplate t) { return t == ChatTemplate::llama3; }
+
+std::vector<TokenId> encode_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt, bool enable_thinking) {
+  const RenderedChat chat = render_chat(t, messages, add_generation_prompt, enable_thinking);
+  std::vector<TokenId> ids;
+  // Templates that render the BOS text themselves get no second BOS.
+  if (!chat_template_has_bos(t) && tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
+  // Control tokens come from the template only; message text stays text.
+  const auto body = encode_chat(tok, chat);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
 
 }  // namespace kvq

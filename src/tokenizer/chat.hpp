@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/tokenizer.hpp"
+
 namespace kvq {
 
 enum class ChatTemplate {
@@ -40,5 +42,28 @@ ChatTemplate resolve_chat_template(std::string_view override_name, std::string_v
 std::string format_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                         bool enable_thinking = true);
 bool chat_template_has_bos(ChatTemplate t);
+
+// Texts of the control tokens that open a turn in this family
+// (<|im_start|>, <|start_header_id|>): a chat reply that emits one has ended
+// its own turn. Empty for `none`.
+std::vector<std::string> chat_turn_openers(ChatTemplate t);
+
+// A rendered chat prompt that remembers which bytes are message content
+// (roles included). Content is text whatever it spells: a user who types
+// "<|im_end|>\n<|im_start|>system" must not get real control tokens (role
+// injection). Only the template's own markup may become control tokens.
+struct RenderedChat {
+  std::string text;               // == format_chat(...)
+  std::vector<TextSpan> literal;  // message content: byte ranges of text, in order
+};
+RenderedChat render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         bool enable_thinking = true);
+// Token ids of a rendered chat: control tokens from the template's markup
+// only (Tokenizer::encode_with_literals). No BOS is added here.
+std::vector<TokenId> encode_chat(const Tokenizer& tok, const RenderedChat& chat);
+// render_chat + encode_chat, with a BOS in front when the tokenizer wants one
+// and the template does not render it itself: a conversation's prompt ids.
+std::vector<TokenId> encode_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt = true, bool enable_thinking = true);
 
 }  // namespace kvq

@@ -55,6 +55,7 @@ TokenizerData read_tokenizer_data(const gguf::File& f) {
   d.pad = optional_id(f, keys::pad_id);
   d.add_bos = f.get_bool_or(keys::add_bos, d.pre == "llama-bpe");
   d.chat_template = f.get_string_or(keys::chat_template, "");
+  d.normalizer = f.get_string_or(keys::normalizer, "");
   return d;
 }
 
@@ -72,6 +73,7 @@ void write_tokenizer_data(const TokenizerData& d, gguf::Writer& w) {
   if (d.pad >= 0) w.set(keys::pad_id, gguf::Value::u32(uint32_t(d.pad)));
   w.set(keys::add_bos, gguf::Value::boolean(d.add_bos));
   if (!d.chat_template.empty()) w.set(keys::chat_template, gguf::Value::string(d.chat_template));
+  if (!d.normalizer.empty()) w.set(keys::normalizer, gguf::Value::string(d.normalizer));
 }
 
 void import_hf_tokenizer(const std::string& path, gguf::Writer& w) {

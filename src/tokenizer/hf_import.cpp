@@ -106,11 +106,17 @@ TokenizerData load_hf_tokenizer(const std::string& path) {
          "; supported: ", known);
   }
   const PreTokenizer pre(d.pre);
+  // The normalizer is whatever the file states (null: none), recorded so that
+  // a GGUF made from it normalizes the same way.
   const json norm = j.value("normalizer", json());
-  const bool has_nfc = norm.is_object() && norm.value("type", "") == "NFC";
-  KVQ_CHECK(has_nfc == pre.nfc() && (norm.is_null() || has_nfc), Errc::unsupported, "'", path,
-            "': normalizer ", norm.dump(), " does not match the '", d.pre, "' pre-tokenizer, which expects ",
-            pre.nfc() ? "NFC" : "none");
+  if (norm.is_null()) {
+    d.normalizer = kNormalizerNone;
+  } else if (norm.is_object() && norm.value("type", "") == "NFC") {
+    d.normalizer = kNormalizerNfc;
+  } else {
+    fail(Errc::unsupported, "'", path, "': normalizer ", norm.dump(),
+         " is not supported; kvq supports null (none) and {\"type\": \"NFC\"}");
+  }
   const bool ignore_merges = model.value("ignore_merges", false);
   KVQ_CHECK(ignore_merges == pre.ignore_merges(), Errc::unsupported, "'", path, "': model.ignore_merges = ",
             ignore_merges ? "true" : "false", " does not match the '", d.pre, "' pre-tokenizer");

@@ -11,7 +11,9 @@ namespace gguf { class Writer; }
 // Reads a byte-level BPE tokenizer.json (and, when it sits beside it,
 // tokenizer_config.json for bos/eos/pad, add_bos_token and chat_template).
 // The pre-tokenizer is recognised by its Split regex ("qwen2", "llama-bpe");
-// an unknown one, or a normalizer/merge mode that contradicts it, is an error.
+// an unknown one, or a merge mode that contradicts it, is an error. The
+// normalizer is recorded as the file states it (null: "none"; NFC: "NFC";
+// others are unsupported).
 // Token types follow llama.cpp's converter: vocabulary entries are normal;
 // added tokens are control when marked special or spelled <|...|>, else
 // user-defined; ids not covered by either are unused "[PADn]" entries.

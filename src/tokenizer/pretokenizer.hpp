@@ -25,7 +25,8 @@ class PreTokenizer {
   void split(std::string_view text, std::vector<std::string_view>& out) const;
 
   const std::string& name() const { return name_; }
-  // Whether the model normalizes text to NFC before pre-tokenizing (Qwen2/3: yes).
+  // Whether models with this pre-tokenizer usually normalize text to NFC
+  // first (Qwen2/3: yes): the default when the tokenizer states no normalizer.
   bool nfc() const { return nfc_; }
   // Whether a pre-token that is itself in the vocabulary is taken whole before
   // any merge (HF BPE "ignore_merges"; Llama 3: yes).

@@ -1,7 +1,8 @@
 // Byte-level BPE as the Hugging Face `tokenizers` library does it:
 //   1. added tokens are cut out of the raw text (leftmost, then longest match);
 //   2. each remaining fragment is split into well-formed UTF-8 runs (ill-formed
-//      bytes become their own byte tokens), normalized (NFC for qwen2) and
+//      bytes become their own byte tokens), normalized (NFC when the tokenizer's
+//      normalizer says so) and
 //      pre-tokenized by the model's regex;
 //   3. each pre-token is BPE-merged by rank, starting from one symbol per byte.
 #include "tokenizer/tokenizer.hpp"
@@ -49,6 +50,7 @@ struct Tokenizer::Impl {
   // Added tokens that may be cut out of text, indexed by first byte, longest first.
   std::vector<TokenId> added_by_byte[256];
   std::vector<bool> is_eog;
+  bool nfc = false;  // normalize to NFC before pre-tokenizing
 
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<TokenId>> cache;
@@ -56,6 +58,9 @@ struct Tokenizer::Impl {
   explicit Impl(TokenizerData d) : data(std::move(d)), pre(data.pre) {}
 
   void build();
+  // literal_before: see encode_with_literals; null when there are no literal spans.
+  std::vector<TokenId> encode(std::string_view text, bool parse_special,
+                              const std::vector<uint32_t>* literal_before) const;
   void encode_fragment(std::string_view text, std::vector<TokenId>& out) const;
   void encode_valid(std::string_view text, std::vector<TokenId>& out) const;
   void bpe_piece(std::string_view piece, std::vector<TokenId>& out) const;
@@ -65,6 +70,14 @@ struct Tokenizer::Impl {
 void Tokenizer::Impl::build() {
   KVQ_CHECK(data.model == "gpt2", Errc::unsupported, "tokenizer model '", data.model, "' (",
             tokenizer_keys::model, ") is not supported; kvq supports byte-level BPE ('gpt2')");
+  if (data.normalizer.empty()) {
+    nfc = pre.nfc();
+  } else {
+    KVQ_CHECK(data.normalizer == kNormalizerNfc || data.normalizer == kNormalizerNone, Errc::unsupported,
+              tokenizer_keys::normalizer, " = '", data.normalizer, "' is not supported (use '", kNormalizerNfc,
+              "' or '", kNormalizerNone, "')");
+    nfc = data.normalizer == kNormalizerNfc;
+  }
   const size_t n = data.tokens.size();
   KVQ_CHECK(n > 0, Errc::format, tokenizer_keys::tokens, " is empty");
   KVQ_CHECK(n < size_t(INT32_MAX), Errc::format, tokenizer_keys::tokens, " has too many entries (", n, ")");
@@ -149,7 +162,26 @@ void Tokenizer::Impl::build() {
 // Control tokens are eligible only with parse_special; user-defined ones always
 // are, as in HF (encode_special_tokens) and llama.cpp (parse_special = false).
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special) const {
-  const Impl& m = *impl_;
+  return impl_->encode(text, parse_special, nullptr);
+}
+
+std::vector<TokenId> Tokenizer::encode_with_literals(std::string_view text, const std::vector<TextSpan>& literal) const {
+  // literal_before[i]: literal bytes in text[0, i), so a candidate [i, j)
+  // overlaps literal text exactly when literal_before[j] > literal_before[i].
+  std::vector<uint32_t> literal_before(text.size() + 1, 0);
+  std::vector<uint8_t> is_literal(text.size(), 0);
+  for (const TextSpan& s : literal) {
+    KVQ_CHECK(s.begin <= s.end && s.end <= text.size(), Errc::internal, "literal span [", s.begin, ", ", s.end,
+              ") outside a text of ", text.size(), " bytes");
+    std::fill(is_literal.begin() + s.begin, is_literal.begin() + s.end, 1);
+  }
+  for (size_t i = 0; i < text.size(); ++i) literal_before[i + 1] = literal_before[i] + is_literal[i];
+  return impl_->encode(text, true, &literal_before);
+}
+
+std::vector<TokenId> Tokenizer::Impl::encode(std::string_view text, bool parse_special,
+                                             const std::vector<uint32_t>* literal_before) const {
+  const Impl& m = *this;
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 4);
   size_t plain_start = 0;
@@ -157,12 +189,13 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special
     const auto& cands = m.added_by_byte[static_cast<unsigned char>(text[i])];
     TokenId hit = -1;
     for (TokenId id : cands) {
-      if (!parse_special && m.types[id] == TokenType::control) continue;
+      const bool control = m.types[id] == TokenType::control;
+      if (!parse_special && control) continue;
       const std::string& t = m.bytes[id];
-      if (text.compare(i, t.size(), t) == 0) {
-        hit = id;
-        break;
-      }
+      if (text.compare(i, t.size(), t) != 0) continue;
+      if (control && literal_before && (*literal_before)[i + t.size()] != (*literal_before)[i]) continue;
+      hit = id;
+      break;
     }
     if (hit < 0) {
       ++i;
@@ -203,7 +236,7 @@ void Tokenizer::Impl::encode_fragment(std::string_view text, std::vector<TokenId
 void Tokenizer::Impl::encode_valid(std::string_view text, std::vector<TokenId>& out) const {
   if (text.empty()) return;
   std::string normalized;
-  if (pre.nfc()) {
+  if (nfc) {
     normalized = utf8::nfc(text);
     text = normalized;
   }
@@ -343,6 +376,7 @@ bool Tokenizer::add_bos() const { return impl_->data.add_bos; }
 const std::string& Tokenizer::pre() const { return impl_->data.pre; }
 const std::string& Tokenizer::chat_template() const { return impl_->data.chat_template; }
 const TokenizerData& Tokenizer::data() const { return impl_->data; }
+bool Tokenizer::normalizes_nfc() const { return impl_->nfc; }
 
 TokenId Tokenizer::find_token(std::string_view text) const {
   auto it = impl_->any.find(std::string(text));

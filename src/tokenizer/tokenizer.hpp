@@ -3,6 +3,7 @@
 // safe detokenization. Chat formatting lives in tokenizer/chat.hpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,11 @@ namespace kvq {
 namespace gguf { class File; }
 
 using TokenId = int32_t;
+
+// A byte range [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0, end = 0;
+};
 
 class Tokenizer {
  public:
@@ -30,8 +36,15 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // parse_special: recognise special/added tokens written literally in text.
+  // parse_special: recognise control tokens written literally in text
+  // (user-defined added tokens are recognised either way, as in HF).
   std::vector<TokenId> encode(std::string_view text, bool parse_special = false) const;
+  // encode(text, true), except that no control token is recognised where it
+  // would overlap one of `literal` (byte ranges of text): text such as chat
+  // message content, which stays text whatever it spells. Tokenizing the
+  // whole text at once (rather than piece by piece) keeps the pre-tokenizer's
+  // splits across the boundaries exactly as for encode(text, true).
+  std::vector<TokenId> encode_with_literals(std::string_view text, const std::vector<TextSpan>& literal) const;
   // Concatenated bytes of the tokens; control tokens omitted when !show_special.
   std::string decode(const std::vector<TokenId>& ids, bool show_special = false) const;
   std::string piece(TokenId id) const;  // raw bytes of one token
@@ -53,6 +66,10 @@ class Tokenizer {
   TokenId eot() const;                   // -1 when none
   TokenId pad() const;                   // -1 when none
   const TokenizerData& data() const;     // what the tokenizer was built from
+  // Whether text is normalized to NFC before pre-tokenizing: as the
+  // tokenizer's normalizer says (kvq.tokenizer.normalizer, or the
+  // tokenizer.json's), else the pre-tokenizer's usual one.
+  bool normalizes_nfc() const;
 
  private:
   Tokenizer();

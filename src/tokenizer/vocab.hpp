@@ -35,7 +35,15 @@ inline constexpr const char* eot_id = "tokenizer.ggml.eot_token_id";
 inline constexpr const char* pad_id = "tokenizer.ggml.padding_token_id";
 inline constexpr const char* add_bos = "tokenizer.ggml.add_bos_token";
 inline constexpr const char* chat_template = "tokenizer.chat_template";
+// kvq's own key (llama.cpp's GGUFs have none): the normalizer the tokenizer.json
+// states, "NFC" or "none". Absent: the pre-tokenizer's usual one (qwen2: NFC,
+// as Qwen's tokenizer.json says; llama-bpe: none).
+inline constexpr const char* normalizer = "kvq.tokenizer.normalizer";
 }  // namespace tokenizer_keys
+
+// Normalizers kvq applies before pre-tokenizing (the values of tokenizer_keys::normalizer).
+inline constexpr const char* kNormalizerNone = "none";
+inline constexpr const char* kNormalizerNfc = "NFC";
 
 struct TokenizerData {
   std::string model = "gpt2";          // tokenizer.ggml.model; only byte-level BPE is supported
@@ -46,6 +54,7 @@ struct TokenizerData {
   int32_t bos = -1, eos = -1, eot = -1, pad = -1;  // -1 when absent
   bool add_bos = false;
   std::string chat_template;           // Jinja text; may be empty
+  std::string normalizer;              // "NFC", "none", or empty: the pre-tokenizer's usual one
 };
 
 // Reads tokenizer.ggml.* from a GGUF file; a missing required key or an

@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
     }
     struct T { const char* name; TensorType t; uint64_t n; };
     const T types[] = {{"f32", TensorType::F32, 8},    {"f16", TensorType::F16, 8},   {"bf16", TensorType::BF16, 8},
-                       {"q8_0", TensorType::Q8_0, 64}, {"q4_0", TensorType::Q4_0, 32}, {"q1_0", TensorType::Q1_0, 128}};
+                       {"q8_0", TensorType::Q8_0, 64}, {"q4_0", TensorType::Q4_0, 32}, {"q1_0", TensorType::Q1_0, 128},
+                       {"q2_k", TensorType::Q2_K, 256}, {"q3_k", TensorType::Q3_K, 256}, {"q4_k", TensorType::Q4_K, 256},
+                       {"q5_k", TensorType::Q5_K, 256}, {"q6_k", TensorType::Q6_K, 256}};
     for (uint32_t version : {2u, 3u}) {
       for (uint64_t align : {1u, 32u, 64u}) {
         Writer w(version, align);

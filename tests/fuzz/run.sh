@@ -17,7 +17,7 @@ if [ -z "$CXX_FUZZ" ]; then
   exit 1
 fi
 mkdir -p "$OUT"
-SRCS="src/gguf/gguf.cpp src/gguf/types.cpp src/gguf/quant.cpp src/core/error.cpp src/model/config.cpp"
+SRCS="src/gguf/gguf.cpp src/gguf/types.cpp src/gguf/quant.cpp src/core/error.cpp src/core/file_io.cpp src/model/config.cpp"
 FLAGS="-std=c++20 -O1 -g -Isrc -fno-omit-frame-pointer"
 echo "fuzz: building with $CXX_FUZZ"
 if ! $CXX_FUZZ $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -93,7 +93,7 @@ TEST_P(CudaAttention, MatchesCpuNoneCache) {
   // The cache rows: bf16 of the inputs at their positions; the other layer untouched (zero).
   const auto& view = dynamic_cast<cuda::CudaLayerCache&>(gpu_cache->layer(layer)).view();
   std::vector<uint16_t> kc(size_t(c.n_kv) * shape.max_tokens * c.head_dim);
-  KVQ_CUDA_CHECK(cudaMemcpy(kc.data(), view.k, kc.size() * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(kc.data(), view.k.code, kc.size() * 2, cudaMemcpyDeviceToHost));
   for (int h = 0; h < c.n_kv; ++h)
     for (int t = 0; t < shape.max_tokens; ++t)
       for (int d = 0; d < c.head_dim; ++d) {
@@ -103,7 +103,7 @@ TEST_P(CudaAttention, MatchesCpuNoneCache) {
       }
   const auto& view0 = dynamic_cast<cuda::CudaLayerCache&>(gpu_cache->layer(0)).view();
   std::vector<uint16_t> k0(kc.size());
-  KVQ_CUDA_CHECK(cudaMemcpy(k0.data(), view0.k, k0.size() * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(k0.data(), view0.k.code, k0.size() * 2, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < k0.size(); ++i) ASSERT_EQ(k0[i], 0) << "layer 0 written by a layer 1 write";
 }
 
@@ -150,7 +150,7 @@ TEST(CudaKvCache, SanitizesLikeTheCpuBlock) {
   cache->layer(0).write(2, 1, dk.data(), dv.data());
   const auto& view = dynamic_cast<cuda::CudaLayerCache&>(cache->layer(0)).view();
   std::vector<uint16_t> kc(4 * 64);
-  KVQ_CUDA_CHECK(cudaMemcpy(kc.data(), view.k, kc.size() * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(kc.data(), view.k.code, kc.size() * 2, cudaMemcpyDeviceToHost));
   EXPECT_EQ(kc[2 * 64 + 0], f32_to_bf16(0.0f));
   EXPECT_EQ(kc[2 * 64 + 1], f32_to_bf16(65504.0f));
   EXPECT_EQ(kc[2 * 64 + 2], f32_to_bf16(-65504.0f));

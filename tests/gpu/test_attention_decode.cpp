@@ -105,7 +105,7 @@ struct DecodeFixture {
       cpu->layer(0).attend(pos, 1, q.back().data(), n_heads, scale, ref.back().data());
     }
   }
-  const cuda::KvLayerView& view() const { return dynamic_cast<cuda::CudaLayerCache&>(gpu->layer(0)).view(); }
+  const cuda::GpuKvLayer& view() const { return dynamic_cast<cuda::CudaLayerCache&>(gpu->layer(0)).view(); }
   std::string label(const char* how, int pos) const { return std::string(how) + "_pos" + std::to_string(pos); }
 
   DecodeCase c;

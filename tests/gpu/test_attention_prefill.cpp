@@ -63,7 +63,7 @@ void check_prefill(const PrefillCase& c) {
   const auto& view = dynamic_cast<cuda::CudaLayerCache&>(gpu_cache->layer(layer)).view();
   cuda::AttentionScratch scratch;
   Guarded dq(q.size(), &q), out(size_t(c.n) * q_row);
-  cuda::flash_attention_prefill(view, c.pos, c.n, dq.data(), n_heads, scale, out.data(), scratch, nullptr,
+  cuda::flash_attention_prefill(cuda::bf16_view(view), c.pos, c.n, dq.data(), n_heads, scale, out.data(), scratch, nullptr,
                                 c.key_splits);
   const auto y = out.result();
 
@@ -178,7 +178,7 @@ TEST(CudaPrefillAttentionShapes, UnsupportedShapesAreRefused) {
   cuda::AttentionScratch scratch;
   cuda::DeviceBuffer<float> q(size_t(2) * 32 * 96), out(q.size());
   try {
-    cuda::flash_attention_prefill(view, 0, 2, q.data(), 32, 0.1f, out.data(), scratch, nullptr);
+    cuda::flash_attention_prefill(cuda::bf16_view(view), 0, 2, q.data(), 32, 0.1f, out.data(), scratch, nullptr);
     FAIL() << "head_dim 96 should be unsupported";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::unsupported);

@@ -272,10 +272,10 @@ TEST(CudaWriteKvAt, MatchesWriteKv) {
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
   const size_t n = size_t(4) * 50 * 64;
   std::vector<uint16_t> ka(n), kb(n), va(n), vb(n);
-  KVQ_CUDA_CHECK(cudaMemcpy(ka.data(), la.view().k, n * 2, cudaMemcpyDeviceToHost));
-  KVQ_CUDA_CHECK(cudaMemcpy(kb.data(), lb.view().k, n * 2, cudaMemcpyDeviceToHost));
-  KVQ_CUDA_CHECK(cudaMemcpy(va.data(), la.view().v, n * 2, cudaMemcpyDeviceToHost));
-  KVQ_CUDA_CHECK(cudaMemcpy(vb.data(), lb.view().v, n * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(ka.data(), la.view().k.code, n * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(kb.data(), lb.view().k.code, n * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(va.data(), la.view().v.code, n * 2, cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(cudaMemcpy(vb.data(), lb.view().v.code, n * 2, cudaMemcpyDeviceToHost));
   EXPECT_EQ(ka, kb);
   EXPECT_EQ(va, vb);
   size_t nonzero = 0;

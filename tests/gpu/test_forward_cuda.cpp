@@ -133,6 +133,12 @@ const E2eCase kCases[] = {
     {"tiny", gguf::TensorType::Q1_0, 0.08, 0.03},        // Bonsai's type: int8-rounded x in the GEMVs
     {"tiny-llama", gguf::TensorType::Q4_0, 0.08, 0.03},  // Q4_0
     {"tiny", gguf::TensorType::Q8_0, 0.08, 0.03},
+    // K-quants: fp32 input in the decode GEMVs, bf16 tiles in prefill.
+    {"tiny", gguf::TensorType::Q4_K, 0.05, 0.02},
+    {"tiny-llama", gguf::TensorType::Q6_K, 0.05, 0.02},
+    {"tiny", gguf::TensorType::Q2_K, 0.05, 0.02},
+    {"tiny", gguf::TensorType::Q3_K, 0.05, 0.02},
+    {"tiny-llama", gguf::TensorType::Q5_K, 0.05, 0.02},
 };
 
 std::string e2e_name(const ::testing::TestParamInfo<E2eCase>& info) {

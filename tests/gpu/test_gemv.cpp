@@ -32,12 +32,11 @@ class GemvTest : public ::testing::TestWithParam<Case> {
 };
 
 // The quantization step of each input element as the GPU rounds it: int8
-// per 32 values, or int16 per 128 values for Q1_0 on the binary tensor cores
-// (gemv.hpp). The rounding error of an element is at most half its step.
+// per 32 values (gemv.hpp). The rounding error of an element is at most half
+// its step.
 std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
-  const bool int16 = t == TensorType::Q1_0 && cuda::gemv_q1_uses_mma();
-  const size_t group = int16 ? 128 : 32;
-  const float levels = int16 ? 32767.0f : 127.0f;
+  const size_t group = 32;
+  const float levels = 127.0f;
   std::vector<float> step(u.size());
   for (size_t g0 = 0; g0 < u.size(); g0 += group) {
     float amax = 0;
@@ -47,30 +46,23 @@ std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
   return step;
 }
 
-// Runs body once per launch variant (restoring the defaults): 16 and 8
-// warps per CTA, and for Q1_0 also the binary tensor-core kernel.
+// Runs body once per launch variant (restoring the default): 16 and 8 warps
+// per CTA.
 template <typename Body>
-void for_each_kernel_variant(TensorType t, Body body) {
-  const cuda::Q1Kernel saved_q1 = cuda::q1_kernel();
+void for_each_kernel_variant(TensorType /*t*/, Body body) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
   struct Variant {
     const char* name;
     int warps;
-    cuda::Q1Kernel q1;
   };
-  const Variant variants[] = {{"16 warps per CTA", 16, cuda::Q1Kernel::dp4a},
-                              {"8 warps per CTA", 8, cuda::Q1Kernel::dp4a},
-                              {"Q1_0 kernel binary mma", 16, cuda::Q1Kernel::binary_mma}};
+  const Variant variants[] = {{"16 warps per CTA", 16}, {"8 warps per CTA", 8}};
   for (const Variant& v : variants) {
-    if (v.q1 == cuda::Q1Kernel::binary_mma && t != TensorType::Q1_0) continue;
     SCOPED_TRACE(v.name);
     cuda::set_gemv_tuning({v.warps});
-    cuda::set_q1_kernel(v.q1);
     body();
     if (::testing::Test::HasFatalFailure()) break;
   }
   cuda::set_gemv_tuning(saved);
-  cuda::set_q1_kernel(saved_q1);
 }
 
 void check_gemv(const Case& c);
@@ -130,7 +122,8 @@ void check_gemv(const Case& c) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                       TensorType::Q1_0}) {
+                       TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
     out.push_back({t, 1, 256});
     out.push_back({t, 37, 512});
     out.push_back({t, 131, 4096});
@@ -263,7 +256,8 @@ std::vector<FusedCase> fused_cases() {
   using E = cuda::GemvEpilogue;
   std::vector<FusedCase> out;
   for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
-                       TensorType::Q1_0}) {
+                       TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
+                       TensorType::Q6_K}) {
     out.push_back({t, 512, {37, 5, 11}, true, E::store});  // Q/K/V-like: three heights, one launch
     out.push_back({t, 768, {131}, false, E::add});         // residual update
     out.push_back({t, 512, {67, 67}, true, E::swiglu});    // gate/up
@@ -272,6 +266,9 @@ std::vector<FusedCase> fused_cases() {
   out.push_back({TensorType::Q1_0, 12288, {41}, false, E::add});
   out.push_back({TensorType::BF16, 4096, {97, 97}, true, E::swiglu});
   out.push_back({TensorType::BF16, 12288, {23}, false, E::add});
+  out.push_back({TensorType::Q4_K, 4096, {300, 64, 64}, true, E::store});
+  out.push_back({TensorType::Q6_K, 12288, {41}, false, E::add});
+  out.push_back({TensorType::Q5_K, 4096, {97, 97}, true, E::swiglu});
   return out;
 }
 

@@ -184,8 +184,9 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   }
 }
 
-const TensorType kTypes[] = {TensorType::F32, TensorType::F16, TensorType::BF16,
-                             TensorType::Q8_0, TensorType::Q4_0, TensorType::Q1_0};
+const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q8_0,
+                             TensorType::Q4_0, TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K,
+                             TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
 
 TEST_F(CudaOps, EmbedMatchesCpuExactly) {
   auto cpu_be = cpu::make_cpu_backend();
@@ -263,6 +264,7 @@ std::vector<MatmulCase> matmul_cases() {
   // Larger than one 64 Mi-element tile: exercises the row-block loop.
   out.push_back({TensorType::Q4_0, 16411, 4096, 3});
   out.push_back({TensorType::BF16, 16411, 4096, 3});
+  out.push_back({TensorType::Q6_K, 16411, 4096, 3});
   return out;
 }
 

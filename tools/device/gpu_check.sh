@@ -4,8 +4,10 @@
 # synthetic tiny models with transformers, cross-check the tokenizer reference
 # ids with Hugging Face `tokenizers`, and run the kernel lab benchmarks.
 # Usage on the device (after `source .deps/debs.sh unpack .deps`):
-#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run] [bench] [qwen3]
+#   bash tools/device/gpu_check.sh [tests] [golden] [tokenizer] [lab] [run] [bench] [qwen3] [codecs]
 #   (default: tests lab run bench)
+#   codecs: `none` vs every codec with GPU kernels (CODECS, default "none k8v8")
+#   on synthetic bonsai-8b at BENCH_L contexts, medians of 3.
 # Results land in $OUT (log.txt, golden.tgz).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,8 +68,6 @@ fi
 if want lab; then
   echo "== kernel lab: GEMV"
   build-gpu/kvq_bench_gemv bonsai-8b 20
-  echo "-- the same with the binary tensor-core Q1_0 kernel (KVQ_Q1_KERNEL=mma)"
-  KVQ_Q1_KERNEL=mma build-gpu/kvq_bench_gemv bonsai-8b 20 | tail -2
   build-gpu/kvq_bench_gemv qwen3-8b 10
   echo "== kernel lab: attention"
   timeout 120 build-gpu/kvq_bench_attention 20
@@ -79,7 +79,7 @@ if want run; then
   $K run -p "def " -n 48 --temp 0 --device cuda 2>&1 | tail -3
   $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
   echo "-- bonsai-8b, 4096-token random prompt, 128 generated, recorded steps off (1 run)"
-  KVQ_CUDA_GRAPH=0 timeout 120 $K run -m "$W/bonsai.gguf" --device cuda --random-prompt 4096 -n 128 --temp 0 --repeat 1 2>&1 >/dev/null | tail -1
+  timeout 120 $K run -m "$W/bonsai.gguf" --device cuda --no-step-graphs --random-prompt 4096 -n 128 --temp 0 --repeat 1 2>&1 >/dev/null | tail -1
   $K run -m "$W/bonsai.gguf" --device cuda -p "hello" -n 4 --kv k8v4 2>&1 | tail -1
 fi
 # The issue's measurement: batch 1, an L-token prompt then 128 greedy tokens,
@@ -113,6 +113,16 @@ for r in rows[:14]: print(f'{float(r[i_t])/1e6:9.2f} ms {int(r[i_n]):7d} x {floa
   else
     echo "nsys not found"
   fi
+fi
+if want codecs; then
+  [ -f "$W/bonsai.gguf" ] || $K synth --shape bonsai-8b -o "$W/bonsai.gguf" 2>&1 | tail -1
+  for L in ${BENCH_L:-4096 16384 65408}; do
+    for KV in ${CODECS:-none k8v8}; do
+      echo "-- bonsai-8b, L=$L, --kv $KV"
+      timeout 300 $K run -m "$W/bonsai.gguf" --device cuda --kv "$KV" --random-prompt "$L" -n 128 --temp 0 --repeat 3 \
+        2>&1 >/dev/null | grep -E "run [0-9]|median|KV|rror"
+    done
+  done
 fi
 if want qwen3; then
   echo "-- synthetic qwen3-8b (bf16 weights), L=4096"

@@ -111,6 +111,15 @@ def tokenizer_metadata(tok_json: dict[str, Any], pre: str = "qwen2") -> dict[str
             raise g.GGUFError(f"special token {s} missing from the tokenizer")
         return vocab[s]
 
+    # The normalizer as the file states it (kvq's own key; see src/tokenizer/vocab.hpp).
+    norm = tok_json.get("normalizer")
+    if norm is None:
+        normalizer = "none"
+    elif isinstance(norm, dict) and norm.get("type") == "NFC":
+        normalizer = "NFC"
+    else:
+        raise g.GGUFError(f"normalizer {norm!r} is not supported (null or NFC)")
+
     eot = tid("<|endoftext|>")
     return {
         "tokenizer.ggml.model": "gpt2",
@@ -124,6 +133,7 @@ def tokenizer_metadata(tok_json: dict[str, Any], pre: str = "qwen2") -> dict[str
         "tokenizer.ggml.padding_token_id": g.Typed(g.UINT32, eot),
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML_TEMPLATE,
+        "kvq.tokenizer.normalizer": normalizer,
     }
 
 

@@ -20,6 +20,8 @@ Tensor types: F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30, Q1_0=41.
         holds weight j in its low nibble and weight j+16 in its high nibble;
         w = d * (nibble - 8).
   Q1_0: blocks of 128: fp16 d then 128 sign bits LSB-first; w = bit ? +d : -d.
+  Q2_K=10, Q3_K=11, Q4_K=12, Q5_K=13, Q6_K=14: 256-weight K-quant super-blocks,
+        pure Python in kquants.py (layouts there).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable
+
+import kquants
 
 try:  # numpy is optional: only the pure-Python paths run without it.
     import numpy as np
@@ -54,7 +58,9 @@ TENSOR_TYPES = {
     Q8_0: ("Q8_0", 32, 34),
     BF16: ("BF16", 1, 2),
     Q1_0: ("Q1_0", 128, 18),
+    **kquants.TYPES,
 }
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = kquants.Q2_K, kquants.Q3_K, kquants.Q4_K, kquants.Q5_K, kquants.Q6_K
 TYPE_BY_NAME = {v[0]: k for k, v in TENSOR_TYPES.items()}
 
 
@@ -342,6 +348,9 @@ def _round_half_away(x):
 
 def quantize(values, ggml_type: int) -> bytes:
     """Encode float values (flattened row-major, i.e. ne[0] fastest) to GGUF bytes."""
+    if ggml_type in kquants.TYPES:  # pure Python either way
+        return kquants.quantize([float(v) for v in (values.reshape(-1) if hasattr(values, "dtype") else values)],
+                                ggml_type)
     if np is None or not hasattr(values, "dtype"):
         return _quantize_py([float(v) for v in values], ggml_type)
     x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
@@ -394,6 +403,9 @@ def dequantize(data: bytes, ggml_type: int, n_elements: int):
     want = tensor_nbytes(ggml_type, n_elements)
     if len(data) != want:
         raise GGUFError(f"{TENSOR_TYPES[ggml_type][0]}: {len(data)} bytes for {n_elements} elements, want {want}")
+    if ggml_type in kquants.TYPES:
+        vals = kquants.dequantize(data, ggml_type)
+        return vals if np is None else np.array(vals, dtype=np.float32)
     if np is None:
         return _dequantize_py(data, ggml_type, n_elements)
     if ggml_type == F32:

@@ -135,5 +135,39 @@ class CodecTest(unittest.TestCase):
                     self.assertLessEqual(abs(x - y), 3.0 / 127 + 1e-3 * abs(y), g.TENSOR_TYPES[t][0])
 
 
+class KQuantTest(unittest.TestCase):
+    def test_hand_built_q4_k_block(self):
+        # d = 1, dmin = 0.5; sub-block 0: scale 2, min 1; sub-block 5: scale 37, min 50
+        # (their high bits in the top bits of sm[1] and sm[5]); weight 0 q = 3, weight 167 q = 9.
+        b = bytearray(144)
+        b[0:2] = struct.pack("<e", 1.0)
+        b[2:4] = struct.pack("<e", 0.5)
+        sm = bytearray(12)
+        sm[0], sm[4] = 2, 1
+        sm[9] = 5 | (2 << 4)
+        sm[1] |= 2 << 6
+        sm[5] |= 3 << 6
+        b[4:16] = sm
+        b[16 + 0] = 3
+        b[16 + 71] = 0x90
+        w = g.dequantize(bytes(b), g.Q4_K, 256)
+        self.assertEqual(w[0], 2 * 3 - 0.5)
+        self.assertEqual(w[167], 37 * 9 - 0.5 * 50)
+        self.assertEqual(w[32], 0.0)
+
+    def test_round_trip_error_shrinks_with_bits(self):
+        vals = lcg_values(512, seed=3)
+        errs = []
+        for t in (g.Q2_K, g.Q3_K, g.Q4_K, g.Q5_K, g.Q6_K):
+            data = g.quantize(vals, t)
+            self.assertEqual(len(data), 2 * g.TENSOR_TYPES[t][2])
+            back = g.dequantize(data, t, 512)
+            errs.append(max(abs(a - b) for a, b in zip(vals, back)))
+        self.assertEqual(errs, sorted(errs, reverse=True))
+        # Q6_K on values in [-1, 1): within one step (amax / 32; the code range -32..31 costs a
+        # step when a value of the other sign is as large as the largest)
+        self.assertLess(errs[-1], 1.0 / 32 * 1.1)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -147,12 +147,17 @@ bool supports_weight_type(TensorType t) {
     case TensorType::Q8_0:
     case TensorType::Q4_0:
     case TensorType::Q1_0:
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
       return true;
   }
   return false;
 }
 
-const char* supported_weight_types() { return "F32, F16, BF16, Q8_0, Q4_0, Q1_0"; }
+const char* supported_weight_types() { return "F32, F16, BF16, Q8_0, Q4_0, Q1_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"; }
 
 int block_size(TensorType t) {
   switch (t) {
@@ -162,6 +167,11 @@ int block_size(TensorType t) {
     case TensorType::Q8_0:
     case TensorType::Q4_0: return 32;
     case TensorType::Q1_0: return 128;
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: return 256;
   }
   fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
        supported_weight_types(), ")");
@@ -175,6 +185,11 @@ size_t block_bytes(TensorType t) {
     case TensorType::Q8_0: return 34;
     case TensorType::Q4_0: return 18;
     case TensorType::Q1_0: return 18;
+    case TensorType::Q2_K: return 84;
+    case TensorType::Q3_K: return 110;
+    case TensorType::Q4_K: return 144;
+    case TensorType::Q5_K: return 176;
+    case TensorType::Q6_K: return 210;
   }
   fail(Errc::unsupported, "weight type id ", uint32_t(t), " is not supported by the CPU backend (supported: ",
        supported_weight_types(), ")");
@@ -205,6 +220,204 @@ inline void dequant_q4_0(const uint8_t* b, float* dst) {
     dst[j] = d * float(int(q[j] & 15) - 8);
     dst[j + 16] = d * float(int(q[j] >> 4) - 8);
   }
+}
+
+// K-quant super-blocks (256 weights; layouts in gguf/quant.hpp) in two
+// vectorizable passes (the unpacking is always inlined, so it is vectorized
+// for the caller's target and its byte stores are wide enough for the loads
+// of the second pass to forward from them): the codes are unpacked into signed bytes (offsets such
+// as Q6_K's -32 applied), then y = s[k] * q - o[k] over each run of 16
+// weights k. Each weight is (d * sc) * q - (dmin * m) in fp32, bit for bit
+// what the reference computes.
+struct KBlock {
+  alignas(32) int8_t q[256];
+  float s[16], o[16];
+};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// s * q is exact in fp32 for every K-quant except Q6_K, whose o is 0, so the
+// fused multiply-subtract rounds exactly as s * q - o does.
+__attribute__((target("avx2,fma"))) void k_scale_avx2(const KBlock& kb, float* y) {
+  for (int k = 0; k < 16; ++k) {
+    const __m256 s = _mm256_set1_ps(kb.s[k]), o = _mm256_set1_ps(kb.o[k]);
+    const __m128i q = _mm_load_si128(reinterpret_cast<const __m128i*>(kb.q + 16 * k));
+    const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+    _mm256_storeu_ps(y + 16 * k, _mm256_fmsub_ps(s, q0, o));
+    _mm256_storeu_ps(y + 16 * k + 8, _mm256_fmsub_ps(s, q1, o));
+  }
+}
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Sum over the super-block of (s * q - o) * x, into two accumulators.
+__attribute__((target("avx2,fma"))) inline void k_dot_avx2(const KBlock& kb, const float* x, __m256& acc0,
+                                                           __m256& acc1) {
+  for (int k = 0; k < 16; ++k) {
+    const __m256 s = _mm256_set1_ps(kb.s[k]), o = _mm256_set1_ps(kb.o[k]);
+    const __m128i q = _mm_load_si128(reinterpret_cast<const __m128i*>(kb.q + 16 * k));
+    const __m256 w0 = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), o);
+    const __m256 w1 = _mm256_fmsub_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), o);
+    acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + 16 * k), acc0);
+    acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 16 * k + 8), acc1);
+  }
+}
+#endif
+
+void k_scale(const KBlock& kb, float* __restrict y) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) return k_scale_avx2(kb, y);
+#endif
+  for (int k = 0; k < 16; ++k) {
+    const float s = kb.s[k], o = kb.o[k];
+    for (int l = 0; l < 16; ++l) y[16 * k + l] = s * float(kb.q[16 * k + l]) - o;
+  }
+}
+
+// Q4_K/Q5_K: 6-bit scale and min of sub-block s (0..7), as the per-16 runs 2s and 2s+1.
+__attribute__((always_inline)) inline void k4_scales(const uint8_t* b, KBlock& kb) {
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  const uint8_t* sm = b + 4;
+  for (int s = 0; s < 8; ++s) {
+    const int sc = s < 4 ? sm[s] & 63 : (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4);
+    const int m = s < 4 ? sm[s + 4] & 63 : (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4);
+    kb.s[2 * s] = kb.s[2 * s + 1] = d * float(sc);
+    kb.o[2 * s] = kb.o[2 * s + 1] = dmin * float(m);
+  }
+}
+
+__attribute__((always_inline)) inline void unpack_q4_k(const uint8_t* __restrict b, KBlock& kb) {
+  k4_scales(b, kb);
+  const uint8_t* __restrict qs = b + 16;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      kb.q[64 * p + l] = int8_t(qs[32 * p + l] & 15);
+      kb.q[64 * p + 32 + l] = int8_t(qs[32 * p + l] >> 4);
+    }
+}
+
+__attribute__((always_inline)) inline void unpack_q5_k(const uint8_t* __restrict b, KBlock& kb) {
+  k4_scales(b, kb);
+  const uint8_t* __restrict qh = b + 16;
+  const uint8_t* __restrict qs = b + 48;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      kb.q[64 * p + l] = int8_t((qs[32 * p + l] & 15) | (((qh[l] >> (2 * p)) & 1) << 4));
+      kb.q[64 * p + 32 + l] = int8_t((qs[32 * p + l] >> 4) | (((qh[l] >> (2 * p + 1)) & 1) << 4));
+    }
+}
+
+__attribute__((always_inline)) inline void unpack_q6_k(const uint8_t* __restrict b, KBlock& kb) {
+  const float d = load_f16(b + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int k = 0; k < 16; ++k) {
+    kb.s[k] = d * float(sc[k]);
+    kb.o[k] = 0.0f;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* __restrict ql = b + 64 * h;
+    const uint8_t* __restrict qh = b + 128 + 32 * h;
+    int8_t* __restrict q = kb.q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      q[l] = int8_t(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+      q[32 + l] = int8_t(((ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      q[64 + l] = int8_t(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      q[96 + l] = int8_t(((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
+  }
+}
+
+__attribute__((always_inline)) inline void unpack_q2_k(const uint8_t* __restrict b, KBlock& kb) {
+  const float d = load_f16(b + 80), dmin = load_f16(b + 82);
+  for (int k = 0; k < 16; ++k) {
+    kb.s[k] = d * float(b[k] & 15);
+    kb.o[k] = dmin * float(b[k] >> 4);
+  }
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* __restrict qs = b + 16 + 32 * n;
+    int8_t* __restrict q = kb.q + 128 * n;
+    for (int l = 0; l < 32; ++l) {
+      q[l] = int8_t(qs[l] & 3);
+      q[32 + l] = int8_t((qs[l] >> 2) & 3);
+      q[64 + l] = int8_t((qs[l] >> 4) & 3);
+      q[96 + l] = int8_t(qs[l] >> 6);
+    }
+  }
+}
+
+__attribute__((always_inline)) inline void unpack_q3_k(const uint8_t* __restrict b, KBlock& kb) {
+  const float d = load_f16(b + 108);
+  const uint8_t* sc12 = b + 96;
+  for (int k = 0; k < 16; ++k) {
+    const int low = k < 8 ? sc12[k] & 15 : sc12[k - 8] >> 4;
+    kb.s[k] = d * float((low | (((sc12[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32);
+    kb.o[k] = 0.0f;
+  }
+  const uint8_t* __restrict hm = b;
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* __restrict qs = b + 32 + 32 * n;
+    int8_t* __restrict q = kb.q + 128 * n;
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l)
+        q[32 * j + l] = int8_t((((qs[l] >> (2 * j)) & 3) | (((hm[l] >> (4 * n + j)) & 1) << 2)) - 4);
+  }
+}
+
+__attribute__((always_inline)) inline void unpack_k(TensorType t, const uint8_t* b, KBlock& kb) {
+  switch (t) {
+    case TensorType::Q2_K: unpack_q2_k(b, kb); break;
+    case TensorType::Q3_K: unpack_q3_k(b, kb); break;
+    case TensorType::Q4_K: unpack_q4_k(b, kb); break;
+    case TensorType::Q5_K: unpack_q5_k(b, kb); break;
+    default: unpack_q6_k(b, kb); break;
+  }
+}
+
+constexpr size_t k_block_bytes(TensorType t) {
+  return t == TensorType::Q2_K   ? 84
+         : t == TensorType::Q3_K ? 110
+         : t == TensorType::Q4_K ? 144
+         : t == TensorType::Q5_K ? 176
+                                 : 210;
+}
+
+// Dequantizes n / 256 super-blocks of a K-quant.
+KVQ_SIMD_CLONES
+void dequant_k(TensorType t, const uint8_t* src, float* dst, int64_t n) {
+  KBlock kb;
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, src + k_block_bytes(t) * blk, kb);
+    k_scale(kb, dst + 256 * blk);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma,f16c"))) float dot_k_avx2(TensorType t, const uint8_t* row, const float* x,
+                                                          int64_t n) {
+  KBlock kb;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, row + k_block_bytes(t) * blk, kb);
+    k_dot_avx2(kb, x + 256 * blk, acc0, acc1);
+  }
+  return hsum256(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+// Row . x for a K-quant: on AVX2 the dequantized weights never leave registers.
+float dot_k(TensorType t, const uint8_t* row, const float* x, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kHaveAvx2) return dot_k_avx2(t, row, x, n);
+#endif
+  KBlock kb;
+  alignas(64) float w[256];
+  float s = 0.0f;
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    unpack_k(t, row + k_block_bytes(t) * blk, kb);
+    k_scale(kb, w);
+    s += dot_f32(w, x + 256 * blk, 256);
+  }
+  return s;
 }
 
 }  // namespace
@@ -240,6 +453,13 @@ void dequantize_row(TensorType t, const uint8_t* src, float* dst, int64_t n) {
       }
       return;
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      dequant_k(t, src, dst, n);
+      return;
   }
   block_size(t);  // throws the "unsupported" error
 }
@@ -320,6 +540,12 @@ float dot_row(TensorType t, const uint8_t* row, const float* x, int64_t n) {
       }
       return s;
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return dot_k(t, row, x, n);
   }
   block_size(t);  // throws
   return 0.0f;

@@ -9,6 +9,8 @@
 //   Q4_0 : 32 weights = { f16 d; uint8 q[16] }            w[j]    = d * ((q[j] & 15) - 8)
 //                                                          w[j+16] = d * ((q[j] >> 4) - 8)  (18 bytes)
 //   Q1_0 : 128 weights = { f16 d; uint8 bits[16] }        w[i] = bit i (LSB first) ? +d : -d (18 bytes)
+//   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K : 256-weight super-blocks of 84, 110, 144,
+//          176, 210 bytes with per-sub-block scales (layouts in gguf/quant.hpp)
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
-// Split-KV flash attention over the bf16 cache; see attention.hpp for the
-// work split. Shared memory per CTA (floats):
+// Kernel selection (attention_support, flash_attention) and the CUDA-core
+// split-KV flash attention over bf16 rows; see attention.hpp for the work
+// split. Shared memory per CTA (floats):
 //   q_s  [R][D]          the CTA's query rows (R = G * Tq)
 //   kv_s [64][D + 1]     the current K tile, then the V tile (padded: the
 //                        score loop reads one key row per thread)
@@ -12,6 +13,7 @@
 
 #include "backend/cuda/attention_decode.hpp"
 #include "backend/cuda/attention_prefill.hpp"
+#include "backend/cuda/softmax_state.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -37,7 +39,7 @@ struct Params {
   float* part_l;
   float* part_o;
   int pos, n, n_heads, n_kv, D, max_tokens, G, Tq, chunk_len, n_chunks;
-  float scale;
+  float scale;  // scale * log2(e): scores in log2 units (softmax_state.cuh)
 };
 
 size_t smem_floats(int R, int D) { return size_t(R) * D + size_t(kTile) * (D + 1) + size_t(R) * kTile + 3 * size_t(R); }
@@ -105,9 +107,9 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
       const float m_new = fmaxf(m_old, mt);
       float alpha = 1.0f, p0 = 0.0f, p1 = 0.0f;
       if (m_new != -INFINITY) {
-        alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-        p0 = s0 == -INFINITY ? 0.0f : expf(s0 - m_new);
-        p1 = s1 == -INFINITY ? 0.0f : expf(s1 - m_new);
+        alpha = merge_weight_log2(m_old, m_new);
+        p0 = merge_weight_log2(s0, m_new);
+        p1 = merge_weight_log2(s1, m_new);
       }
       float sum = p0 + p1;
 #pragma unroll
@@ -159,46 +161,6 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
   }
 }
 
-// grid (n_heads, n): out[t][h][:] from the n_chunks partial states.
-__global__ void merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
-                             const float* __restrict__ part_o, int n_heads, int n_chunks, int D,
-                             float* __restrict__ out) {
-  const size_t base = (size_t(blockIdx.y) * n_heads + blockIdx.x) * n_chunks;
-  float M = -INFINITY;
-  for (int c = 0; c < n_chunks; ++c) M = fmaxf(M, part_m[base + c]);
-  float L = 0.0f;
-  for (int c = 0; c < n_chunks; ++c) {
-    const float m = part_m[base + c];
-    if (m != -INFINITY) L += part_l[base + c] * expf(m - M);
-  }
-  float* o = out + (size_t(blockIdx.y) * n_heads + blockIdx.x) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float s = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-      const float m = part_m[base + c];
-      if (m != -INFINITY) s += part_o[(base + c) * D + d] * expf(m - M);
-    }
-    o[d] = L > 0.0f ? s / L : 0.0f;
-  }
-}
-
-__global__ void write_kv_kernel(uint16_t* __restrict__ kc, uint16_t* __restrict__ vc, const float* __restrict__ k,
-                                const float* __restrict__ v, int pos, const int* pos_dev, int n, int n_kv, int D,
-                                int max_tokens) {
-  if (pos_dev) pos = *pos_dev;
-  const size_t total = size_t(n) * n_kv * D;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % D);
-    const int h = int((i / D) % n_kv);
-    const int t = int(i / (size_t(D) * n_kv));
-    const size_t dst = (size_t(h) * max_tokens + pos + t) * D + d;
-    auto sanitize = [](float x) { return x != x ? 0.0f : fminf(fmaxf(x, -65504.0f), 65504.0f); };
-    kc[dst] = f32_to_bf16(sanitize(k[i]));
-    vc[dst] = f32_to_bf16(sanitize(v[i]));
-  }
-}
-
-
 }  // namespace
 
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why) {
@@ -208,26 +170,6 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const 
   else if ((n_heads / n_kv_heads) * head_dim > kMaxRowDim) reason = "GQA group * head_dim exceeds 8192";
   if (why) *why = reason;
   return reason == nullptr;
-}
-
-void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream) {
-  KVQ_CHECK(pos >= 0 && n >= 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU KV cache: tokens [",
-            pos, ", ", int64_t(pos) + n, ") do not fit its capacity of ", layer.max_tokens, " tokens");
-  const size_t total = size_t(n) * layer.n_kv_heads * layer.head_dim;
-  if (total == 0) return;
-  const int grid = int(std::min<size_t>((total + 255) / 256, 65536));
-  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, pos, nullptr, n, layer.n_kv_heads,
-                                           layer.head_dim, layer.max_tokens);
-  KVQ_CUDA_CHECK_LAUNCH();
-}
-
-void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream) {
-  const size_t total = size_t(layer.n_kv_heads) * layer.head_dim;
-  if (total == 0) return;
-  const int grid = int((total + 255) / 256);
-  write_kv_kernel<<<grid, 256, 0, stream>>>(layer.k, layer.v, k, v, 0, pos_dev, 1, layer.n_kv_heads, layer.head_dim,
-                                           layer.max_tokens);
-  KVQ_CUDA_CHECK_LAUNCH();
 }
 
 namespace {
@@ -280,7 +222,7 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   p.Tq = Tq;
   p.chunk_len = chunk_len;
   p.n_chunks = n_chunks;
-  p.scale = scale;
+  p.scale = scale * 1.4426950408889634f;
 
   const size_t smem = smem_floats(G * Tq, D) * sizeof(float);
   static size_t smem_configured = 0;
@@ -291,35 +233,129 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   const dim3 grid(n_kv, q_tiles, n_chunks);
   flash_attn_kernel<<<grid, kThreads, smem, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
-  merge_kernel<<<dim3(n_heads, n), std::min(D, 256), 0, stream>>>(p.part_m, p.part_l, p.part_o, n_heads, n_chunks, D,
-                                                                out);
-  KVQ_CUDA_CHECK_LAUNCH();
+  merge_partial_states(p.part_m, p.part_l, p.part_o, n * n_heads, n_chunks, D, out, stream);
 }
 
 }  // namespace
 
-void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+KvLayerView::operator GpuKvLayer() const {
+  GpuKvLayer g;
+  g.k.family = g.v.family = kv::Family::bf16;
+  g.k.code = reinterpret_cast<uint8_t*>(k);
+  g.v.code = reinterpret_cast<uint8_t*>(v);
+  g.k.code_bytes = g.v.code_bytes = uint32_t(2 * head_dim);
+  g.n_kv_heads = n_kv_heads;
+  g.head_dim = head_dim;
+  g.max_tokens = max_tokens;
+  return g;
+}
+
+KvLayerView bf16_view(const GpuKvLayer& layer) {
+  KVQ_CHECK(layer.is_bf16(), Errc::internal, "bf16_view of a ", kv::family_name(layer.k.family), "/",
+            kv::family_name(layer.v.family), " store");
+  return KvLayerView{reinterpret_cast<uint16_t*>(layer.k.code), reinterpret_cast<uint16_t*>(layer.v.code),
+                     layer.n_kv_heads, layer.head_dim, layer.max_tokens};
+}
+
+AttentionChoice attention_support(const AttentionCase& c) {
+  AttentionChoice r;
+  const char* why = nullptr;
+  if (!flash_attention_supported(c.n_heads, c.n_kv_heads, c.head_dim, &why)) {
+    r.why = why;
+    return r;
+  }
+  const bool bf16 = c.k == kv::Family::bf16 && c.v == kv::Family::bf16;
+  const std::string blocks = std::string(kv::family_name(c.k)) + "," + kv::family_name(c.v);
+  if (!bf16 && !kv_encode_supported(c.k, c.v, c.head_dim)) {
+    r.why = "no GPU encode hooks for K " + std::string(kv::family_name(c.k)) + " / V " + kv::family_name(c.v) +
+            " at head_dim " + std::to_string(c.head_dim);
+    return r;
+  }
+  const int G = c.n_heads / c.n_kv_heads;
+  if (c.decode) {
+    const bool tc_shape = G >= 1 && G <= 16 && (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
+    if (tc_shape && flash_decode_instance_exists(c.head_dim, c.k, c.v)) {
+      r.supported = true;
+      r.kernel = "flash_decode_tc<" + std::to_string(c.head_dim) + "," + blocks + ">";
+    } else if (bf16) {
+      r.supported = true;
+      r.kernel = "flash_cuda_core<bf16,bf16>";
+    } else {
+      r.why = "no fused decode kernel for K " + std::string(kv::family_name(c.k)) + " / V " + kv::family_name(c.v) +
+              " at head_dim " + std::to_string(c.head_dim) + ", GQA group " + std::to_string(G) +
+              (tc_shape ? " (not among the compiled instances; see -DKVQ_ALL_KERNEL_INSTANCES)" : "");
+    }
+    return r;
+  }
+  r.supported = true;
+  r.kernel = flash_attention_prefill_supported(c.n_heads, c.n_kv_heads, c.head_dim)
+                 ? "prefill_tc<" + std::to_string(c.head_dim) + ">"
+                 : std::string("flash_cuda_core");
+  if (!bf16) r.kernel = "dequant_bf16+" + r.kernel;
+  return r;
+}
+
+namespace {
+
+AttentionChoice checked_choice(const GpuKvLayer& layer, int n_heads, bool decode) {
+  AttentionCase c;
+  c.head_dim = layer.head_dim;
+  c.n_heads = n_heads;
+  c.n_kv_heads = layer.n_kv_heads;
+  c.k = layer.k.family;
+  c.v = layer.v.family;
+  c.decode = decode;
+  AttentionChoice r = attention_support(c);
+  KVQ_CHECK(r.supported, Errc::unsupported, "GPU attention: ", r.why);
+  return r;
+}
+
+// The bf16 rows prefill attends to: the store itself for `none`, else its
+// prefix [0, len) dequantized into the scratch.
+KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream) {
+  if (layer.is_bf16()) return bf16_view(layer);
+  // Capacity rounded up so that growing contexts reallocate rarely.
+  const int cap = std::min(layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
+  const size_t need = size_t(layer.n_kv_heads) * cap * layer.head_dim;
+  if (scratch.prefix_k.size() < need) {
+    scratch.prefix_k.resize(need);
+    scratch.prefix_v.resize(need);
+  }
+  KvLayerView view{scratch.prefix_k.data(), scratch.prefix_v.data(), layer.n_kv_heads, layer.head_dim, cap};
+  dequantize_kv_bf16(layer, len, view, stream);
+  return view;
+}
+
+}  // namespace
+
+void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
                      AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
-  // Decode: the tensor-core split-KV kernel (attention_decode.cu); prefill:
-  // the tensor-core flash kernel (attention_prefill.cu), each for the shapes
-  // it supports; this file's CUDA-core kernel for the other shapes.
-  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out)) {
+  checked_choice(layer, n_heads, n == 1);
+  // Decode: the tensor-core split-KV kernel (attention_decode.cu) over the
+  // packed store; prefill: the tensor-core flash kernel (attention_prefill.cu)
+  // over bf16 rows, each for the shapes it supports; this file's CUDA-core
+  // kernel for the other (bf16) shapes.
+  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
+      flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
     flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
     return;
   }
+  const KvLayerView rows = n == 1 ? bf16_view(layer) : prefill_rows(layer, pos + n, scratch, stream);
   if (n > 1 && flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim)) {
-    flash_attention_prefill(layer, pos, n, q, n_heads, scale, out, scratch, stream);
+    flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream);
     return;
   }
-  launch_attention(layer, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
+  launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
 }
 
-void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
+void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
-  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out)) {
+  checked_choice(layer, n_heads, true);
+  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
+      flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
     flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
     return;
   }
@@ -327,7 +363,8 @@ void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, con
   // with a cache much larger than the current context (a big --ctx) the keys
   // that exist still spread over enough CTAs; chunks past the position exit
   // at once.
-  launch_attention(layer, 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out, scratch, stream);
+  launch_attention(bf16_view(layer), 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out,
+                   scratch, stream);
 }
 
 }  // namespace kvq::cuda

@@ -1,9 +1,19 @@
-// Attention over the bf16 (`none`) GPU KV cache.
+// Attention over the GPU KV store (kv_store.hpp), for every codec with GPU
+// hooks, and the one function that chooses the kernel (attention_support()).
 //
-// Cache layout per layer: K and V separate, [kv_head][max_tokens][head_dim]
-// bf16, rows written at their position (no reallocation during decode).
+// Kernels:
+//  - decode (n == 1): the tensor-core split-KV kernel of attention_decode.hpp,
+//    templated over the K and V blocks' hooks (kv_codec_hooks.cuh); it reads
+//    the packed store directly. A bf16 store of a shape it does not cover
+//    runs this file's CUDA-core kernel; a quantized one is unsupported.
+//  - prefill (n > 1): the tensor-core flash kernel of attention_prefill.hpp
+//    (or this file's CUDA-core kernel for other shapes) over bf16 rows. A
+//    quantized store's prefix [0, pos + n) is first dequantized, per layer
+//    and chunk, into the transient bf16 scratch of AttentionScratch (not a
+//    mirror: it is overwritten by the next layer and never read by decode).
 //
-// flash_attention(): causal grouped-query attention for n query tokens at
+// The CUDA-core kernel (flash_attention over a KvLayerView, bf16 rows):
+// causal grouped-query attention for n query tokens at
 // positions pos..pos+n-1 (query t sees keys 0..pos+t), prefill and decode in
 // one split-KV kernel:
 //   grid = (kv_head, query tile of Tq tokens, key chunk). A CTA holds the
@@ -27,27 +37,62 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string>
+
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/kv_store.hpp"
 
 namespace kvq::cuda {
 
+// bf16 rows of one layer, K and V separate, [kv_head][max_tokens][head_dim]:
+// a `none` store, or the prefill scratch a quantized store is dequantized
+// into. Converts to the store it is (both sides bf16).
 struct KvLayerView {
   uint16_t* k = nullptr;  // bf16 bits [n_kv_heads][max_tokens][head_dim]
   uint16_t* v = nullptr;
   int n_kv_heads = 0;
   int head_dim = 0;
   int max_tokens = 0;
+  operator GpuKvLayer() const;
 };
+// The bf16 rows of a store whose sides are both bf16 (Errc::internal otherwise).
+KvLayerView bf16_view(const GpuKvLayer& layer);
 
 // Encodes k, v ([n][n_kv_heads][head_dim] fp32, device) for tokens
-// [pos, pos+n) into the cache as bf16 (NaN -> 0, clamped to +-65504 like the
-// CPU `none` block).
-void write_kv(const KvLayerView& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream);
+// [pos, pos+n) into the store with each side's encode hook (bf16: NaN -> 0,
+// clamped to +-65504 like the CPU `none` block; q8: bit-identical to the CPU
+// block). kv_encode.cu.
+void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream);
 
 // write_kv() of one token whose position is read from device memory
 // (*pos_dev, already range-checked by the caller): a recorded launch (CUDA
 // graph) serves every position.
-void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream);
+void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream);
+
+// True when the store's sides have encode hooks for this head_dim (write_kv).
+bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
+
+// Dequantizes rows [0, n_tokens) of every KV head of the store into bf16
+// rows laid out as `dst` (dst.max_tokens >= n_tokens). kv_encode.cu.
+void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream);
+
+// ---- kernel selection: the one place that says which kernel runs a case.
+struct AttentionCase {
+  int head_dim = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  kv::Family k = kv::Family::bf16, v = kv::Family::bf16;
+  bool decode = true;  // n == 1 (false: prefill, n > 1)
+};
+struct AttentionChoice {
+  bool supported = false;
+  std::string kernel;  // e.g. "flash_decode_tc<128,q8,q8>", "prefill_tc<128>+dequant", "cuda_core"
+  std::string why;     // when unsupported: the reason
+};
+// Pure logic (no GPU needed): `kvq codecs` asks it for its GPU column, the
+// cache asks it before allocating, attention launches what it chose. q and
+// out alignment is not part of the case (the model's buffers are aligned).
+AttentionChoice attention_support(const AttentionCase& c);
 
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).
@@ -55,9 +100,12 @@ void write_kv_at(const KvLayerView& layer, const int* pos_dev, const float* k, c
 // kernel (attention_decode.hpp), zeroed when allocated and left at zero by
 // every launch; allocated by the first decode call (before any recording),
 // and a recorded step bakes its address in like part's.
+// prefix_k/prefix_v: the bf16 rows a quantized store's prefix is dequantized
+// into for prefill (grown on demand, shared by the layers).
 struct AttentionScratch {
   DeviceBuffer<float> part;
   DeviceBuffer<unsigned> decode_counters;
+  DeviceBuffer<uint16_t> prefix_k, prefix_v;
 };
 
 // True when the kernel supports this shape (head_dim a multiple of 32 up to
@@ -67,7 +115,7 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
 // n > 1 with a shape flash_attention_prefill_supported() accepts runs
 // flash_attention_prefill() (attention_prefill.hpp).
-void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
+void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
                      AttentionScratch& scratch, cudaStream_t stream);
 
 // Decode attention (one query token) at the position *pos_dev (device memory,
@@ -80,7 +128,7 @@ void flash_attention(const KvLayerView& layer, int pos, int n, const float* q, i
 // Shapes flash_decode_supported() accepts run the tensor-core decode kernel
 // (attention_decode.hpp; its split also ignores the position), the others
 // the kernel described here.
-void flash_attention_decode_at(const KvLayerView& layer, const int* pos_dev, const float* q, int n_heads, float scale,
+void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
                                float* out, AttentionScratch& scratch, cudaStream_t stream);
 
 }  // namespace kvq::cuda

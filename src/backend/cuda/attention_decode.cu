@@ -1,5 +1,7 @@
-// Tensor-core split-KV flash decoding; work split and merge in
-// attention_decode.hpp. This comment documents the register layouts.
+// Tensor-core split-KV flash decoding over any KV codec that has decode hooks
+// (kv_codec_hooks.cuh); work split and merge in attention_decode.hpp. This
+// comment documents the register layouts, with the bf16 (`none`) hooks as the
+// example; the q8 hooks' variants are documented beside them.
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, lane = 4 g + t
 // (g = lane / 4 in 0..7, t = lane % 4):
@@ -67,17 +69,20 @@
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/kv_codec_hooks.cuh"
 #include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/lab_trace.cuh"
+#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/softmax_state.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -87,15 +92,13 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileKeys = 16;
-constexpr int kQParts = 3;            // q = hi + mid + lo, exactly
-constexpr int kPParts = 3;            // p = hi + mid + lo, exactly
+constexpr int kMaxQParts = 3;
 constexpr int kMaxGroup = 16;         // M of the mma
 constexpr int kMinKeysPerSplit = 64;  // with a known position: no split gets less than a tile per warp
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
-  const uint16_t* k;     // [n_kv][max_tokens][D] bf16 bits
-  const uint16_t* v;
+  GpuKvSide k, v;        // the packed store of this layer
   const float* q;        // [n_heads][D]
   float* out;            // [n_heads][D]
   float* part_o;         // [n_kv][n_splits][G][D] unnormalised partial outputs
@@ -111,57 +114,18 @@ struct DecodeParams {
   unsigned long long* trace;  // kernel-lab timeline (flash_decode_trace), or null
 };
 
-
-__host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQParts * 32 * 16; }
+__host__ __device__ constexpr size_t qfrag_bytes(int D, int parts) { return size_t(D / 16) * parts * 32 * 16; }
 __host__ __device__ constexpr int merge_row_stride(int D) { return D + 16; }    // floats; = 4 * (D/4 + 4)
 __host__ __device__ constexpr int merge_quarter_stride(int D) { return D / 4 + 4; }
 __host__ __device__ constexpr size_t merge_bytes(int D, int G) {
   return size_t(kWarps) * G * merge_row_stride(D) * sizeof(float);
 }
 __host__ __device__ constexpr size_t region0_bytes(int D, int G) {
-  return qfrag_bytes(D) > merge_bytes(D, G) ? qfrag_bytes(D) : merge_bytes(D, G);
+  return qfrag_bytes(D, kMaxQParts) > merge_bytes(D, G) ? qfrag_bytes(D, kMaxQParts) : merge_bytes(D, G);
 }
 __host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits) {
   return region0_bytes(D, G) + 2 * kWarps * kMaxGroup * sizeof(float) + size_t(n_splits) * G * sizeof(float) + 16;
 }
-
-__device__ __forceinline__ uint4 load_stream16(const uint16_t* p) {
-  // Read-only for the kernel's lifetime; streamed once, so keep it out of L1.
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
-// Volatile so the compiler keeps these loads in the key loop instead of
-// hoisting all D/16 * 3 fragments into registers.
-__device__ __forceinline__ uint4 load_shared16(const uint4* p) {
-  uint4 r;
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-  return r;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint4& a, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// bf16 round-to-nearest of x, returned as bits and as the float it represents.
-__device__ __forceinline__ uint32_t bf16_bits(float x, float& as_float) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(x);
-  as_float = __bfloat162float(b);
-  return __bfloat16_as_ushort(b);
-}
-
-__device__ __forceinline__ uint32_t pack2(uint32_t low_bits, uint32_t high_bits) { return low_bits | (high_bits << 16); }
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -172,13 +136,53 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Where the warps' o rows go in shared memory for the CTA merge. bf16 V: each
+// lane owns the contiguous quarter [(D/4) t, (D/4)(t+1)) of its rows, stored
+// as 4 quarters at stride D/4 + 4 (conflict-free float4 stores). q8 V: lane t
+// owns dims 32a + 8t + {0..7} of group a; rows are plain (stride D + 16).
+template <int D, kv::Family VF>
+struct WarpOLayout;
 template <int D>
+struct WarpOLayout<D, kv::Family::bf16> {
+  __device__ static void store(float* row, const float (&o)[D / 8][4], int r, int t, float inv_scale) {
+    float* dst = row + t * merge_quarter_stride(D);
+#pragma unroll
+    for (int j = 0; j < D / 8; j += 4) {
+      *reinterpret_cast<float4*>(dst + j) = make_float4(o[j][2 * r], o[j + 1][2 * r], o[j + 2][2 * r], o[j + 3][2 * r]);
+      *reinterpret_cast<float4*>(dst + D / 8 + j) =
+          make_float4(o[j][2 * r + 1], o[j + 1][2 * r + 1], o[j + 2][2 * r + 1], o[j + 3][2 * r + 1]);
+    }
+  }
+  __device__ static int offset(int d) { return (d / (D / 4)) * merge_quarter_stride(D) + d % (D / 4); }
+};
+template <int D>
+struct WarpOLayout<D, kv::Family::q8> {
+  __device__ static void store(float* row, const float (&o)[D / 8][4], int r, int t, float inv_scale) {
+#pragma unroll
+    for (int a = 0; a < D / 32; ++a) {
+      float* dst = row + 32 * a + 8 * t;
+      *reinterpret_cast<float4*>(dst) = make_float4(o[4 * a][2 * r] * inv_scale, o[4 * a + 1][2 * r] * inv_scale,
+                                                    o[4 * a + 2][2 * r] * inv_scale, o[4 * a + 3][2 * r] * inv_scale);
+      *reinterpret_cast<float4*>(dst + 4) =
+          make_float4(o[4 * a][2 * r + 1] * inv_scale, o[4 * a + 1][2 * r + 1] * inv_scale,
+                      o[4 * a + 2][2 * r + 1] * inv_scale, o[4 * a + 3][2 * r + 1] * inv_scale);
+    }
+  }
+  __device__ static int offset(int d) { return d; }
+};
+
+// Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
+// ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
+// and decodes 10-17 % slower (docs/perf.md).
+template <int D, kv::Family KF, kv::Family VF>
 __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams p) {
+  using KH = KDecodeHooks<KF, D>;
+  using VH = VDecodeHooks<VF, D>;
+  using OL = WarpOLayout<D, VF>;
   constexpr int kSteps = D / 16;     // k-steps of S = Q K^T
-  constexpr int kKLoads = D / 32;    // 16-byte K loads per key and lane
-  constexpr int kVLoads = D / 64;    // 16-byte V loads per key and lane
   constexpr int kDimTiles = D / 8;   // n-tiles of O
-  constexpr int kQuarter = D / 4;    // contiguous output dims per lane and row
+  constexpr int kQParts = KH::kQParts;
+  static_assert(kQParts <= kMaxQParts, "q fragments are sized for kMaxQParts parts");
   // D <= 128: the next tile's K and this tile's V are in flight while S is
   // computed. D = 256 has no registers for that (o alone is 128 per lane).
   constexpr bool kPipelined = D <= 128;
@@ -194,8 +198,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, n_splits = gridDim.x, kvh = blockIdx.y;
-  const uint16_t* k_head = p.k + size_t(kvh) * p.max_tokens * D;
-  const uint16_t* v_head = p.v + size_t(kvh) * p.max_tokens * D;
+  const size_t head_row0 = size_t(kvh) * p.max_tokens;  // row index of this KV head's token 0
 
   // This CTA's keys: whole 16-key tiles from a multiple of 16; the last tile of
   // the context may run past it (those keys are masked, their loads clamped).
@@ -212,13 +215,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   };
   // Lane 0 asks L2 for the K and V rows of one of this CTA's tiles (a hint:
   // see l2_prefetch.cuh), clamped to the cache.
+  auto prefetch_side = [&](const GpuKvSide& s, int kb, int n) {
+    prefetch_l2(s.code + (head_row0 + kb) * s.code_bytes, uint64_t(n) * s.code_bytes);
+    if (s.side_bytes) prefetch_l2(s.side + (head_row0 + kb) * s.side_bytes, uint64_t(n) * s.side_bytes);
+  };
   auto prefetch_tile = [&](const Range& r, int tile) {
     if (lane != 0 || tile >= r.n_tiles) return;
     const int kb = r.key0 + tile * kTileKeys;
     const int n = min(kTileKeys, p.max_tokens - kb);
     if (n <= 0) return;
-    prefetch_l2(k_head + size_t(kb) * D, uint64_t(n) * D * 2);
-    prefetch_l2(v_head + size_t(kb) * D, uint64_t(n) * D * 2);
+    prefetch_side(p.k, kb, n);
+    prefetch_side(p.v, kb, n);
   };
 
   // Dependent launch (dependent_launch.cuh): the K/V row at the position was
@@ -241,34 +248,16 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   const int key0 = range.key0, n_tiles = range.n_tiles;
   const int last_key = len - 1;
 
-  // Lane (g, t): keys g and 8 + g of the tile, 16-byte chunks at dims 32c + 8t.
-  auto load_k = [&](int tile, uint4 (&kr)[2][kKLoads]) {
-    const int kb = key0 + tile * kTileKeys;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint16_t* row = k_head + size_t(min(kb + 8 * nt + g, last_key)) * D + 8 * t;
-#pragma unroll
-      for (int c = 0; c < kKLoads; ++c) kr[nt][c] = load_stream16(row + 32 * c);
-    }
-  };
-  // Lane (g, t): keys 2t, 2t+1, 2t+8, 2t+9 of the tile, dims [(D/8) g, (D/8)(g+1)).
-  auto load_v = [&](int tile, uint4 (&vr)[4][kVLoads]) {
-    const int kb = key0 + tile * kTileKeys;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = kb + 2 * t + (i & 1) + 8 * (i >> 1);
-      const uint16_t* row = v_head + size_t(min(key, last_key)) * D + (D / 8) * g;
-#pragma unroll
-      for (int c = 0; c < kVLoads; ++c) vr[i][c] = load_stream16(row + 8 * c);
-    }
-  };
+  typename KH::Tile k_cur;
+  typename VH::Tile v_cur;
 
-  uint4 k_cur[2][kKLoads];
-  uint4 v_cur[4][kVLoads];
-
-  // Q fragments: entry (step, lane) -> rows g, g+8, dims 32(step/2) + 8t + 4(step%2) + {0..3}.
-  // Each thread builds D / 64 entries; all their q loads (float4) are issued
-  // first, so building costs one L2 round trip.
+  // Q fragments: entry (step, lane) -> rows g, g+8, dims 32(step/2) + 8t + 4(step%2) + {0..3},
+  // split exactly into kQParts parts (bf16 or fp16 per the K hooks). Each
+  // thread builds D / 64 entries; all their q loads (float4) are issued
+  // first, so building costs one L2 round trip. fp16 parts need q scaled by
+  // a power of two 2^e so that its largest value is near 2^14 (no part is
+  // subnormal, none overflows); scores are multiplied by 2^-e afterwards.
+  float score_factor = 1.0f;
   {
     constexpr int kEntries = kSteps * 32 / kThreads;
     static_assert(kEntries * kThreads == kSteps * 32, "entries must split evenly over the threads");
@@ -285,16 +274,37 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
+    float factor = p.q_scale;
+    if constexpr (KH::kPrescale) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kEntries; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(qv[n][r].x), fabsf(qv[n][r].y)), fmaxf(fabsf(qv[n][r].z), fabsf(qv[n][r].w))));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (lane == 0) warp_m[warp] = amax;  // warp_m is free until the merge
+      __syncthreads();
+      amax = fmaxf(fmaxf(warp_m[0], warp_m[1]), fmaxf(warp_m[2], warp_m[3])) * fabsf(p.q_scale);
+      __syncthreads();
+      // 2^e with amax * 2^e in [2^13, 2^14): frexpf gives amax = f 2^x, f in [0.5, 1).
+      int x = 0;
+      frexpf(amax, &x);
+      const int e = amax > 0.0f && isfinite(amax) ? 14 - x : 0;
+      factor = ldexpf(p.q_scale, e);
+      score_factor = ldexpf(1.0f, -e);
+    }
 #pragma unroll
     for (int n = 0; n < kEntries; ++n) {
       const int e = tid + n * kThreads, step = e >> 5, fl = e & 31;
       float rest[2][4];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        rest[r][0] = qv[n][r].x * p.q_scale;
-        rest[r][1] = qv[n][r].y * p.q_scale;
-        rest[r][2] = qv[n][r].z * p.q_scale;
-        rest[r][3] = qv[n][r].w * p.q_scale;
+        rest[r][0] = qv[n][r].x * factor;
+        rest[r][1] = qv[n][r].y * factor;
+        rest[r][2] = qv[n][r].z * factor;
+        rest[r][3] = qv[n][r].w * factor;
       }
 #pragma unroll
       for (int part = 0; part < kQParts; ++part) {
@@ -304,21 +314,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             float as_float;
-            bits[r][i] = bf16_bits(rest[r][i], as_float);
+            bits[r][i] = KH::kF16 ? ptx::f16_bits(rest[r][i], as_float) : ptx::bf16_bits(rest[r][i], as_float);
             rest[r][i] -= as_float;  // exact
           }
         q_frag[(step * kQParts + part) * 32 + fl] =
-            make_uint4(pack2(bits[0][0], bits[0][1]), pack2(bits[1][0], bits[1][1]), pack2(bits[0][2], bits[0][3]),
-                       pack2(bits[1][2], bits[1][3]));
+            make_uint4(ptx::pack2(bits[0][0], bits[0][1]), ptx::pack2(bits[1][0], bits[1][1]),
+                       ptx::pack2(bits[0][2], bits[0][3]), ptx::pack2(bits[1][2], bits[1][3]));
       }
     }
   }
   // Pipelined: the first tile's K and V are requested now, after the q loads:
-  // a warp's loads return in order, and q (in L2) would otherwise wait for
+  // a warp's loads return in order, so the q loads above do not wait for
   // K and V (from HBM; their first tile was asked into L2 before the wait).
   if (kPipelined && warp < n_tiles) {
-    load_k(warp, k_cur);
-    load_v(warp, v_cur);
+    KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur);
+    VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur);
   }
   __syncthreads();
   trace_event(p.trace, 2);
@@ -330,39 +340,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   for (int j = 0; j < kDimTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-  // S of one tile: two accumulator sets (even / odd k-steps) halve the
-  // dependent mma chain; the small q parts go first.
-  auto scores = [&](const uint4 (&kr)[2][kKLoads], float (&s)[2][4]) {
-    float acc[2][2][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) acc[a][nt][0] = acc[a][nt][1] = acc[a][nt][2] = acc[a][nt][3] = 0.0f;
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      const int c = step >> 1, h = step & 1;
-#pragma unroll
-      for (int part = kQParts - 1; part >= 0; --part) {
-        const uint4 a = load_shared16(&q_frag[(step * kQParts + part) * 32 + lane]);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_bf16(acc[h][nt], a, word_of(kr[nt][c], 2 * h), word_of(kr[nt][c], 2 * h + 1));
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = acc[0][nt][i] + acc[1][nt][i];
-  };
-
-  // Masks the tile, updates m and l, and returns P split exactly into bf16
-  // parts (part 0 = hi) as A fragments, plus the rescale factor of o.
-  auto softmax = [&](int tile, float (&s)[2][4], uint4 (&pf)[kPParts], float (&alpha)[2]) {
+  // Masks the tile, updates m and l, and turns S into P (in place) plus the
+  // rescale factor of o.
+  auto softmax = [&](int tile, float (&s)[2][4], float (&alpha)[2]) {
     const int kb = key0 + tile * kTileKeys;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (KH::kPrescale) s[nt][i] *= score_factor;  // exact: a power of two
         if (kb + 8 * nt + 2 * t + (i & 1) > last_key) s[nt][i] = -INFINITY;
+      }
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -372,78 +360,39 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       alpha[r] = exp2f(m_run[r] - m_use[r]);
       m_run[r] = m_new;
     }
-    uint32_t bits[kPParts][2][4];
     float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float rest = exp2f(s[nt][i] - m_use[i >> 1]);
-        row_sum[i >> 1] += rest;  // the parts sum to exactly this
-#pragma unroll
-        for (int part = 0; part < kPParts; ++part) {
-          float as_float;
-          bits[part][nt][i] = bf16_bits(rest, as_float);
-          rest -= as_float;  // exact
-        }
+        s[nt][i] = exp2f(s[nt][i] - m_use[i >> 1]);
+        row_sum[i >> 1] += s[nt][i];
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + row_sum[r];
-#pragma unroll
-    for (int part = 0; part < kPParts; ++part)
-      pf[part] = make_uint4(pack2(bits[part][0][0], bits[part][0][1]), pack2(bits[part][0][2], bits[part][0][3]),
-                            pack2(bits[part][1][0], bits[part][1][1]), pack2(bits[part][1][2], bits[part][1][3]));
-  };
-
-  // o = alpha o + P V (small parts of P first). Adding each tile's P V to a
-  // fresh accumulator and then to o with fmaf would keep the tensor core's
-  // truncating fp32 accumulation out of the long sum over tiles, but costs
-  // registers that D = 128/256 do not have (spills); its bias is ~2^-24 per
-  // mma relative to |o|, ~3e-6 over the 93 mma of a 64k-key warp.
-  auto accumulate_pv = [&](const uint4 (&pf)[kPParts], const float (&alpha)[2], const uint4 (&vr)[4][kVLoads]) {
-#pragma unroll
-    for (int j = 0; j < kDimTiles; ++j) {
-      // Dim j of the lane's chunk: 16-byte load j / 8, word (j % 8) / 2, half j % 2.
-      const int c = j >> 3, w = (j & 7) >> 1;
-      const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;
-      const uint32_t b0 = __byte_perm(word_of(vr[0][c], w), word_of(vr[1][c], w), sel);
-      const uint32_t b1 = __byte_perm(word_of(vr[2][c], w), word_of(vr[3][c], w), sel);
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-#pragma unroll
-      for (int part = kPParts - 1; part >= 0; --part) mma_bf16(o[j], pf[part], b0, b1);
-    }
   };
 
   if constexpr (kPipelined) {
     for (int tile = warp; tile < n_tiles; tile += kWarps) {
-      if (tile != warp) load_v(tile, v_cur);
-      uint4 k_next[2][kKLoads];
+      if (tile != warp) VH::load(p.v, head_row0, key0 + tile * kTileKeys, last_key, g, t, v_cur);
+      typename KH::Tile k_next;
       const bool has_next = tile + kWarps < n_tiles;
-      if (has_next) load_k(tile + kWarps, k_next);
+      if (has_next) KH::load(p.k, head_row0, key0 + (tile + kWarps) * kTileKeys, last_key, g, t, k_next);
       float s[2][4], alpha[2];
-      scores(k_cur, s);
-      uint4 pf[kPParts];
-      softmax(tile, s, pf, alpha);
-      accumulate_pv(pf, alpha, v_cur);
-      if (has_next) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int c = 0; c < kKLoads; ++c) k_cur[nt][c] = k_next[nt][c];
-      }
+      KH::scores(q_frag, k_cur, lane, s);
+      softmax(tile, s, alpha);
+      VH::accumulate(s, alpha, v_cur, o);
+      if (has_next) k_cur = k_next;
     }
   } else {
     for (int tile = warp; tile < n_tiles; tile += kWarps) {
-      load_k(tile, k_cur);  // not carried across iterations: o and V need the registers
+      // Not carried across iterations: o and V need the registers.
+      KH::load(p.k, head_row0, key0 + tile * kTileKeys, last_key, g, t, k_cur);
       float s[2][4], alpha[2];
-      scores(k_cur, s);
-      uint4 pf[kPParts];
-      softmax(tile, s, pf, alpha);
-      load_v(tile, v_cur);
-      accumulate_pv(pf, alpha, v_cur);
+      KH::scores(q_frag, k_cur, lane, s);
+      softmax(tile, s, alpha);
+      VH::load(p.v, head_row0, key0 + tile * kTileKeys, last_key, g, t, v_cur);
+      VH::accumulate(s, alpha, v_cur, o);
     }
   }
 
@@ -458,21 +407,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     warp_l[warp * kMaxGroup + g] = l_run[0];
     warp_l[warp * kMaxGroup + g + 8] = l_run[1];
   }
-  {
-    constexpr int RS = merge_row_stride(D), QS = merge_quarter_stride(D);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = g + 8 * r;
-      if (row < G) {
-        float* dst = warp_o + (warp * G + row) * RS + t * QS;
-#pragma unroll
-        for (int j = 0; j < kDimTiles; j += 4) {
-          *reinterpret_cast<float4*>(dst + j) = make_float4(o[j][2 * r], o[j + 1][2 * r], o[j + 2][2 * r], o[j + 3][2 * r]);
-          *reinterpret_cast<float4*>(dst + D / 8 + j) =
-              make_float4(o[j][2 * r + 1], o[j + 1][2 * r + 1], o[j + 2][2 * r + 1], o[j + 3][2 * r + 1]);
-        }
-      }
-    }
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    if (row < G) OL::store(warp_o + (warp * G + row) * merge_row_stride(D), o, r, t, 1.0f / VH::kOutScale);
   }
   __syncthreads();
 
@@ -480,20 +418,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   const int n_vec = G * (D / 4);
   for (int e = tid; e < n_vec; e += kThreads) {
     const int row = e / (D / 4), d = (e % (D / 4)) * 4;
-    float m_w[kWarps], M = -INFINITY;
+    SoftmaxMerge<kWarps> mg;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      m_w[w] = warp_m[w * kMaxGroup + row];
-      M = fmaxf(M, m_w[w]);
-    }
+    for (int w = 0; w < kWarps; ++w) mg.m[w] = warp_m[w * kMaxGroup + row];
+    mg.finish_max();
     float L = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float wt = m_w[w] == -INFINITY ? 0.0f : exp2f(m_w[w] - M);
+      const float wt = mg.weight(w);
       L += wt * warp_l[w * kMaxGroup + row];
-      const float4 x = *reinterpret_cast<const float4*>(warp_o + (w * G + row) * merge_row_stride(D) +
-                                                        (d / kQuarter) * merge_quarter_stride(D) + d % kQuarter);
+      const float4 x = *reinterpret_cast<const float4*>(warp_o + (w * G + row) * merge_row_stride(D) + OL::offset(d));
       acc.x += wt * x.x;
       acc.y += wt * x.y;
       acc.z += wt * x.z;
@@ -501,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     }
     *reinterpret_cast<float4*>(p.part_o + (part_base + row) * D + d) = acc;
     if (d == 0) {
-      p.part_m[part_base + row] = M;
+      p.part_m[part_base + row] = mg.M;
       p.part_l[part_base + row] = L;
     }
   }
@@ -532,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     float L = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      m_s[i] = m_s[i] == -INFINITY ? 0.0f : exp2f(m_s[i] - M);  // now the split's weight
+      m_s[i] = merge_weight_log2(m_s[i], M);  // now the split's weight
       L += m_s[i] * l_s[i];
     }
 #pragma unroll
@@ -565,50 +500,87 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   }
 }
 
+// ---- instances: (head_dim, K block, V block). The default set builds always;
+// KVQ_ALL_KERNEL_INSTANCES adds the rest. flash_decode_supported() answers
+// from this same list.
+#define KVQ_DECODE_DEFAULT_INSTANCES(X) \
+  X(64, bf16, bf16)                     \
+  X(128, bf16, bf16)                    \
+  X(256, bf16, bf16)                    \
+  X(64, q8, q8)                         \
+  X(128, q8, q8)
+#if defined(KVQ_ALL_KERNEL_INSTANCES)
+#define KVQ_DECODE_EXTRA_INSTANCES(X) \
+  X(256, q8, q8)                      \
+  X(64, q8, bf16)                     \
+  X(128, q8, bf16)                    \
+  X(256, q8, bf16)                    \
+  X(64, bf16, q8)                     \
+  X(128, bf16, q8)                    \
+  X(256, bf16, q8)
+#else
+#define KVQ_DECODE_EXTRA_INSTANCES(X)
+#endif
+#define KVQ_DECODE_INSTANCES(X) KVQ_DECODE_DEFAULT_INSTANCES(X) KVQ_DECODE_EXTRA_INSTANCES(X)
 
-template <int D>
-void prepare_kernel() {
-  // Opt in to the most dynamic shared memory any G needs (G = 16, D = 256:
-  // ~74 KB), once per instantiation.
-  static const bool done = [] {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_bytes(D, kMaxGroup, kMaxDecodeSplits))));
-    return true;
-  }();
-  (void)done;
+using KernelFn = void (*)(DecodeParams);
+
+struct Instance {
+  int D;
+  kv::Family k, v;
+  KernelFn fn;
+};
+#define KVQ_DECODE_ENTRY(d, kf, vf) {d, kv::Family::kf, kv::Family::vf, flash_decode_kernel<d, kv::Family::kf, kv::Family::vf>},
+const Instance kInstances[] = {KVQ_DECODE_INSTANCES(KVQ_DECODE_ENTRY)};
+#undef KVQ_DECODE_ENTRY
+constexpr int kNumInstances = int(sizeof(kInstances) / sizeof(kInstances[0]));
+
+// Index into kInstances, or -1.
+int find_instance(int D, kv::Family k, kv::Family v) {
+  for (int i = 0; i < kNumInstances; ++i)
+    if (kInstances[i].D == D && kInstances[i].k == k && kInstances[i].v == v) return i;
+  return -1;
 }
 
-// Resident CTAs per SM for (D, G), queried once (with the largest split count's
-// shared memory, which the launch never exceeds).
-template <int D>
-int resident_ctas(int G) {
-  static std::atomic<int> cached[kMaxGroup + 1];
-  int n = cached[G].load(std::memory_order_relaxed);
+// Opt in to the most dynamic shared memory any G needs (G = 16, D = 256:
+// ~74 KB), once per instance; then resident CTAs per SM for (instance, G),
+// queried once (with the largest split count's shared memory, which the launch
+// never exceeds).
+int resident_ctas(int index, int G) {
+  struct Occupancy {
+    std::atomic<bool> prepared{false};
+    std::atomic<int> ctas[kMaxGroup + 1] = {};
+  };
+  static Occupancy cache[kNumInstances];
+  const Instance& in = kInstances[index];
+  Occupancy& c = cache[index];
+  if (!c.prepared.load(std::memory_order_acquire)) {
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(in.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits))));
+    c.prepared.store(true, std::memory_order_release);
+  }
+  int n = c.ctas[G].load(std::memory_order_relaxed);
   if (n == 0) {
-    prepare_kernel<D>();
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, flash_decode_kernel<D>, kThreads,
-                                                                 smem_bytes(D, G, kMaxDecodeSplits)));
+    KVQ_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, in.fn, kThreads, smem_bytes(in.D, G, kMaxDecodeSplits)));
     n = std::max(n, 1);
-    cached[G].store(n, std::memory_order_relaxed);
+    c.ctas[G].store(n, std::memory_order_relaxed);
   }
   return n;
 }
 
-int resident_ctas_for(int D, int G) {
-  switch (D) {
-    case 64: return resident_ctas<64>(G);
-    case 128: return resident_ctas<128>(G);
-    default: return resident_ctas<256>(G);
-  }
-}
-
-template <int D>
-void launch(const DecodeParams& p, int n_splits, int n_kv, cudaStream_t stream) {
-  prepare_kernel<D>();
-  launch_dependent(flash_decode_kernel<D>, dim3(n_splits, n_kv), dim3(kThreads), smem_bytes(D, p.G, n_splits), stream, p);
+int instance_for(const GpuKvLayer& layer) {
+  const int i = find_instance(layer.head_dim, layer.k.family, layer.v.family);
+  KVQ_CHECK(i >= 0, Errc::internal, "flash_decode: no kernel instance for head_dim ", layer.head_dim, ", K ",
+            kv::family_name(layer.k.family), ", V ", kv::family_name(layer.v.family));
+  return i;
 }
 
 }  // namespace
+
+bool flash_decode_instance_exists(int head_dim, kv::Family k, kv::Family v) {
+  return find_instance(head_dim, k, v) >= 0;
+}
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
   if (n_kv_heads <= 0 || n_heads <= 0 || n_heads % n_kv_heads != 0) return false;
@@ -619,11 +591,7 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
 }
 
 namespace {
-int initial_prefetch_tiles() {
-  const char* env = std::getenv("KVQ_ATTN_PREFETCH");
-  return env && *env ? std::max(0, std::atoi(env)) : 1;
-}
-int g_prefetch_tiles = initial_prefetch_tiles();
+int g_prefetch_tiles = 1;
 unsigned long long* g_trace = nullptr;
 }  // namespace
 
@@ -631,24 +599,26 @@ int decode_prefetch_tiles() { return g_prefetch_tiles; }
 void set_decode_prefetch_tiles(int tiles) { g_prefetch_tiles = std::max(0, tiles); }
 void flash_decode_trace(unsigned long long* events) { g_trace = events; }
 
-int flash_decode_splits(const KvLayerView& layer, int n_heads) {
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads) {
   const int G = n_heads / layer.n_kv_heads;
   // One resident wave: every CTA streams its keys at the same time and they
   // finish together (a second, partial wave would double the latency).
-  const int wave = resident_ctas_for(layer.head_dim, G) * sm_count();
+  const int wave = resident_ctas(instance_for(layer), G) * sm_count();
   int n = std::max(1, wave / layer.n_kv_heads);
   n = std::min(n, kMaxDecodeSplits);
   n = std::min(n, (layer.max_tokens + kTileKeys - 1) / kTileKeys);  // no more splits than tiles in a full cache
   return std::max(n, 1);
 }
 
-void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
+void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
                   float* out, AttentionScratch& scratch, cudaStream_t stream) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
   KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
             " outside the cache capacity of ", layer.max_tokens);
+  const int index = instance_for(layer);
+  const Instance& in = kInstances[index];
   const int G = n_heads / n_kv;
   int n_splits = flash_decode_splits(layer, n_heads);
   // A known position needs no more splits than it has key tiles to share
@@ -679,11 +649,8 @@ void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const f
   p.q_scale = scale * kLog2e;
   p.prefetch_tiles = decode_prefetch_tiles();
   p.trace = g_trace;
-  switch (D) {
-    case 64: launch<64>(p, n_splits, n_kv, stream); break;
-    case 128: launch<128>(p, n_splits, n_kv, stream); break;
-    default: launch<256>(p, n_splits, n_kv, stream); break;
-  }
+  resident_ctas(index, G);  // the shared-memory opt-in
+  launch_dependent(in.fn, dim3(n_splits, n_kv), dim3(kThreads), smem_bytes(D, G, n_splits), stream, p);
 }
 
 }  // namespace kvq::cuda

@@ -1,5 +1,7 @@
-// Tensor-core split-KV flash DECODE attention (one query token) over the bf16
-// GPU KV cache (layout in attention.hpp). flash_attention() with n == 1 and
+// Tensor-core split-KV flash DECODE attention (one query token) over the
+// packed GPU KV store (kv_store.hpp) of any codec with decode hooks
+// (kv_codec_hooks.cuh): one kernel template over (head_dim, K block, V
+// block), instances listed once in attention_decode.cu. flash_attention() with n == 1 and
 // flash_attention_decode_at() route here when flash_decode_supported();
 // prefill (n > 1) never does.
 //
@@ -20,10 +22,14 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/kv_store.hpp"
 
 namespace kvq::cuda {
 
 constexpr int kMaxDecodeSplits = 64;  // bounds the serial merge done by the last CTA of each KV head
+
+// True when an instance of the kernel exists for (head_dim, K, V).
+bool flash_decode_instance_exists(int head_dim, kv::Family k, kv::Family v);
 
 // True when the tensor-core decode kernel handles this shape: GQA group
 // G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `q` and
@@ -33,11 +39,11 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
 // The number of key splits (gridDim.x) a decode launch of this shape uses when
 // the position is only known on the device; depends on the shape, the GPU and
 // the cache capacity, never on the position.
-int flash_decode_splits(const KvLayerView& layer, int n_heads);
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads);
 
 // Tiles per warp whose K and V rows the decode kernel asks L2 for before
-// waiting for its predecessor (0: none). Default 1, or KVQ_ATTN_PREFETCH;
-// read at each launch.
+// waiting for its predecessor (0: none). Default 1 (CudaOptions::
+// attn_prefetch_tiles); read at each launch.
 int decode_prefetch_tiles();
 void set_decode_prefetch_tiles(int tiles);
 
@@ -51,7 +57,7 @@ void flash_decode_trace(unsigned long long* events);
 // not depend on the position). q, out: [n_heads][head_dim] fp32, device.
 // Sizes scratch.part and scratch.decode_counters on first use (call once
 // before recording a graph).
-void flash_decode(const KvLayerView& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
+void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
                   float* out, AttentionScratch& scratch, cudaStream_t stream);
 
 }  // namespace kvq::cuda

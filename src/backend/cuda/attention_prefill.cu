@@ -74,6 +74,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/softmax_state.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -120,39 +122,13 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes 0 zero-fills (src is not read).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a * b for one m16n8k16 tile (bf16 inputs, fp32 accumulators).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::cp_async_16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
+using ptx::mma_bf16;
+using ptx::smem_u32;
 
 // Two floats -> bf16x2 (round to nearest even); `lo` (the lower column) in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -413,28 +389,6 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   }
 }
 
-// One block per (token, head) row: out = sum_c o_c 2^(m_c - M) / sum_c l_c 2^(m_c - M).
-__global__ void merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
-                             const float* __restrict__ part_o, int n_chunks, int D, float* __restrict__ out) {
-  const size_t base = size_t(blockIdx.x) * n_chunks;
-  float M = -INFINITY;
-  for (int c = 0; c < n_chunks; ++c) M = fmaxf(M, part_m[base + c]);
-  float L = 0.0f;
-  for (int c = 0; c < n_chunks; ++c) {
-    const float m = part_m[base + c];
-    if (m != -INFINITY) L += part_l[base + c] * exp2f(m - M);
-  }
-  const float inv_L = L > 0.0f ? 1.0f / L : 0.0f;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-      const float m = part_m[base + c];
-      if (m != -INFINITY) acc += part_o[(base + c) * D + d] * exp2f(m - M);
-    }
-    out[size_t(blockIdx.x) * D + d] = acc * inv_L;
-  }
-}
-
 int current_device() {
   int dev = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&dev));
@@ -524,7 +478,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   prefill_attn_kernel<D><<<grid, kThreads, Tile<D>::kSmemBytes, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
   if (n_chunks > 1) {
-    merge_kernel<<<unsigned(rows), std::min(D, 128), 0, stream>>>(p.part_m, p.part_l, p.part_o, n_chunks, D, out);
+    merge_partial_states(p.part_m, p.part_l, p.part_o, int(rows), n_chunks, D, out, stream);
     KVQ_CUDA_CHECK_LAUNCH();
   }
 }

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_decode.hpp"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "backend/cuda/device_buffer.hpp"
@@ -53,22 +56,35 @@ class DeviceFloatBuffer final : public Buffer {
 // cache's buffers and the lazily grown scratch), checked before each replay.
 class CudaStepGraph final : public StepGraph {
  public:
-  CudaStepGraph(cudaGraphExec_t exec, std::vector<const void*> addresses)
-      : exec_(exec), addresses_(std::move(addresses)) {}
+  CudaStepGraph(cudaGraphExec_t exec, std::vector<const void*> addresses, std::vector<const CudaLayerCache*> attended)
+      : exec_(exec), addresses_(std::move(addresses)), attended_(std::move(attended)) {}
   ~CudaStepGraph() override {
     if (exec_) cudaGraphExecDestroy(exec_);
   }
   cudaGraphExec_t exec() const { return exec_; }
   const std::vector<const void*>& addresses() const { return addresses_; }
+  // The layers whose attention one replay runs (dispatch counters).
+  const std::vector<const CudaLayerCache*>& attended() const { return attended_; }
 
  private:
   cudaGraphExec_t exec_;
   std::vector<const void*> addresses_;
+  std::vector<const CudaLayerCache*> attended_;
 };
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  explicit CudaBackend(const BackendOptions& o) {
+    options_ = o;
+    KVQ_CHECK(o.gemv_warps >= 1 && o.gemv_warps <= 16, Errc::invalid_argument, "GEMV warps per CTA must be 1..16, not ",
+              o.gemv_warps);
+    KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
+              "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
+    set_dependent_launches(o.dependent_launches);
+    GemvTuning tuning = gemv_tuning();
+    tuning.warps_per_cta = o.gemv_warps;
+    set_gemv_tuning(tuning);
+    set_decode_prefetch_tiles(o.attn_prefetch_tiles);
     // A stream of our own (not the legacy default stream, which cannot be
     // captured into a graph); created blocking, so it stays ordered with the
     // legacy-stream copies of DeviceBuffer::upload.
@@ -101,7 +117,6 @@ class CudaBackend final : public Backend {
               " columns (quantized types need a multiple of 256 columns, float types a multiple of 8)");
     auto gm = std::make_unique<GpuMatrix>(
         GpuMatrix::upload(pack_matrix_for_gpu(host.type, host.rows, host.cols, host.data)));
-    if (host.type == gguf::TensorType::Q1_0) gemv_scratch_.reserve(host.cols);  // before any recording
     Matrix dev = host;
     dev.data = gm->codes.data();  // device address: only this backend dereferences it
     dev.handle = gm.get();
@@ -244,7 +259,7 @@ class CudaBackend final : public Backend {
     if (in_step_) {
       check_step_pos(n, pos, "qk_rope_write_kv");
       pos_dev = step_dev_.data() + 1;
-      if (recording_) recorded_addresses_.push_back(g.view().k);
+      note_recorded_cache(g);
     }
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
                   r.pos_scale, g.view(), stream_);
@@ -256,7 +271,7 @@ class CudaBackend final : public Backend {
       check_step_pos(n, pos, "write_kv");
       KVQ_CHECK(pos < g.view().max_tokens, Errc::out_of_range, "GPU KV cache: position ", pos,
                 " is past its capacity of ", g.view().max_tokens, " tokens");
-      if (recording_) recorded_addresses_.push_back(g.view().k);
+      note_recorded_cache(g);
       cuda::write_kv_at(g.view(), step_dev_.data() + 1, k, v, stream_);
       return;
     }
@@ -268,16 +283,13 @@ class CudaBackend final : public Backend {
     if (in_step_) {
       check_step_pos(n, pos, "attention");
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
-      // The partial-state scratch and the decode kernel's arrival counters are
-      // sized by the call above; record their addresses after it (they can
-      // only grow before recording: warm step).
-      if (recording_) {
-        recorded_addresses_.push_back(g.scratch().part.data());
-        recorded_addresses_.push_back(g.scratch().decode_counters.data());
-      }
+      note_recorded_cache(g);
+      if (recording_) recorded_attention_.push_back(&g);
+      else count_attention(g, true);
       return;
     }
     flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
+    count_attention(g, n == 1);
   }
 
   int32_t argmax(const float* x, size_t n) override {
@@ -306,7 +318,8 @@ class CudaBackend final : public Backend {
   }
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
-    recorded_addresses_.clear();
+    recorded_cache_ = nullptr;
+    recorded_attention_.clear();
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
@@ -319,9 +332,13 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     KVQ_CUDA_CHECK(err);
-    std::vector<const void*> addresses = std::move(recorded_addresses_);
+    // The addresses baked in: the cache's (its stores and attention scratch,
+    // whose sizes were settled by the warm step) and this backend's scratch.
+    std::vector<const void*> addresses;
+    if (recorded_cache_) addresses = recorded_cache_->graph_addresses();
+    recorded_cache_ = nullptr;
     append_backend_addresses(addresses);
-    return std::make_unique<CudaStepGraph>(exec, std::move(addresses));
+    return std::make_unique<CudaStepGraph>(exec, std::move(addresses), std::move(recorded_attention_));
   }
   void record_abort() override {
     if (!recording_) return;
@@ -335,17 +352,13 @@ class CudaBackend final : public Backend {
     const auto* g = dynamic_cast<const CudaStepGraph*>(&graph);
     KVQ_CHECK(g, Errc::internal, "the CUDA backend was asked to replay another backend's recording");
     // The addresses the recording baked in, recomputed for this cache now.
-    std::vector<const void*> now;
-    now.reserve(g->addresses().size());
-    for (int l = 0; l < cache.shape().n_layers; ++l) {
-      const CudaLayerCache& lc = gpu_layer(cache.layer(l));
-      now.push_back(lc.view().k);
-      now.push_back(lc.scratch().part.data());
-      now.push_back(lc.scratch().decode_counters.data());
-    }
+    const auto* gc = dynamic_cast<const CudaKvCache*>(&cache);
+    KVQ_CHECK(gc, Errc::unsupported, "the CUDA backend needs its own KV cache (Backend::make_cache)");
+    std::vector<const void*> now = gc->graph_addresses();
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
+    for (const CudaLayerCache* l : g->attended()) count_attention(*l, true);
     return true;
   }
 
@@ -455,7 +468,6 @@ class CudaBackend final : public Backend {
   // is set), with this backend's scratch; the caller adds the outputs.
   GemvRequest step_gemv(const float* x, const float* norm_w = nullptr, float eps = 0.0f) {
     GemvRequest req;
-    req.scratch = &gemv_scratch_;
     req.x = x;
     req.norm_weight = norm_w;
     req.norm_eps = eps;
@@ -476,10 +488,43 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
               " inside a decode step must be one token at the step's position (begin_step)");
   }
+  // Dispatch proof: attention calls per (layer, phase) of the caches passed to
+  // reset_dispatch_stats, counted where they are launched (a replayed step
+  // counts the attention launches it recorded). The kernel is the one the
+  // selector chose for the cache. KV bytes never cross between host and
+  // device here: the store is written only by encode kernels from device
+  // buffers and read only by attention kernels, so those counters stay 0 by
+  // construction (no copy path exists to count).
+  void reset_dispatch_stats(kv::Cache& cache) override {
+    for (int l = 0; l < cache.shape().n_layers; ++l) attention_calls_[&gpu_layer(cache.layer(l))] = {0, 0};
+  }
+  DispatchStats dispatch_stats(kv::Cache& cache) override {
+    DispatchStats s;
+    s.counted = true;
+    const auto* gc = dynamic_cast<const CudaKvCache*>(&cache);
+    KVQ_CHECK(gc, Errc::unsupported, "the CUDA backend needs its own KV cache (Backend::make_cache)");
+    for (int l = 0; l < cache.shape().n_layers; ++l) {
+      const auto it = attention_calls_.find(&gpu_layer(cache.layer(l)));
+      if (it == attention_calls_.end()) continue;
+      if (it->second[0]) s.attention.push_back({l, gc->prefill_kernel(), false, it->second[0]});
+      if (it->second[1]) s.attention.push_back({l, gc->decode_kernel(), true, it->second[1]});
+    }
+    return s;
+  }
+  void count_attention(const CudaLayerCache& g, bool decode) {
+    if (auto it = attention_calls_.find(&g); it != attention_calls_.end()) ++it->second[decode ? 1 : 0];
+  }
+
+  // A step being recorded reads and writes this layer's cache (one cache per step).
+  void note_recorded_cache(const CudaLayerCache& g) {
+    if (!recording_) return;
+    KVQ_CHECK(!recorded_cache_ || recorded_cache_ == &g.cache(), Errc::internal,
+              "a recorded decode step used two KV caches");
+    recorded_cache_ = &g.cache();
+  }
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
     a.push_back(inv_freq_.data());
-    a.push_back(gemv_scratch_.q1.data());
   }
 
   cudaStream_t stream_ = nullptr;
@@ -489,7 +534,9 @@ class CudaBackend final : public Backend {
   DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
-  std::vector<const void*> recorded_addresses_;  // per layer: KV cache K buffer, attention scratch, decode counters
+  const CudaKvCache* recorded_cache_ = nullptr;  // the cache of the step being recorded
+  std::vector<const CudaLayerCache*> recorded_attention_;  // its attention launches, in order
+  std::map<const CudaLayerCache*, std::array<uint64_t, 2>> attention_calls_;  // [prefill, decode]
   std::vector<std::unique_ptr<GpuMatrix>> owned_;      // Matrix::handle points at these
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)
@@ -497,16 +544,15 @@ class CudaBackend final : public Backend {
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;
   std::vector<float> inv_freq_host_;
-  GemvScratch gemv_scratch_;  // the Q1_0 tensor-core kernel's prepared input
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   KVQ_CHECK(device_available(), Errc::unsupported,
             "the CUDA backend is not available: no CUDA device is visible (check nvidia-smi and "
             "CUDA_VISIBLE_DEVICES); use --device cpu");
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(options);
 }
 
 }  // namespace kvq::cuda

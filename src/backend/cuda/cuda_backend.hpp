@@ -15,7 +15,9 @@
 
 namespace kvq::cuda {
 
-// Throws Errc::unsupported when no CUDA device is visible.
-std::unique_ptr<Backend> make_cuda_backend();
+// Throws Errc::unsupported when no CUDA device is visible. The options are
+// applied to the process-wide kernel settings (dependent launches, GEMV
+// warps, attention prefetch): the last backend made sets them.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
 
 }  // namespace kvq::cuda

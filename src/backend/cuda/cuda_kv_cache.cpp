@@ -1,43 +1,75 @@
 #include "backend/cuda/cuda_kv_cache.hpp"
 
+#include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
-#include "kv/codec_table.hpp"
 
 namespace kvq::cuda {
 
 void CudaLayerCache::write(int pos, int n, const float* k, const float* v) {
-  write_kv(view_, pos, n, k, v, nullptr);
+  write_kv(store_, pos, n, k, v, nullptr);
 }
 
 void CudaLayerCache::attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const {
-  flash_attention(view_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
+  flash_attention(store_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
 }
 
-CudaKvCache::CudaKvCache(const kv::CacheShape& shape) : shape_(shape) {
+CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape)
+    : codec_(codec), shape_(shape) {
+  const int n_heads = shape.n_heads > 0 ? shape.n_heads : shape.n_kv_heads;
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
             Errc::invalid_argument, "GPU KV cache: empty shape (", shape.n_layers, " layers, ", shape.n_kv_heads,
             " KV heads, head_dim ", shape.head_dim, ", ", shape.max_tokens, " tokens)");
-  const size_t per_layer = size_t(shape.n_kv_heads) * shape.max_tokens * shape.head_dim;
-  const size_t total = per_layer * shape.n_layers;
+  KVQ_CHECK(codec.head_dim == shape.head_dim, Errc::internal, "GPU KV cache: codec described for head_dim ",
+            codec.head_dim, ", cache head_dim ", shape.head_dim);
+  for (bool decode : {true, false}) {
+    AttentionCase c;
+    c.head_dim = shape.head_dim;
+    c.n_heads = n_heads;
+    c.n_kv_heads = shape.n_kv_heads;
+    c.k = codec.k.spec.family;
+    c.v = codec.v.spec.family;
+    c.decode = decode;
+    const AttentionChoice choice = attention_support(c);
+    KVQ_CHECK(choice.supported && !codec.k.spec.qjl, Errc::unsupported, "KV codec ", codec.name,
+              " has no GPU kernels yet (", choice.supported ? std::string("+qjl") : choice.why,
+              "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
+    (decode ? decode_kernel_ : prefill_kernel_) = choice.kernel;
+  }
+  const size_t rows_per_layer = size_t(shape.n_kv_heads) * shape.max_tokens;
+  const size_t rows = rows_per_layer * shape.n_layers;
+  const uint64_t bytes = uint64_t(rows) * codec.bytes_per_token_per_head();
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-    KVQ_CHECK(2 * total * sizeof(uint16_t) < free_b, Errc::out_of_range, "GPU KV cache for ", shape.max_tokens,
-              " tokens needs ", 2 * total * sizeof(uint16_t) / (1 << 20), " MiB but only ", free_b / (1 << 20),
-              " MiB of GPU memory are free; lower --ctx");
-  k_.resize(total);
-  v_.resize(total);
-  // Zeroed once so unwritten rows are finite (they are never read: attention is causal).
-  KVQ_CUDA_CHECK(cudaMemset(k_.data(), 0, k_.bytes()));
-  KVQ_CUDA_CHECK(cudaMemset(v_.data(), 0, v_.bytes()));
+    KVQ_CHECK(bytes < free_b, Errc::out_of_range, "GPU KV cache (", codec.name, ") for ", shape.max_tokens,
+              " tokens needs ", bytes >> 20, " MiB but only ", free_b >> 20, " MiB of GPU memory are free; lower --ctx");
+  k_code_.resize(rows * codec.k.code_bytes);
+  v_code_.resize(rows * codec.v.code_bytes);
+  if (codec.k.side_bytes) k_side_.resize(rows * codec.k.side_bytes);
+  if (codec.v.side_bytes) v_side_.resize(rows * codec.v.side_bytes);
+  allocated_ = k_code_.bytes() + v_code_.bytes() + k_side_.bytes() + v_side_.bytes();
+  // Zeroed once so unwritten rows decode to finite values (they are never
+  // read: attention is causal and masks the tail of its last tile).
+  for (DeviceBuffer<uint8_t>* b : {&k_code_, &v_code_, &k_side_, &v_side_})
+    if (b->size()) KVQ_CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
   layers_.reserve(shape.n_layers);
+  auto side_of = [&](const kv::SideDescriptor& d, DeviceBuffer<uint8_t>& code, DeviceBuffer<uint8_t>& side, int l) {
+    GpuKvSide s;
+    s.family = d.spec.family;
+    s.bits = d.spec.bits;
+    s.code_bytes = d.code_bytes;
+    s.side_bytes = d.side_bytes;
+    s.code = code.data() + rows_per_layer * d.code_bytes * l;
+    s.side = d.side_bytes ? side.data() + rows_per_layer * d.side_bytes * l : nullptr;
+    return s;
+  };
   for (int l = 0; l < shape.n_layers; ++l) {
-    KvLayerView view;
-    view.k = k_.data() + per_layer * l;
-    view.v = v_.data() + per_layer * l;
-    view.n_kv_heads = shape.n_kv_heads;
-    view.head_dim = shape.head_dim;
-    view.max_tokens = shape.max_tokens;
-    layers_.emplace_back(view, &scratch_);
+    GpuKvLayer store;
+    store.k = side_of(codec.k, k_code_, k_side_, l);
+    store.v = side_of(codec.v, v_code_, v_side_, l);
+    store.n_kv_heads = shape.n_kv_heads;
+    store.head_dim = shape.head_dim;
+    store.max_tokens = shape.max_tokens;
+    layers_.emplace_back(store, &scratch_, this, l);
   }
 }
 
@@ -47,14 +79,19 @@ kv::LayerCache& CudaKvCache::layer(int i) {
 }
 
 uint64_t CudaKvCache::bytes_for_tokens(int n_tokens) const {
-  return uint64_t(n_tokens) * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim * 2 /*K,V*/ * 2 /*bf16*/;
+  return uint64_t(n_tokens) * shape_.n_layers * shape_.n_kv_heads * codec_.bytes_per_token_per_head();
+}
+
+std::vector<const void*> CudaKvCache::graph_addresses() const {
+  // The cache's id first: a new cache whose buffers land at a freed one's
+  // addresses (its shape or codec may differ) never replays its recording.
+  return {reinterpret_cast<const void*>(uintptr_t(id())), k_code_.data(), k_side_.data(), v_code_.data(),
+          v_side_.data(), scratch_.part.data(), scratch_.decode_counters.data()};
 }
 
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
   const kv::ResolvedCodec codec = kv::resolve_codec(opts);  // unknown names: invalid_argument listing the valid ones
-  KVQ_CHECK(codec.name == "none", Errc::unsupported, "fused GPU decode for ", codec.name,
-            " is not implemented yet; use --kv none with --device cuda, or --device cpu for this codec");
-  return std::make_unique<CudaKvCache>(shape);
+  return std::make_unique<CudaKvCache>(kv::describe_codec(codec, shape.head_dim), shape);
 }
 
 }  // namespace kvq::cuda

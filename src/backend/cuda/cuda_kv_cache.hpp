@@ -1,10 +1,12 @@
-// The device-resident KV cache of the CUDA backend for codec `none` (bf16).
+// The device-resident KV cache of the CUDA backend: one packed GPU KV store
+// per layer (kv_store.hpp) in the codec's own format (kv::CodecDescriptor),
+// for every codec whose blocks have GPU hooks (attention_support() decides).
 //
-// Preallocated for shape.max_tokens at construction: K and V separate, per
-// layer [kv_head][token][head_dim] bf16 (attention.hpp), so decode never
-// reallocates or copies through the host. The kv::LayerCache methods take
-// DEVICE pointers here (the CUDA backend's buffers), unlike the CPU caches;
-// only the CUDA backend calls them.
+// Preallocated for shape.max_tokens at construction, so decode never
+// reallocates or copies through the host; there is no bf16 copy beside a
+// quantized store. The kv::LayerCache methods take DEVICE pointers here (the
+// CUDA backend's buffers), unlike the CPU caches; only the CUDA backend calls
+// them.
 #pragma once
 
 #include <memory>
@@ -12,43 +14,67 @@
 
 #include "backend/cuda/attention.hpp"
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/kv_store.hpp"
 #include "kv/cache.hpp"
+#include "kv/codec_table.hpp"
 
 namespace kvq::cuda {
 
 class CudaLayerCache final : public kv::LayerCache {
  public:
-  CudaLayerCache(KvLayerView view, AttentionScratch* scratch) : view_(view), scratch_(scratch) {}
+  CudaLayerCache(GpuKvLayer store, AttentionScratch* scratch, const class CudaKvCache* owner, int index)
+      : store_(store), scratch_(scratch), owner_(owner), index_(index) {}
   // k, v, q, out: device memory.
   void write(int pos, int n, const float* k, const float* v) override;
   void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override;
-  const KvLayerView& view() const { return view_; }
+  const GpuKvLayer& view() const { return store_; }
   // The partial-state scratch shared by the cache's layers (the backend
   // launches attention on its own stream with it).
   AttentionScratch& scratch() const { return *scratch_; }
+  const CudaKvCache& cache() const { return *owner_; }
+  int index() const { return index_; }  // layer number in its cache
 
  private:
-  KvLayerView view_;
+  GpuKvLayer store_;
   AttentionScratch* scratch_;
+  const CudaKvCache* owner_;
+  int index_;
 };
 
 class CudaKvCache final : public kv::Cache {
  public:
-  explicit CudaKvCache(const kv::CacheShape& shape);
+  // The attention kernels are chosen per GQA group: shape.n_heads (0: taken
+  // as n_kv_heads). Throws Errc::unsupported when no GPU kernel serves the codec.
+  CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape);
   const kv::CacheShape& shape() const override { return shape_; }
-  std::string codec_name() const override { return "none"; }
+  std::string codec_name() const override { return codec_.name; }
   kv::LayerCache& layer(int i) override;
   uint64_t bytes_for_tokens(int n_tokens) const override;
+  const kv::CodecDescriptor& codec() const { return codec_; }
+  // Every device address a recorded decode step (CUDA graph) bakes in from
+  // this cache: the stores and the attention scratch. A recording replays
+  // only over a cache whose list is the same.
+  std::vector<const void*> graph_addresses() const;
+  // Device bytes this cache allocated for its stores (capacity, not fill).
+  uint64_t allocated_bytes() const { return allocated_; }
+  // The kernels the selector chose for this cache (dispatch proof).
+  const std::string& decode_kernel() const { return decode_kernel_; }
+  const std::string& prefill_kernel() const { return prefill_kernel_; }
 
  private:
+  kv::CodecDescriptor codec_;
   kv::CacheShape shape_;
-  DeviceBuffer<uint16_t> k_, v_;  // [layer][kv_head][max_tokens][head_dim]
-  AttentionScratch scratch_;      // shared by the layers (one runs at a time)
+  // One allocation per array, [layer][kv_head][max_tokens][row bytes].
+  DeviceBuffer<uint8_t> k_code_, k_side_, v_code_, v_side_;
+  AttentionScratch scratch_;  // shared by the layers (one runs at a time)
   std::vector<CudaLayerCache> layers_;
+  uint64_t allocated_ = 0;
+  std::string decode_kernel_, prefill_kernel_;
 };
 
-// The GPU cache for a codec request: `none` (aliases bf16, f16) only; any other
-// codec is Errc::unsupported naming it (no silent CPU fallback).
+// The GPU cache for a codec request (--kv, --ctk/--ctv). Unknown names:
+// invalid_argument listing the valid ones; a codec with no GPU kernels for
+// this shape: Errc::unsupported naming why (no silent CPU fallback).
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape);
 
 }  // namespace kvq::cuda

@@ -13,8 +13,8 @@
 // predecessor grid has completed and its writes are visible; the predecessor
 // itself completed only after its own wait returned, so the guarantee is
 // transitive back to every earlier kernel. In a kernel launched normally both
-// calls are no-ops. KVQ_PDL=0 in the environment launches everything normally
-// (for A/B measurements).
+// calls are no-ops. set_dependent_launches(false) (BackendOptions, the CLI's
+// --no-pdl) launches everything normally, for A/B measurements.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,13 +39,12 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
-inline bool dependent_launch_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("KVQ_PDL");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+inline bool& dependent_launch_flag() {
+  static bool on = true;
   return on;
 }
+inline bool dependent_launch_enabled() { return dependent_launch_flag(); }
+inline void set_dependent_launches(bool on) { dependent_launch_flag() = on; }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
 // serialization allowed (see above); checks the launch.

@@ -27,8 +27,9 @@
 //   then, with a norm, float g[cols] (the norm weight, copied by cp.async).
 // Chunk of 16 code bytes per type: F32 4 weights, F16/BF16 8, Q8_0 16 (half a
 // block), Q4_0 32 (one block), Q1_0 128 (one block).
-// Q1_0 also has an experimental kernel on the binary tensor cores (further
-// down, opt-in): its own staging and work split.
+// (A Q1_0 kernel on the binary tensor cores, mma.m8n8k128.and.popc over
+// int16 bit-planes of the input, was correct but 2.7x slower than dp4a and
+// was removed; its design and numbers are in docs/perf.md and git history.)
 #include "backend/cuda/gemv.hpp"
 
 #include <cuda_bf16.h>
@@ -41,6 +42,8 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/occupancy.hpp"
+#include "backend/cuda/gemv_kquant.hpp"
 #include "backend/cuda/lab_trace.cuh"
 #include "core/error.hpp"
 
@@ -481,264 +484,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
   }
 }
 
-// --- Q1_0 on the binary tensor cores (opt-in: set_q1_kernel) --------------
-// The dp4a kernel above spends 4 integer instructions per 4 weights turning
-// sign bits into bytes and multiplying, which makes large 1-bit GEMVs
-// ALU-bound (~1-1.5 TB/s marginal on the H200). Here the bits never leave
-// their words: the input is staged as int16 (one scale per 128 values, i.e.
-// per Q1_0 block) in 16 bit-planes, and
-//   mma.m8n8k128.and.popc   D[r][p] = popc(W_r & plane_p)
-// counts, for 8 weight rows r and 8 planes p at once, the set bits that a
-// row's sign bits share with a plane. For one block of 128 weights
-//   sum_{bit=1} q_j = sum_{p<15} 2^p D[r][p] - 2^15 D[r][15]
-// (two's complement), and sum_j s_j q_j = 2 * that - sum_j q_j, scaled by the
-// block's weight scale d and input scale. int16 per 128 values is finer than
-// the dp4a path's int8 per 32 for any input whose block maxima are within
-// 258x of their 32-value maxima.
-//
-// Fragments (PTX m8n8k128 .b1, g = lane / 4, t = lane % 4): A holds row g,
-// bits [32t, 32t + 32) of the block, i.e. word t of the row's 16-byte block;
-// B holds plane g (then plane 8 + g), word t; D holds D[g][2t], D[g][2t + 1].
-// Both operands use bit i of a word for the same weight (the planes are
-// built in the transposed bit order of the sign words), so the pairing of
-// bits in the AND is the same whatever order the hardware sums them in.
-//
-// The planes of an input are built once, by q1_prepare_kernel (one warp per
-// block, 64 ballots per 128 values, plus one CTA for the norm's 1/rms), into
-// a scratch buffer; every GEMV CTA copies them to shared memory. (Building
-// them in every CTA, as a first version did, cost more than the products.)
-// Prepared input layout (bytes): float inv_rms, 12 bytes pad, float
-// scale[blocks], int sum[blocks], uint32 planes[blocks][16][4] (word t of
-// plane p of block b at (b * 16 + p) * 4 + t: the 32 lanes of one B load read
-// 32 consecutive words). Shared memory holds the same from `scale` on.
-constexpr int kQ1Rows = 8;  // rows per task (mma M)
+GemvTuning g_tuning;  // set_gemv_tuning (BackendOptions::gemv_warps)
 
-template <bool kPair>
-struct Q1Shape {
-  static constexpr int kBlocks = kPair ? 8 : 16;  // blocks per pipeline step: one word per lane and block
-};
-
-__host__ __device__ inline size_t q1_prepared_bytes(int cols) { return 16 + size_t(cols / 128) * (8 + 256); }
-__host__ __device__ inline size_t q1_mma_smem(int cols) { return size_t(cols / 128) * (8 + 256); }
-
-__global__ void __launch_bounds__(kThreads) q1_prepare_kernel(const float* __restrict__ x,
-                                                              const float* __restrict__ norm, float eps, int cols,
-                                                              unsigned char* __restrict__ out) {
-  allow_dependents();
-  wait_for_predecessor();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int blocks = cols / 128;
-  float* block_scale = reinterpret_cast<float*>(out + 16);
-  int* block_sum = reinterpret_cast<int*>(block_scale + blocks);
-  uint32_t* planes = reinterpret_cast<uint32_t*>(block_sum + blocks);
-  if (blockIdx.x == gridDim.x - 1) {  // the norm: 1/rms of x (1 without a norm)
-    float ss = 0.0f;
-    if (norm) {
-      const float4* x4 = reinterpret_cast<const float4*>(x);
-#pragma unroll 4
-      for (int i = threadIdx.x; i < cols / 4; i += kThreads) {
-        const float4 v = x4[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-    }
-    __shared__ float partial[kWarps];
-    ss = warp_sum(ss);
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int w = 0; w < kWarps; ++w) total += partial[w];
-      *reinterpret_cast<float*>(out) = norm ? 1.0f / sqrtf(total / float(cols) + eps) : 1.0f;
-    }
-    return;
-  }
-  // One warp per block. A ballot's bit l is lane l's predicate and must pair
-  // with weight bit l of the transposed sign words (weight 4i + j at bit
-  // 8j + i, gpu_layout.hpp): lane l holds value 4 (l % 8) + l / 8 of each 32.
-  const int b = blockIdx.x * kWarps + warp;
-  if (b >= blocks) return;
-  const int value_of_lane = 4 * (lane & 7) + (lane >> 3);
-  float v[4];
-  float amax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int c = b * 128 + 32 * k + value_of_lane;
-    v[k] = norm ? x[c] * norm[c] : x[c];
-    amax = fmaxf(amax, fabsf(v[k]));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float scale = amax / 32767.0f;
-  int sum = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int q = scale > 0.0f ? __float2int_rn(v[k] / scale) : 0;
-    sum += q;
-    uint32_t mine = 0;
-#pragma unroll
-    for (int p = 0; p < 16; ++p) {
-      const uint32_t r = __ballot_sync(0xffffffffu, (q >> p) & 1);
-      if (lane == p) mine = r;
-    }
-    if (lane < 16) planes[(b * 16 + lane) * 4 + k] = mine;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) {
-    block_scale[b] = scale;
-    block_sum[b] = sum;
-  }
-}
-
-// Words of one pipeline step: block words of row g of each matrix, and their
-// fp16 scales two to a word (blocks per row is even: cols % 256 == 0).
-template <int kMats, int kBlocks>
-struct Q1Step {
-  uint32_t w[kMats][kBlocks];
-  uint32_t d[kMats][kBlocks / 2];
-};
-
-template <bool kPair>
-__global__ void __launch_bounds__(kThreads, 2) gemv_q1_mma_kernel(KernelArgs a, const unsigned char* prepared) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kMats = kPair ? 2 : 1;
-  constexpr int kBlocks = Q1Shape<kPair>::kBlocks;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int blocks = a.cols / 128;
-  const int steps_per_task = (blocks + kBlocks - 1) / kBlocks;
-  const int64_t row_bytes = a.cols / 8;
-  const int stride = gridDim.x * kWarps;
-  const float* block_scale = reinterpret_cast<const float*>(smem);
-  const int* block_sum = reinterpret_cast<const int*>(block_scale + blocks);
-  const uint32_t* planes = reinterpret_cast<const uint32_t*>(block_sum + blocks);
-
-  auto segment_of = [&](int task) {
-    int seg = 0;
-    if (!kPair) {
-      while (task >= a.task_end[seg]) ++seg;
-    }
-    return seg;
-  };
-  auto load = [&](Q1Step<kMats, kBlocks>& st, int task, int step) {
-    const int seg = segment_of(task);
-    const int row = min((task - (seg ? a.task_end[seg - 1] : 0)) * kQ1Rows + g, a.rows[seg] - 1);
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const int mi = kPair ? m : seg;
-      const uint8_t* code_row = a.codes[mi] + row * row_bytes;
-      const uint16_t* scale_row = a.scales[mi] + size_t(row) * blocks;
-#pragma unroll
-      for (int k = 0; k < kBlocks; ++k) {
-        const int b = step * kBlocks + k;
-        st.w[m][k] = b < blocks ? __ldg(reinterpret_cast<const uint32_t*>(code_row + size_t(b) * 16) + t) : 0u;
-        if (k % 2 == 0) st.d[m][k / 2] = b < blocks ? __ldg(reinterpret_cast<const uint32_t*>(scale_row + b)) : 0u;
-      }
-    }
-  };
-
-  allow_dependents();
-  int task = blockIdx.x * kWarps + warp, step = 0;
-  Q1Step<kMats, kBlocks> cur, next;
-  if (task < a.n_tasks) load(cur, task, 0);  // weights: independent of the predecessor
-  wait_for_predecessor();
-  // The prepared input (q1_prepare_kernel) into shared memory.
-  {
-    const int n16 = int(q1_mma_smem(a.cols) / 16);
-    const uint4* src = reinterpret_cast<const uint4*>(prepared + 16);
-    for (int i = threadIdx.x; i < n16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = __ldcg(src + i);
-  }
-  const float inv_rms = __ldcg(reinterpret_cast<const float*>(prepared));
-  __syncthreads();
-
-  float acc[kMats] = {};
-  while (task < a.n_tasks) {
-    const auto [next_task, next_step] = next_pipeline_step(task, step, steps_per_task, stride);
-    if (next_task < a.n_tasks) load(next, next_task, next_step);
-#pragma unroll
-    for (int k = 0; k < kBlocks; ++k) {
-      const int b = step * kBlocks + k;
-      if (b < blocks) {  // warp-uniform
-        const uint32_t p_lo = planes[(b * 16 + g) * 4 + t], p_hi = planes[(b * 16 + 8 + g) * 4 + t];
-        const float sb = block_scale[b];
-        const int usum = t == 0 ? block_sum[b] : 0;  // subtracted once per row
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) {
-          int d0, d1, d2, d3;
-          asm volatile("mma.sync.aligned.m8n8k128.row.col.s32.b1.b1.s32.and.popc {%0, %1}, {%2}, {%3}, {%4, %5};"
-                       : "=r"(d0), "=r"(d1)
-                       : "r"(cur.w[m][k]), "r"(p_lo), "r"(0), "r"(0));
-          asm volatile("mma.sync.aligned.m8n8k128.row.col.s32.b1.b1.s32.and.popc {%0, %1}, {%2}, {%3}, {%4, %5};"
-                       : "=r"(d2), "=r"(d3)
-                       : "r"(cur.w[m][k]), "r"(p_hi), "r"(0), "r"(0));
-          // Planes 2t, 2t+1 (d0, d1) and 8+2t, 9+2t (d2, d3); plane 15 (t == 3, d3) weighs -2^15.
-          const int set_sum = (d0 << (2 * t)) + (d1 << (2 * t + 1)) + (d2 << (8 + 2 * t)) +
-                              (t == 3 ? -(d3 << 15) : (d3 << (9 + 2 * t)));
-          const uint16_t d = uint16_t(k % 2 ? cur.d[m][k / 2] >> 16 : cur.d[m][k / 2] & 0xffffu);
-          acc[m] = fmaf(half_bits_to_float(d) * sb, float(2 * set_sum - usum), acc[m]);
-        }
-      }
-    }
-    if (next_step == 0) {
-      // Row g's sum is spread over the 4 lanes of its group.
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 1);
-        acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 2);
-      }
-      const int seg = segment_of(task);
-      const int row = (task - (seg ? a.task_end[seg - 1] : 0)) * kQ1Rows + g;
-      if (t == 0 && row < a.rows[seg]) {
-        const float v0 = acc[0] * inv_rms;
-        if constexpr (kPair) {
-          const float v1 = acc[kMats - 1] * inv_rms;
-          a.y[0][row] = v0 / (1.0f + expf(-v0)) * v1;
-        } else {
-          float* y = a.y[seg] + row;
-          *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) acc[m] = 0.0f;
-    }
-    cur = next;
-    task = next_task;
-    step = next_step;
-  }
-}
-
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-GemvTuning initial_tuning() {
-  GemvTuning t;
-  t.warps_per_cta = std::clamp(env_int("KVQ_GEMV_WARPS", t.warps_per_cta), 1, kMaxWarps);
-  return t;
-}
-GemvTuning g_tuning = initial_tuning();
-
-// CTAs of one kernel that stay resident per SM with `smem` bytes, cached per
-// kernel (keyed by its address: instances share a function-pointer type).
-template <typename Kernel>
-int resident_ctas(Kernel kernel, size_t smem, int threads = kThreads) {
-  struct Entry {
-    size_t configured = 0;
-    int ctas = 1;
-  };
-  static std::map<std::pair<const void*, int>, Entry> cache;
-  Entry& e = cache[{reinterpret_cast<const void*>(kernel), threads}];
-  if (smem > e.configured) {
-    // Always raised: the static shared memory (the norm's partial sums) counts
-    // against the 48 KiB default too.
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    int n = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    e.ctas = std::max(1, n);
-    e.configured = smem;
-  }
-  return e.ctas;
-}
 
 template <TensorType T, bool kPair, bool kWide = false>
 void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
@@ -750,29 +497,8 @@ void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
   launch_dependent(gemv_kernel<T, kPair, kWide>, dim3(grid), dim3(warps * 32), smem, stream, a);
 }
 
-// The prepared-input buffer of calls that bring none (tests, the kernel lab).
-DeviceBuffer<unsigned char>& fallback_q1_scratch() {
-  static DeviceBuffer<unsigned char> buf;
-  return buf;
-}
-
 template <bool kPair>
-void launch_q1_mma(KernelArgs& a, DeviceBuffer<unsigned char>* scratch, cudaStream_t stream) {
-  DeviceBuffer<unsigned char>& prepared = scratch ? *scratch : fallback_q1_scratch();
-  KVQ_CHECK(prepared.size() >= q1_prepared_bytes(a.cols), Errc::internal, "GPU GEMV: Q1_0 scratch of ",
-            prepared.size(), " bytes for ", a.cols, " columns (GemvScratch::reserve first)");
-  const int blocks = a.cols / 128;
-  launch_dependent(q1_prepare_kernel, dim3((blocks + kWarps - 1) / kWarps + 1), dim3(kThreads), 0, stream, a.x,
-                   a.norm, a.eps, a.cols, prepared.data());
-  const size_t smem = q1_mma_smem(a.cols);
-  const int needed = (a.n_tasks + kWarps - 1) / kWarps;
-  const int grid = std::max(1, std::min(needed, resident_ctas(gemv_q1_mma_kernel<kPair>, smem) * sm_count()));
-  launch_dependent(gemv_q1_mma_kernel<kPair>, dim3(grid), dim3(kThreads), smem, stream, a,
-                   static_cast<const unsigned char*>(prepared.data()));
-}
-
-template <bool kPair>
-void dispatch(TensorType t, KernelArgs& a, DeviceBuffer<unsigned char>* q1_scratch, cudaStream_t stream) {
+void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream) {
   switch (t) {
     case TensorType::F32: return launch<TensorType::F32, kPair>(a, a.n_tasks, stream);
     case TensorType::F16: return launch<TensorType::F16, kPair>(a, a.n_tasks, stream);
@@ -780,7 +506,6 @@ void dispatch(TensorType t, KernelArgs& a, DeviceBuffer<unsigned char>* q1_scrat
     case TensorType::Q8_0: return launch<TensorType::Q8_0, kPair>(a, a.n_tasks, stream);
     case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream);
     case TensorType::Q1_0:
-      if (gemv_q1_uses_mma()) return launch_q1_mma<kPair>(a, q1_scratch, stream);
       if (a.cols > kQ1NarrowCols) return launch<TensorType::Q1_0, kPair, true>(a, a.n_tasks, stream);
       return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
     default: break;
@@ -796,30 +521,14 @@ int rows_per_task(TensorType t) {
     case TensorType::BF16: return Shape<TensorType::BF16, kPair>::kRows;
     case TensorType::Q8_0: return Shape<TensorType::Q8_0, kPair>::kRows;
     case TensorType::Q4_0: return Shape<TensorType::Q4_0, kPair>::kRows;
-    default: return gemv_q1_uses_mma() ? kQ1Rows : Shape<TensorType::Q1_0, kPair>::kRows;
+    default: return Shape<TensorType::Q1_0, kPair>::kRows;
   }
 }
 
 }  // namespace
 
-namespace {
-Q1Kernel initial_q1_kernel() {
-  const char* env = std::getenv("KVQ_Q1_KERNEL");
-  return env && std::strcmp(env, "mma") == 0 ? Q1Kernel::binary_mma : Q1Kernel::dp4a;
-}
-Q1Kernel g_q1_kernel = initial_q1_kernel();
-}  // namespace
-
-Q1Kernel q1_kernel() { return g_q1_kernel; }
 GemvTuning gemv_tuning() { return g_tuning; }
 void set_gemv_tuning(const GemvTuning& t) { g_tuning = t; }
-void set_q1_kernel(Q1Kernel k) { g_q1_kernel = k; }
-bool gemv_q1_uses_mma() { return g_q1_kernel == Q1Kernel::binary_mma; }
-
-void GemvScratch::reserve(int64_t max_cols) {
-  const size_t need = q1_prepared_bytes(int(max_cols));
-  if (q1.size() < need) q1.resize(need);
-}
 
 GpuMatrix GpuMatrix::upload(const GpuMatrixLayout& layout) {
   GpuMatrix m;
@@ -843,10 +552,10 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   const GpuMatrix& w0 = *req.out[0].w;
   KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU GEMV: unsupported ",
             gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
+  if (gguf::is_k_quant(w0.type)) return gemv_kquant(req, stream);  // gemv_kquant.cu
   // The staged input must fit in shared memory (200 KiB of the 227 available).
   const int capped_cols = int(std::min<int64_t>(w0.cols, 1 << 24));
-  const size_t staged = w0.type == TensorType::Q1_0 && gemv_q1_uses_mma() ? q1_mma_smem(capped_cols)
-                                                                          : gemv_smem_bytes(w0.type, capped_cols, req.norm_weight);
+  const size_t staged = gemv_smem_bytes(w0.type, capped_cols, req.norm_weight);
   KVQ_CHECK(staged <= 200 * 1024 &&
                 w0.rows <= (int64_t(1) << 30),
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
@@ -880,15 +589,11 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
     a.task_end[i] = tasks;
   }
   a.n_tasks = tasks;
-  if (w0.type == TensorType::Q1_0 && gemv_q1_uses_mma() && !req.scratch) {
-    DeviceBuffer<unsigned char>& fb = fallback_q1_scratch();
-    if (fb.size() < q1_prepared_bytes(a.cols)) fb.resize(q1_prepared_bytes(a.cols));
-  }
   if (req.epilogue == GemvEpilogue::swiglu) {
     KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU GEMV: swiglu gate and up differ in rows");
-    dispatch<true>(w0.type, a, req.scratch ? &req.scratch->q1 : nullptr, stream);
+    dispatch<true>(w0.type, a, stream);
   } else {
-    dispatch<false>(w0.type, a, req.scratch ? &req.scratch->q1 : nullptr, stream);
+    dispatch<false>(w0.type, a, stream);
   }
 }
 

@@ -14,6 +14,8 @@
 // values (scale = amax/127, round to nearest) and use integer dot products
 // (dp4a); the only difference from the CPU reference is that rounding of u,
 // bounded per element by half a quantization step (tests check that bound).
+// K-quants (Q2_K..Q6_K) have their own kernel (gemv_kquant.hpp) behind the
+// same request: fp32 input, each weight dequantized exactly as on the CPU.
 // With a norm, u = x * norm_weight is what gets staged and the row's 1/rms is
 // applied to each finished dot product (the same value up to rounding).
 #pragma once
@@ -46,15 +48,6 @@ struct GemvOut {
   float* y = nullptr;  // device, w->rows floats
 };
 
-// Device scratch of the fused GEMVs: the input prepared once per launch for
-// the binary tensor-core Q1_0 kernel. Sized by reserve() for the widest
-// matrix before any recorded (graph) step uses it; its address is part of a
-// recording.
-struct GemvScratch {
-  DeviceBuffer<unsigned char> q1;
-  void reserve(int64_t max_cols);
-};
-
 // One fused launch (see the top of this file). All matrices have the same
 // type and cols; for swiglu n_out == 2 (gate, up) with equal rows and the
 // result goes to out[0].y. No y may overlap x or norm_weight.
@@ -65,9 +58,6 @@ struct GemvRequest {
   GemvOut out[3];
   int n_out = 1;
   GemvEpilogue epilogue = GemvEpilogue::store;
-  // Scratch for the Q1_0 tensor-core kernel; null: a shared internal buffer
-  // (fine for tests and the lab; calls on concurrent streams must pass their own).
-  GemvScratch* scratch = nullptr;
   // Kernel-lab timeline (dp4a and float kernels): 8 device uint64 the launch
   // folds its CTAs' global-timer readings into, as min/max pairs of: CTA
   // start, predecessor wait returned, input staged, CTA end. The caller sets
@@ -83,7 +73,7 @@ struct GemvTuning {
   // step take 1.08 instead of 1.22 ms (docs/perf.md).
   int warps_per_cta = 16;
 };
-// Defaults, overridden by KVQ_GEMV_WARPS.
+// Defaults; the CUDA backend sets warps_per_cta from BackendOptions::gemv_warps.
 GemvTuning gemv_tuning();
 void set_gemv_tuning(const GemvTuning& t);
 
@@ -92,17 +82,8 @@ void gemv(const GemvRequest& req, cudaStream_t stream);
 // y[rows] = W[rows][cols] x[cols] (no norm, store).
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
 
-// The Q1_0 kernel: dp4a over int8 inputs (per 32 values; the default), or the
-// binary tensor cores over int16 bit-planes of the input (per 128 values; an
-// experiment, slower today: see gemv.cu). KVQ_Q1_KERNEL=mma in the
-// environment starts with the latter; tests switch with set_q1_kernel.
-enum class Q1Kernel { dp4a, binary_mma };
-Q1Kernel q1_kernel();
-void set_q1_kernel(Q1Kernel k);
-bool gemv_q1_uses_mma();
-
 // True when gemv() of this matrix type rounds its input to integers (int8 per
-// 32 values; Q1_0 on tensor cores: int16 per 128, see gemv_q1_uses_mma).
+// 32 values).
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
   return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
 }

@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/kv_codec_hooks.cuh"
+#include "backend/cuda/kquant.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -33,6 +35,13 @@ struct MatrixView {
 
 MatrixView view_of(const GpuMatrix& w) {
   return {w.type, w.cols, w.codes.data(), w.scales.data()};
+}
+
+// Weight (r, c) of a K-quant matrix (kquant.cuh: the CPU reference's value).
+__device__ __forceinline__ float kquant_weight_at(const MatrixView& m, int64_t r, int64_t c) {
+  const int64_t rec = r * (m.cols / 256) + c / 256;
+  return kq::weight(m.type, m.codes + rec * kq::code_bytes(m.type), m.scales + rec * kq::scale_count(m.type),
+                    int(c % 256));
 }
 
 // Weight (r, c) dequantized exactly like gguf/cpu dequantize_row: d * q in fp32.
@@ -62,6 +71,12 @@ __device__ __forceinline__ float weight_at(const MatrixView& m, int64_t r, int64
       const float d = f16_to_f32(m.scales[r * (m.cols / 128) + c / 128]);
       return ((word >> (8 * (j % 4) + j / 4)) & 1u) ? d : -d;
     }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K:
+      return kquant_weight_at(m, r, c);
   }
   return 0.0f;
 }
@@ -119,6 +134,17 @@ __device__ __forceinline__ void dequant8(const MatrixView& m, int64_t r, int64_t
       const uint32_t word = reinterpret_cast<const uint32_t*>(m.codes)[r * (m.cols / 32) + c / 32];
       const int j0 = int(c % 32);
       for (int j = 0; j < 8; ++j) w[j] = ((word >> (8 * ((j0 + j) % 4) + (j0 + j) / 4)) & 1u) ? d : -d;
+      return;
+    }
+    case TensorType::Q2_K:
+    case TensorType::Q3_K:
+    case TensorType::Q4_K:
+    case TensorType::Q5_K:
+    case TensorType::Q6_K: {  // 8 weights of one record (c is a multiple of 8)
+      const int64_t rec = r * (m.cols / 256) + c / 256;
+      const uint8_t* codes = m.codes + rec * kq::code_bytes(m.type);
+      const uint16_t* scales = m.scales + rec * kq::scale_count(m.type);
+      for (int j = 0; j < 8; ++j) w[j] = kq::weight(m.type, codes, scales, int(c % 256) + j);
       return;
     }
   }
@@ -199,7 +225,7 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
                                      int nh, int nkv, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
                                      const float* __restrict__ inv_freq, bool neox, double pos_scale,
-                                     KvLayerView kv) {
+                                     GpuKvLayer kv) {
   constexpr int D = kPer * 32;
   allow_dependents();
   wait_for_predecessor();
@@ -244,12 +270,20 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
 #pragma unroll
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
   }
-  if (!is_q && kv.k) {
-    uint16_t* cache = (is_k ? kv.k : kv.v) + (size_t(head) * kv.max_tokens + pos) * D;
+  if (!is_q && kv.k.code) {
+    const GpuKvSide& side = is_k ? kv.k : kv.v;
+    uint8_t* code = side.code + side.code_offset(head, pos, kv.max_tokens);
+    if (side.family == kv::Family::bf16) {  // straight from the registers
+      uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float y = x[j] != x[j] ? 0.0f : fminf(fmaxf(x[j], -65504.0f), 65504.0f);  // as the CPU `none` block
-      cache[dim[j]] = ::kvq::f32_to_bf16(y);
+      for (int j = 0; j < kPer; ++j) cache[dim[j]] = ::kvq::f32_to_bf16(sanitize_kv(x[j]));  // as the CPU `none` block
+    } else {
+      // The row is complete in global memory (k: written above; v: the
+      // input) once every lane's stores are visible to the warp.
+      __syncwarp();
+      const float* row = is_k ? k + size_t(head) * D : v + size_t(head) * D;
+      uint8_t* s = side.side_bytes ? side.side + side.side_offset(head, pos, kv.max_tokens) : nullptr;
+      encode_row_any(side.family, row, D, code, s, lane);
     }
   }
 }
@@ -379,9 +413,11 @@ bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim =
 
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const KvLayerView& kv, cudaStream_t stream) {
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream) {
   KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
-  KVQ_CHECK(!kv.k || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
+  KVQ_CHECK(!kv.k.code || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
+  KVQ_CHECK(!kv.k.code || kv_encode_supported(kv.k.family, kv.v.family, head_dim), Errc::internal,
+            "qk_rope_store: no encode hooks for this store");
   const int warps = n_heads + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
   switch (head_dim) {

@@ -46,14 +46,14 @@ void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaS
 
 // The single-token form of: per-head RMSNorm of q and k (each only when its
 // weight is non-null), RoPE of both at position pos (or *pos_dev when set),
-// in place, and, when kv.k is set, k and v stored into that bf16 cache at the
-// position (sanitised like write_kv). One launch, one warp per head; the same
+// in place, and, when kv.k.code is set, k and v encoded into that store at
+// the position with its encode hooks (exactly as write_kv). One launch, one warp per head; the same
 // arithmetic as rms_norm + rope + write_kv. q [n_heads][head_dim], k and v
 // [n_kv_heads][head_dim] fp32 device memory.
 bool qk_rope_store_supported(int head_dim);
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const KvLayerView& kv, cudaStream_t stream);
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream);
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);

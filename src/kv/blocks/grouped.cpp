@@ -93,8 +93,8 @@ class GroupedBlock final : public RotatedBlock {
 
 std::unique_ptr<Block> make_grouped_block(const BlockSpec& s, int d, RowLayout l, uint64_t seed) {
   std::unique_ptr<Rotation> r;
-  if (s.family == "iso") r = make_isoclinic_rotation(d, seed);
-  else if (s.family == "rotor") r = make_rotor_rotation(d, seed);
+  if (s.family == Family::iso) r = make_isoclinic_rotation(d, seed);
+  else if (s.family == Family::rotor) r = make_rotor_rotation(d, seed);
   else r = make_givens_rotation(d, seed);
   return std::make_unique<GroupedBlock>(s, d, l, std::move(r));
 }

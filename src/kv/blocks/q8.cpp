@@ -48,7 +48,7 @@ class Q8Block final : public RotatedBlock {
 }  // namespace
 
 std::unique_ptr<Block> make_q8_block(const BlockSpec& s, int d, RowLayout l, uint64_t seed) {
-  auto rot = s.family == "rq8" ? make_hadamard_rotation(d, seed) : make_identity_rotation(d);
+  auto rot = s.family == Family::rq8 ? make_hadamard_rotation(d, seed) : make_identity_rotation(d);
   return std::make_unique<Q8Block>(s, d, l, std::move(rot));
 }
 

@@ -1,0 +1,141 @@
+// kvq serve: an OpenAI-compatible HTTP server over one model (src/server/).
+// Prints "kvq serve: listening on http://HOST:PORT" on stderr once it accepts
+// requests; SIGINT/SIGTERM stop it (running generations are cancelled).
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.hpp"
+#include "cli/options.hpp"
+#include "core/error.hpp"
+#include "kv/codec_table.hpp"
+#include "server/server.hpp"
+
+namespace kvq::cli {
+namespace {
+
+struct ServeArgs {
+  ModelOptions model;
+  SamplingOptions sampling;
+  ChatOptions chat_opts;
+  server::ServerOptions server;
+  std::string model_name;
+  double max_body_mib = 8;
+  int max_queue = 32;
+};
+
+int serve(ServeArgs& a) {
+  KVQ_CHECK(a.max_queue >= 0, Errc::invalid_argument, "--max-queue must be >= 0");
+  KVQ_CHECK(a.max_body_mib > 0, Errc::invalid_argument, "--max-body must be positive");
+  a.sampling.params.validate();
+  {
+    kv::CodecOptions c = a.model.codec;  // fail at start, not on the first request
+    kv::resolve_codec(c);
+  }
+
+  // SIGINT/SIGTERM are taken by a waiting thread (blocked here before any
+  // other thread exists, so every thread inherits the mask).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
+
+  Loaded l = load(a.model);
+  Model& model = *l.model;
+  const int ctx = resolve_ctx(a.model, model.config(), 4096);
+  const int vocab = std::min(l.tokenizer->vocab_size(), model.config().vocab_size);
+
+  // A request's kv_codec replaces --kv, --ctk, --ctv and --f32-kv.
+  auto options_for = [&a](const std::string& codec) {
+    ModelOptions o = a.model;
+    if (!codec.empty()) {
+      o.codec.kv = codec;
+      o.codec.ctk.clear();
+      o.codec.ctv.clear();
+      o.f32_kv = false;
+    }
+    return o;
+  };
+  server::EngineSetup setup;
+  setup.make_session = [&, options_for](const std::string& codec, int req_ctx, std::function<void(int, int)> on_chunk) {
+    const ModelOptions o = options_for(codec);
+    SessionOptions so = session_options(o, model, req_ctx);
+    so.on_prefill_progress = std::move(on_chunk);
+    return std::make_unique<Session>(model, make_cache(o, model, req_ctx), l.tokenizer.get(), std::move(so));
+  };
+  // The backend is the judge: a one-token cache of the codec (the CUDA
+  // backend, for one, serves only some codecs).
+  setup.check_codec = [&, options_for](const std::string& codec) { make_cache(options_for(codec), model, 1); };
+  const int threads = a.model.threads;
+  setup.thread_init = [threads] {
+    if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
+  };
+  setup.max_waiting = a.max_queue;
+  server::Engine engine(*l.tokenizer, vocab, std::move(setup));
+
+  server::ServerOptions& so = a.server;
+  so.ctx = ctx;
+  so.max_body = size_t(a.max_body_mib * 1024 * 1024);
+  so.model_id = !a.model_name.empty() ? a.model_name
+                                      : std::filesystem::path(resolve_model_path(a.model.model)).stem().string();
+  so.default_codec = a.model.f32_kv ? "f32" : a.model.codec.kv;
+  so.chat_template = resolve_chat_template(a.chat_opts.chat_template, l.tokenizer->chat_template());
+  so.defaults.sampling = a.sampling.params;
+  so.defaults.max_tokens = a.sampling.n_predict > 0 ? a.sampling.n_predict : -1;
+  so.defaults.stop = a.sampling.stop;
+  so.defaults.system = a.chat_opts.system;
+  so.defaults.enable_thinking = !a.chat_opts.no_think;
+  server::Server srv(engine, so);
+  const int port = srv.bind();
+
+  std::thread signals([&srv, stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::fprintf(stderr, "kvq serve: stopping (signal %d)\n", sig);
+    srv.stop();
+  });
+  signals.detach();  // blocked in sigwait until a signal; ends with the process
+
+  std::fprintf(stderr, "kvq serve: model '%s', context %d tokens, kv %s, chat template %s, max queue %d\n",
+               so.model_id.c_str(), ctx, so.default_codec.c_str(), chat_template_name(so.chat_template), a.max_queue);
+  if (!so.api_key.empty()) std::fprintf(stderr, "kvq serve: /v1/* require the API key (Authorization: Bearer ...)\n");
+  std::fprintf(stderr, "kvq serve: listening on http://%s:%d\n", so.host.c_str(), port);
+  std::fflush(stderr);
+  srv.listen();
+  return 0;
+}
+
+KVQ_REGISTER_COMMAND("serve", "OpenAI-compatible HTTP server (chat/completions, completions, streaming)",
+                     [](CLI::App& app) {
+                       auto a = std::make_shared<ServeArgs>();
+                       a->sampling.n_predict = -1;  // a request without max_tokens runs to a stop or the context end
+                       add_model_options(app, a->model);
+                       add_sampling_options(app, a->sampling);
+                       add_chat_options(app, a->chat_opts);
+                       app.add_option("--host", a->server.host,
+                                      "Address to listen on (0.0.0.0: every interface; mind --api-key)")
+                           ->capture_default_str();
+                       app.add_option("--port", a->server.port, "TCP port (0: any free port, printed at start)")
+                           ->capture_default_str()
+                           ->check(CLI::Range(0, 65535));
+                       app.add_option("--api-key", a->server.api_key,
+                                      "Require \"Authorization: Bearer KEY\" on /v1/* (or set $KVQ_API_KEY)")
+                           ->envname("KVQ_API_KEY");
+                       app.add_option("--max-queue", a->max_queue,
+                                      "Requests that may wait for the model; more get HTTP 429")
+                           ->capture_default_str();
+                       app.add_option("--max-body", a->max_body_mib, "Largest request body in MiB; larger get HTTP 413")
+                           ->capture_default_str();
+                       app.add_option("--model-name", a->model_name,
+                                      "Model id clients use and /v1/models lists (default: the file name without .gguf)");
+                       return [a] { return serve(*a); };
+                     });
+
+}  // namespace
+}  // namespace kvq::cli

@@ -1,0 +1,96 @@
+#include "server/metrics.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/error.hpp"
+
+namespace kvq::server {
+namespace {
+
+// Prometheus floats: the shortest text that reads back as the same double.
+std::string num(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"};
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {
+  KVQ_ASSERT(std::is_sorted(bounds_.begin(), bounds_.end()));
+}
+
+void Histogram::observe(double v) {
+  const size_t b = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();  // first bound >= v
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[b];
+  sum_ += v;
+  ++n_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return n_;
+}
+
+void Histogram::write(std::string& out, const std::string& name, const std::string& help) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    const std::string le = i < bounds_.size() ? num(bounds_[i]) : "+Inf";
+    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+  }
+  out += name + "_sum " + num(sum_) + "\n";
+  out += name + "_count " + std::to_string(n_) + "\n";
+}
+
+Metrics::Metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}) {}
+
+void Metrics::request(const std::string& route, int status) {
+  const bool known = std::find(std::begin(kRoutes), std::end(kRoutes), route) != std::end(kRoutes);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{known ? route : "other", status}];
+}
+
+void Metrics::tokens(int prompt, int generated) {
+  prompt_tokens_ += uint64_t(prompt);
+  generated_tokens_ += uint64_t(generated);
+}
+
+std::string Metrics::render(const Gauges& g) const {
+  std::string out;
+  out += "# HELP kvq_requests_total HTTP requests answered, by route and status.\n";
+  out += "# TYPE kvq_requests_total counter\n";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, n] : requests_)
+      out += "kvq_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+             std::to_string(n) + "\n";
+  }
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+           std::to_string(v) + "\n";
+  };
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
+           std::to_string(v) + "\n";
+  };
+  counter("kvq_prompt_tokens_total", "Prompt tokens prefilled.", prompt_tokens_);
+  counter("kvq_generation_tokens_total", "Tokens generated.", generated_tokens_);
+  counter("kvq_requests_cancelled_total", "Generations stopped because the client disconnected.", cancelled_);
+  ttft_.write(out, "kvq_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
+  itl_.write(out, "kvq_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
+  gauge("kvq_queue_depth", "Requests waiting for their turn.", uint64_t(g.queue_depth));
+  gauge("kvq_requests_running", "Requests prefilling or decoding.", uint64_t(g.running));
+  gauge("kvq_kv_cache_bytes", "KV cache bytes allocated for live requests.", g.kv_bytes);
+  return out;
+}
+
+}  // namespace kvq::server

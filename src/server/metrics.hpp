@@ -1,0 +1,59 @@
+// Server metrics in the Prometheus text exposition format (version 0.0.4):
+// request counts by route and status, token counts, time-to-first-token and
+// inter-token-latency histograms, and gauges read at scrape time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvq::server {
+
+// A cumulative histogram over fixed upper bounds (seconds), +Inf implied.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  // `name_bucket`, `name_sum`, `name_count` lines with HELP and TYPE.
+  void write(std::string& out, const std::string& name, const std::string& help) const;
+  uint64_t count() const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last is +Inf
+  double sum_ = 0;
+  uint64_t n_ = 0;
+};
+
+// Gauges read from the engine when scraped.
+struct Gauges {
+  int queue_depth = 0;    // requests waiting for their turn
+  int running = 0;        // requests prefilling or decoding
+  uint64_t kv_bytes = 0;  // KV cache bytes allocated for live requests
+};
+
+class Metrics {
+ public:
+  Metrics();
+  // One finished HTTP exchange; routes outside `known` count as "other".
+  void request(const std::string& route, int status);
+  void tokens(int prompt, int generated);
+  void cancelled() { ++cancelled_; }
+  Histogram& ttft() { return ttft_; }
+  Histogram& itl() { return itl_; }
+
+  std::string render(const Gauges& g) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, cancelled_{0};
+  Histogram ttft_, itl_;
+};
+
+}  // namespace kvq::server

@@ -1,0 +1,466 @@
+// The GPU KV-codec seam against the CPU codec library (kv/), per codec with
+// GPU hooks (`none` = bf16/bf16 and k8v8 = q8/q8):
+//  - the store: rows encoded on the GPU (bulk prefill write, the one-token
+//    write at a device position, and the fused q/k-norm + RoPE + store) are
+//    byte-identical to the CPU blocks' encode of the same fp32 rows, with
+//    NaN, +-Inf, huge values and all-zero rows among them; rows outside the
+//    written range stay untouched;
+//  - the hooks: fused decode attention over the packed store vs the CPU
+//    cache's attention over the same packed bytes, at many positions and GQA
+//    groups, through the recorded-step entry point (position in device
+//    memory) and flash_attention(n = 1);
+//  - prefill over a quantized store (prefix dequantized to bf16 tiles) vs
+//    the CPU with the bound the bf16 prefill kernel states;
+//  - the selector: which cases are supported, and that a cache refuses a
+//    codec without GPU hooks;
+//  - end to end: the trained default model decodes the same greedy tokens
+//    with k8v8 on the GPU as on the CPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_decode.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/cuda_kv_cache.hpp"
+#include "backend/cuda/ops.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "gpu_test_util.hpp"
+#include "kv/block.hpp"
+#include "kv/cache.hpp"
+#include "kv/codec_table.hpp"
+#include "model/forward.hpp"
+#include "prefill_test_util.hpp"
+
+using namespace kvq;
+using gputest::Guarded;
+using gputest::normal;
+
+namespace {
+
+kv::CodecOptions codec(const std::string& name) {
+  kv::CodecOptions o;
+  o.kv = name;
+  return o;
+}
+
+const cuda::GpuKvLayer& store_of(kv::Cache& c, int layer) {
+  return dynamic_cast<cuda::CudaLayerCache&>(c.layer(layer)).view();
+}
+
+std::vector<uint8_t> download_bytes(const uint8_t* p, size_t n) {
+  std::vector<uint8_t> h(n);
+  if (n) KVQ_CUDA_CHECK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Rows of [tokens][n_kv][D] with the hostile values of codecs.md property 6.
+std::vector<float> hostile_rows(Rng& rng, int tokens, int n_kv, int D) {
+  auto x = normal(rng, size_t(tokens) * n_kv * D, 2.0f);
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < n_kv; ++h) {
+      float* r = x.data() + (size_t(t) * n_kv + h) * D;
+      switch ((t * n_kv + h) % 7) {
+        case 1: r[3] = std::numeric_limits<float>::quiet_NaN(); break;
+        case 2: r[D - 1] = std::numeric_limits<float>::infinity(), r[5] = -std::numeric_limits<float>::infinity(); break;
+        case 3: r[0] = 1e9f; break;                                   // clamped to 65504
+        case 4: std::fill(r, r + D, 0.0f); break;                     // all-zero row
+        case 5: for (int d = 0; d < D; d += 8) r[d] *= 20.0f; break;  // outlier channels
+        case 6: r[D / 2] = 3e-30f; break;                             // tiny
+        default: break;
+      }
+    }
+  return x;
+}
+
+// The CPU blocks' encode of rows [0, tokens) of x into the layout of one GPU
+// store side ([n_kv][max_tokens][bytes]); rows not written stay zero.
+struct CpuSide {
+  std::vector<uint8_t> code, side;
+};
+CpuSide cpu_encode(const kv::SideDescriptor& d, kv::Side which, const std::vector<float>& x, int pos, int tokens,
+                   int n_kv, int D, int max_tokens, int layer) {
+  CpuSide s{std::vector<uint8_t>(size_t(n_kv) * max_tokens * d.code_bytes),
+            std::vector<uint8_t>(size_t(n_kv) * max_tokens * d.side_bytes)};
+  for (int h = 0; h < n_kv; ++h) {
+    const auto block = kv::make_block(d.spec, D, kv::CodecOptions{}.seed, layer, h, which);
+    for (int t = 0; t < tokens; ++t)
+      block->encode(x.data() + (size_t(t) * n_kv + h) * D,
+                    s.code.data() + (size_t(h) * max_tokens + pos + t) * d.code_bytes,
+                    s.side.data() + (size_t(h) * max_tokens + pos + t) * d.side_bytes);
+  }
+  return s;
+}
+
+void expect_side_equal(const CpuSide& want, const cuda::GpuKvSide& got, size_t rows, const std::string& what) {
+  const auto code = download_bytes(got.code, rows * got.code_bytes);
+  const auto side = download_bytes(got.side, rows * got.side_bytes);
+  ASSERT_EQ(code.size(), want.code.size()) << what;
+  for (size_t i = 0; i < code.size(); ++i)
+    ASSERT_EQ(int(code[i]), int(want.code[i])) << what << ": code byte " << i << " (row " << i / got.code_bytes << ")";
+  ASSERT_EQ(side.size(), want.side.size()) << what;
+  for (size_t i = 0; i < side.size(); ++i)
+    ASSERT_EQ(int(side[i]), int(want.side[i])) << what << ": side byte " << i << " (row " << i / got.side_bytes << ")";
+}
+
+struct StoreCase {
+  const char* codec;
+  int n_kv, head_dim;
+};
+
+class CudaKvStore : public ::testing::TestWithParam<StoreCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
+};
+
+// Bulk write (prefill chunk) and the one-token write at a device position:
+// byte-identical to the CPU encode, nothing else touched.
+TEST_P(CudaKvStore, EncodeIsBitIdenticalToCpu) {
+  const StoreCase c = GetParam();
+  const int D = c.head_dim, pos = 5, n = 37, max_tokens = 64, layer = 1;
+  Rng rng(uint64_t(D) * 31 + c.n_kv);
+  const kv::CacheShape shape{2, c.n_kv, D, max_tokens};
+  auto cache = cuda::make_cuda_kv_cache(codec(c.codec), shape);
+  const auto desc = kv::describe_codec(kv::resolve_codec(codec(c.codec)), D);
+  const auto k = hostile_rows(rng, n + 1, c.n_kv, D), v = hostile_rows(rng, n + 1, c.n_kv, D);
+  cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
+  dk.upload(k);
+  dv.upload(v);
+  cache->layer(layer).write(pos, n, dk.data(), dv.data());
+  // One more token through write_kv_at at position pos + n (device memory).
+  cuda::DeviceBuffer<int> pos_dev(1);
+  pos_dev.upload(std::vector<int>{pos + n});
+  const size_t row = size_t(c.n_kv) * D;
+  cuda::write_kv_at(store_of(*cache, layer), pos_dev.data(), dk.data() + n * row, dv.data() + n * row, nullptr);
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const CpuSide want_k = cpu_encode(desc.k, kv::Side::k, k, pos, n + 1, c.n_kv, D, max_tokens, layer);
+  const CpuSide want_v = cpu_encode(desc.v, kv::Side::v, v, pos, n + 1, c.n_kv, D, max_tokens, layer);
+  const size_t rows = size_t(c.n_kv) * max_tokens;
+  expect_side_equal(want_k, store_of(*cache, layer).k, rows, std::string(c.codec) + " K");
+  expect_side_equal(want_v, store_of(*cache, layer).v, rows, std::string(c.codec) + " V");
+  // Layer 0 was never written: still all zero.
+  const CpuSide zero_k{std::vector<uint8_t>(rows * desc.k.code_bytes), std::vector<uint8_t>(rows * desc.k.side_bytes)};
+  expect_side_equal(zero_k, store_of(*cache, 0).k, rows, "untouched layer 0");
+  EXPECT_EQ(cache->bytes_for_tokens(1), uint64_t(2) * c.n_kv * desc.bytes_per_token_per_head());
+}
+
+// The fused q/k norm + RoPE + store writes the same bytes as write_kv of the
+// k it produced (the rotated k, read back) and of v.
+TEST_P(CudaKvStore, FusedRopeStoreEqualsWriteKv) {
+  const StoreCase c = GetParam();
+  const int D = c.head_dim, nh = c.n_kv * 4, max_tokens = 40, pos = 33;
+  if (!cuda::qk_rope_store_supported(D)) GTEST_SKIP() << "head_dim " << D;
+  Rng rng(uint64_t(D) * 7 + c.n_kv);
+  const kv::CacheShape shape{1, c.n_kv, D, max_tokens};
+  auto fused = cuda::make_cuda_kv_cache(codec(c.codec), shape);
+  auto plain = cuda::make_cuda_kv_cache(codec(c.codec), shape);
+  std::vector<float> inv_freq;
+  for (int i = 0; i < D / 2; ++i) inv_freq.push_back(float(std::pow(1e6, -2.0 * i / D)));
+  const auto q = normal(rng, size_t(nh) * D), kn = normal(rng, D);
+  const auto k = hostile_rows(rng, 1, c.n_kv, D), v = hostile_rows(rng, 1, c.n_kv, D);
+  cuda::DeviceBuffer<float> freq(inv_freq.size()), dkn(D);
+  freq.upload(inv_freq);
+  dkn.upload(kn);
+  Guarded dq(q.size(), &q), dk(k.size(), &k), dv(v.size(), &v);
+  cuda::qk_rope_store(dq.data(), dk.data(), dv.data(), nh, c.n_kv, D, nullptr, dkn.data(), 1e-6f, pos, nullptr,
+                      freq.data(), true, 1.0, store_of(*fused, 0), nullptr);
+  cuda::write_kv(store_of(*plain, 0), pos, 1, dk.data(), dv.data(), nullptr);  // dk: the rotated k
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const size_t rows = size_t(c.n_kv) * max_tokens;
+  for (bool k_side : {true, false}) {
+    const cuda::GpuKvSide& a = k_side ? store_of(*fused, 0).k : store_of(*fused, 0).v;
+    const cuda::GpuKvSide& b = k_side ? store_of(*plain, 0).k : store_of(*plain, 0).v;
+    const CpuSide want{download_bytes(b.code, rows * b.code_bytes), download_bytes(b.side, rows * b.side_bytes)};
+    expect_side_equal(want, a, rows, std::string(c.codec) + (k_side ? " K" : " V"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CudaKvStore,
+                         ::testing::Values(StoreCase{"none", 2, 128}, StoreCase{"k8v8", 2, 128},
+                                           StoreCase{"k8v8", 3, 64}, StoreCase{"none", 1, 256},
+                                           StoreCase{"none", 1, 96}),
+                         [](const auto& i) {
+                           return std::string(i.param.codec) + "_kv" + std::to_string(i.param.n_kv) + "_d" +
+                                  std::to_string(i.param.head_dim);
+                         });
+
+// ---------------------------------------------------------------------------
+// Decode attention over the packed store vs the CPU over the same bytes.
+struct AttnCase {
+  const char* codec;
+  int G, n_kv, head_dim, max_tokens;
+};
+constexpr int kFilled = 4100;
+const std::vector<int> kPositions = {0, 15, 16, 17, 1000, 4095, 4099};
+
+class CudaCodecDecode : public ::testing::TestWithParam<AttnCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
+};
+
+// The CPU computes q . (scale * code) and sum p (scale * code) in fp32. The
+// kernel's products are exact up to q's and p's 22-bit fp16 parts (relative
+// 2^-23 each) and fp32 accumulation: the `none` tests' fp32 allowance covers
+// that (see kv_codec_hooks.cuh), so the bound is the same.
+void expect_close(const std::vector<float>& y, const std::vector<float>& ref, const std::string& what) {
+  ASSERT_EQ(y.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << what << ": element " << i << " not written";
+    const double err = std::fabs(double(y[i]) - ref[i]);
+    worst = std::max(worst, err);
+    ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i])) << what << ": element " << i << " got " << y[i] << " want " << ref[i];
+  }
+  ::testing::Test::RecordProperty(what + "_max_abs_err", std::to_string(worst));
+}
+
+TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
+  const AttnCase c = GetParam();
+  const int D = c.head_dim, n_heads = c.G * c.n_kv;
+  ASSERT_TRUE(cuda::flash_decode_instance_exists(D, kv::parse_block(kv::find_codec(c.codec)->k_block).family,
+                                                 kv::parse_block(kv::find_codec(c.codec)->v_block).family));
+  Rng rng(uint64_t(c.G) * 1000003 + c.n_kv * 10007 + D * 101 + c.max_tokens);
+  const size_t kv_row = size_t(c.n_kv) * D, q_row = size_t(n_heads) * D;
+  auto k = normal(rng, kFilled * kv_row), v = normal(rng, kFilled * kv_row);
+  for (int t = 0; t < kFilled; ++t)
+    for (size_t i = 0; i < kv_row; ++i) k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;  // peaked softmax
+  for (size_t i = 0; i < v.size(); i += 97) v[i] *= 20.0f;                                 // outliers in V
+  kv::CacheShape shape{1, c.n_kv, D, kFilled};
+  shape.n_heads = n_heads;
+  auto cpu = kv::make_cpu_cache(codec(c.codec), shape);
+  shape.max_tokens = c.max_tokens;
+  auto gpu = cuda::make_cuda_kv_cache(codec(c.codec), shape);
+  cpu->layer(0).write(0, kFilled, k.data(), v.data());
+  cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
+  dk.upload(k);
+  dv.upload(v);
+  gpu->layer(0).write(0, kFilled, dk.data(), dv.data());
+  const float scale = 1.0f / std::sqrt(float(D));
+  cuda::AttentionScratch scratch;
+  cuda::DeviceBuffer<int> pos_dev(1);
+  for (int pos : kPositions) {
+    const auto q = normal(rng, q_row, 2.0f);
+    std::vector<float> ref(q_row);
+    cpu->layer(0).attend(pos, 1, q.data(), n_heads, scale, ref.data());
+    Guarded dq(q.size(), &q), out_at(q_row), out(q_row);
+    pos_dev.upload(std::vector<int>{pos});
+    cuda::flash_attention_decode_at(store_of(*gpu, 0), pos_dev.data(), dq.data(), n_heads, scale, out_at.data(),
+                                    scratch, nullptr);
+    expect_close(out_at.result(), ref, std::string(c.codec) + "_decode_at_pos" + std::to_string(pos));
+    cuda::flash_attention(store_of(*gpu, 0), pos, 1, dq.data(), n_heads, scale, out.data(), scratch, nullptr);
+    expect_close(out.result(), ref, std::string(c.codec) + "_flash_attention_pos" + std::to_string(pos));
+  }
+  const auto counters = scratch.decode_counters.download();
+  for (unsigned x : counters) ASSERT_EQ(x, 0u) << "arrival counter not reset";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CudaCodecDecode,
+                         ::testing::Values(AttnCase{"k8v8", 4, 2, 128, 4100}, AttnCase{"k8v8", 1, 1, 64, 4100},
+                                           AttnCase{"k8v8", 8, 1, 128, 70000}, AttnCase{"k8v8", 5, 3, 64, 4100},
+                                           AttnCase{"k8v8", 16, 1, 128, 4100}, AttnCase{"k8v8", 4, 8, 128, 4100},
+                                           AttnCase{"none", 4, 2, 128, 4100}),
+                         [](const auto& i) {
+                           return std::string(i.param.codec) + "_G" + std::to_string(i.param.G) + "_kv" +
+                                  std::to_string(i.param.n_kv) + "_d" + std::to_string(i.param.head_dim) + "_cap" +
+                                  std::to_string(i.param.max_tokens);
+                         });
+
+// ---------------------------------------------------------------------------
+// Prefill over a q8 store: the prefix is dequantized to bf16 and the bf16
+// prefill kernel runs. Reference: a CPU `none` cache holding the CPU q8
+// block's reconstruction of every row (rounded to bf16 by the none block,
+// exactly as the GPU dequantization rounds it), so prefill_test_util.hpp's
+// bound (1) applies unchanged.
+TEST(CudaCodecPrefill, K8v8MatchesCpuReconstruction) {
+  KVQ_SKIP_WITHOUT_GPU();
+  for (auto [n_kv, G, D, pos, n] : {std::tuple{2, 4, 128, 100, 37}, {1, 8, 64, 0, 300}, {3, 2, 128, 700, 129}}) {
+    const int n_heads = n_kv * G, total = pos + n;
+    Rng rng(uint64_t(D) * 13 + pos + n);
+    kv::CacheShape shape{1, n_kv, D, total + 5};
+    shape.n_heads = n_heads;
+    auto gpu = cuda::make_cuda_kv_cache(codec("k8v8"), shape);
+    auto ref_cache = kv::make_cpu_cache(codec("none"), shape);
+    const size_t kv_row = size_t(n_kv) * D, q_row = size_t(n_heads) * D;
+    auto k = normal(rng, total * kv_row), v = normal(rng, total * kv_row);
+    for (int t = 0; t < total; ++t)
+      for (size_t i = 0; i < kv_row; ++i) k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;
+    // The q8 reconstruction the reference attends over.
+    auto k_hat = k, v_hat = v;
+    for (int h = 0; h < n_kv; ++h)
+      for (kv::Side s : {kv::Side::k, kv::Side::v}) {
+        const auto blk = kv::make_block(kv::parse_block("q8"), D, kv::CodecOptions{}.seed, 0, h, s);
+        std::vector<uint8_t> code(blk->layout().code_bytes), side(blk->layout().side_bytes);
+        for (int t = 0; t < total; ++t) {
+          float* x = (s == kv::Side::k ? k_hat : v_hat).data() + t * kv_row + size_t(h) * D;
+          blk->encode(x, code.data(), side.data());
+          blk->decode(code.data(), side.data(), x);
+        }
+      }
+    ref_cache->layer(0).write(0, total, k_hat.data(), v_hat.data());
+    cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
+    dk.upload(k);
+    dv.upload(v);
+    if (pos > 0) gpu->layer(0).write(0, pos, dk.data(), dv.data());
+    gpu->layer(0).write(pos, n, dk.data() + pos * kv_row, dv.data() + pos * kv_row);
+    const auto q = normal(rng, size_t(n) * q_row, 2.0f);
+    const float scale = 1.0f / std::sqrt(float(D));
+    Guarded dq(q.size(), &q), out(q.size());
+    gpu->layer(0).attend(pos, n, dq.data(), n_heads, scale, out.data());
+    const auto y = out.result();
+    const auto q_bf16 = gputest::prefill_bf16_queries(q, scale);
+    std::vector<float> ref(y.size());
+    ref_cache->layer(0).attend(pos, n, q_bf16.data(), n_heads, gputest::kLn2, ref.data());
+    const auto stats = gputest::kv_head_stats(k_hat, v_hat, total, n_kv, D);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const int h = int((i % q_row) / D) / G;
+      ASSERT_TRUE(std::isfinite(y[i])) << "element " << i;
+      ASSERT_LE(std::fabs(double(y[i]) - ref[i]), gputest::prefill_bound_bf16_queries(ref[i], stats.v_max[h]))
+          << "n_kv " << n_kv << " G " << G << " D " << D << " pos " << pos << " n " << n << " element " << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The selector (pure logic, no GPU needed; it lives in the CUDA library).
+TEST(CudaAttentionSelector, AnswersForEveryCase) {
+  cuda::AttentionCase c;
+  c.head_dim = 128, c.n_heads = 32, c.n_kv_heads = 8;
+  for (bool decode : {true, false}) {
+    c.decode = decode;
+    c.k = c.v = kv::Family::bf16;
+    EXPECT_TRUE(cuda::attention_support(c).supported);
+    c.k = c.v = kv::Family::q8;
+    const auto q8 = cuda::attention_support(c);
+    EXPECT_TRUE(q8.supported) << q8.why;
+    EXPECT_EQ(q8.kernel, decode ? "flash_decode_tc<128,q8,q8>" : "dequant_bf16+prefill_tc<128>");
+    c.k = c.v = kv::Family::turbo;  // no hooks yet: unsupported, with a reason
+    const auto t = cuda::attention_support(c);
+    EXPECT_FALSE(t.supported);
+    EXPECT_NE(t.why.find("turbo"), std::string::npos) << t.why;
+  }
+  c.decode = true;
+  c.k = c.v = kv::Family::q8;
+  c.head_dim = 96;  // no tensor-core instance: bf16 falls back to CUDA cores, q8 has no fused kernel
+  EXPECT_FALSE(cuda::attention_support(c).supported);
+  c.k = c.v = kv::Family::bf16;
+  EXPECT_EQ(cuda::attention_support(c).kernel, "flash_cuda_core<bf16,bf16>");
+  // The backend-level answer `kvq codecs` prints.
+  const auto g = gpu_codec_support(kv::parse_block("q8"), kv::parse_block("q8"), 128, 32, 8);
+  EXPECT_TRUE(g.supported);
+  EXPECT_FALSE(gpu_codec_support(kv::parse_block("rotor3+qjl"), kv::parse_block("q8"), 128, 32, 8).supported);
+}
+
+TEST(CudaAttentionSelector, CacheRefusesCodecsWithoutGpuKernels) {
+  KVQ_SKIP_WITHOUT_GPU();
+  kv::CacheShape shape{1, 2, 128, 16};
+  shape.n_heads = 8;
+  try {
+    cuda::make_cuda_kv_cache(codec("tsym3"), shape);
+    FAIL() << "tsym3 has no GPU hooks yet but a cache was made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("tsym3"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(cuda::make_cuda_kv_cache(codec("k8v8"), shape));
+}
+
+// ---------------------------------------------------------------------------
+// End to end on the trained default model: k8v8 on the GPU (recorded decode
+// steps, GPU argmax) chooses the same greedy tokens as k8v8 on the CPU.
+TEST(CudaCodecForward, TrainedModelK8v8GreedyTokensMatchCpu) {
+  KVQ_SKIP_WITHOUT_GPU();
+  const std::string path = std::string(KVQ_SOURCE_DIR) + "/models/kvq-tiny-code.gguf";
+  auto cpu_be = cpu::make_cpu_backend();
+  auto gpu_be = cuda::make_cuda_backend();
+  auto cpu_model = Model::open(path, *cpu_be);
+  auto gpu_model = Model::open(path, *gpu_be);
+  const int vocab = cpu_model->config().vocab_size;
+  std::vector<int32_t> ids(200);
+  Rng rng(11);
+  for (auto& id : ids) id = int32_t(rng.below(uint64_t(vocab)));
+  const int steps = 48, ctx = int(ids.size()) + steps + 1;
+  auto cpu_cache = cpu_be->make_cache(codec("k8v8"), cpu_model->cache_shape(ctx));
+  auto gpu_cache = gpu_be->make_cache(codec("k8v8"), gpu_model->cache_shape(ctx));
+  ASSERT_EQ(gpu_cache->codec_name(), "k8v8");
+  std::vector<float> lc(vocab), lg(vocab);
+  cpu_model->forward(ids.data(), int(ids.size()), 0, *cpu_cache, lc.data(), false);
+  gpu_model->forward(ids.data(), int(ids.size()), 0, *gpu_cache, lg.data(), false);
+  auto best = [&](const std::vector<float>& l) { return int32_t(std::max_element(l.begin(), l.end()) - l.begin()); };
+  int32_t cpu_next = best(lc), gpu_next = best(lg);
+  ASSERT_EQ(gpu_next, cpu_next) << "first token after the prompt";
+  for (int s = 0; s + 1 < steps; ++s) {
+    const int pos = int(ids.size()) + s;
+    cpu_model->forward(&cpu_next, 1, pos, *cpu_cache, lc.data(), false);
+    cpu_next = best(lc);
+    gpu_next = gpu_model->forward_argmax(gpu_next, pos, *gpu_cache, vocab);
+    ASSERT_EQ(gpu_next, cpu_next) << "step " << s;
+  }
+  EXPECT_TRUE(gpu_model->step_graph_recorded());
+  // KV bytes: (D + D/16) / 2D of `none` = 53.1 % for q8 at any D that is a multiple of 32.
+  const uint64_t none_bytes = cpu_be->make_cache(codec("none"), cpu_model->cache_shape(ctx))->bytes_for_tokens(ctx);
+  EXPECT_EQ(gpu_cache->bytes_for_tokens(ctx) * 1000 / none_bytes, uint64_t(531));
+}
+
+}  // namespace
+
+namespace {
+
+// Two sequences on one model (the server's case): each keeps its own run
+// state, so each records its decode step once and replays it while the other
+// decodes in between, and each produces the tokens it produces alone.
+TEST(CudaRunState, TwoSequencesOnOneModelKeepTheirRecordedSteps) {
+  KVQ_SKIP_WITHOUT_GPU();
+  const std::string path = std::string(KVQ_SOURCE_DIR) + "/models/kvq-tiny-code.gguf";
+  auto be = cuda::make_cuda_backend();
+  auto model = Model::open(path, *be);
+  ASSERT_TRUE(model->step_graphs());
+  const int vocab = model->config().vocab_size, steps = 24;
+  const std::vector<std::string> codecs = {"k8v8", "none"};
+  std::vector<std::vector<int32_t>> prompts(2);
+  Rng rng(3);
+  for (auto& p : prompts)
+    for (int i = 0; i < 50; ++i) p.push_back(int32_t(rng.below(uint64_t(vocab))));
+  const int ctx = 50 + steps + 1;
+  // Each sequence alone, on its own run state.
+  auto run_alone = [&](int s) {
+    auto run = model->new_run_state();
+    auto cache = be->make_cache(codec(codecs[s]), model->cache_shape(ctx));
+    std::vector<float> logits(vocab);
+    model->forward(prompts[s].data(), 50, 0, *cache, logits.data(), false, *run);
+    std::vector<int32_t> out{int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    for (int i = 0; i + 1 < steps; ++i) out.push_back(model->forward_argmax(out.back(), 50 + i, *cache, vocab, *run));
+    return out;
+  };
+  const std::vector<std::vector<int32_t>> alone = {run_alone(0), run_alone(1)};
+  // Interleaved: a step of one, then a step of the other.
+  std::vector<std::unique_ptr<RunState>> runs;
+  std::vector<std::unique_ptr<kv::Cache>> caches;
+  std::vector<std::vector<int32_t>> out(2);
+  for (int s = 0; s < 2; ++s) {
+    runs.push_back(model->new_run_state());
+    caches.push_back(be->make_cache(codec(codecs[s]), model->cache_shape(ctx)));
+    std::vector<float> logits(vocab);
+    model->forward(prompts[s].data(), 50, 0, *caches[s], logits.data(), false, *runs[s]);
+    out[s].push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+  }
+  for (int i = 0; i + 1 < steps; ++i)
+    for (int s = 0; s < 2; ++s)
+      out[s].push_back(model->forward_argmax(out[s].back(), 50 + i, *caches[s], vocab, *runs[s]));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(out[s], alone[s]) << codecs[s] << ": interleaved tokens differ from the sequence alone";
+    EXPECT_TRUE(runs[s]->step_graph_recorded()) << codecs[s];
+    EXPECT_EQ(runs[s]->recordings(), 1) << codecs[s] << ": the step was recorded again after the other sequence ran";
+  }
+}
+
+}  // namespace

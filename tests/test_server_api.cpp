@@ -1,0 +1,301 @@
+// The server's parts without HTTP: OpenAI request parsing and checking, the
+// fair queue, Prometheus text, log-probabilities.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "server/fair_queue.hpp"
+#include "server/metrics.hpp"
+#include "server/openai.hpp"
+
+using namespace kvq;
+using namespace kvq::server;
+using namespace std::chrono_literals;
+
+namespace {
+
+Defaults defaults() {
+  Defaults d;
+  d.sampling.temperature = 0.6f;
+  d.sampling.top_k = 40;
+  d.max_tokens = -1;
+  return d;
+}
+
+// The ApiError a body raises, or a failure when it parses.
+ApiError error_of(Endpoint e, const std::string& body, const Defaults& d = defaults()) {
+  try {
+    parse_request(e, body, d);
+  } catch (const ApiError& err) {
+    return err;
+  }
+  ADD_FAILURE() << "no error for " << body;
+  return ApiError(0, "", "", "", "");
+}
+
+}  // namespace
+
+TEST(ServerApi, ParsesChatFieldsAndAppliesDefaults) {
+  const ApiRequest r = parse_request(Endpoint::chat, R"({
+      "model": "m", "messages": [{"role": "developer", "content": "Be brief."},
+                                 {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                                 {"role": "assistant", "content": null}],
+      "max_tokens": 16, "temperature": 0, "top_p": 0.5, "min_p": 0.1, "seed": 42, "stop": "\n",
+      "presence_penalty": 0.5, "frequency_penalty": -0.25, "stream": true, "stream_options": {"include_usage": true},
+      "logprobs": true, "top_logprobs": 3, "kv_codec": "k8v4", "user": "ignored", "n": 1,
+      "chat_template_kwargs": {"enable_thinking": false}})",
+                                     defaults());
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[0].role, "system");  // developer is OpenAI's newer name for it
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 40);  // the server default
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.1f);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, -0.25f);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_EQ(r.kv_codec, "k8v4");
+  EXPECT_FALSE(r.enable_thinking);
+
+  const ApiRequest d = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}]})", defaults());
+  EXPECT_EQ(d.max_tokens, -1);
+  EXPECT_EQ(d.sampling.temperature, 0.6f);
+  EXPECT_FALSE(d.seed_given);
+  EXPECT_FALSE(d.stream);
+  EXPECT_EQ(d.logprobs, -1);
+  // max_completion_tokens is the newer name of max_tokens; null means "not set".
+  EXPECT_EQ(parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7,
+                                             "temperature": null})", defaults()).max_tokens, 7);
+  // A default system message goes first unless the chat has one.
+  Defaults sys = defaults();
+  sys.system = "S";
+  const ApiRequest s = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}]})", sys);
+  ASSERT_EQ(s.messages.size(), 2u);
+  EXPECT_EQ(s.messages[0].content, "S");
+}
+
+TEST(ServerApi, ParsesCompletionPrompts) {
+  const Defaults d = defaults();
+  EXPECT_EQ(parse_request(Endpoint::completion, R"({"prompt": "def f():"})", d).prompt, "def f():");
+  EXPECT_EQ(parse_request(Endpoint::completion, R"({"prompt": ["one"]})", d).prompt, "one");
+  const ApiRequest ids = parse_request(Endpoint::completion, R"({"prompt": [1, 2, 3], "logprobs": 2})", d);
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<TokenId>{1, 2, 3}));
+  EXPECT_EQ(ids.logprobs, 2);
+  EXPECT_EQ(parse_request(Endpoint::completion, R"({"prompt": [[4, 5]]})", d).prompt_ids, (std::vector<TokenId>{4, 5}));
+}
+
+TEST(ServerApi, BadRequestsNameTheField) {
+  struct Case {
+    Endpoint e;
+    std::string body;
+    int status;
+    const char* param;  // "" when none
+    const char* code;   // "" when none
+  };
+  const Endpoint C = Endpoint::chat, P = Endpoint::completion;
+  const std::string m = R"("messages": [{"role": "user", "content": "x"}])";
+  const Case cases[] = {
+      {C, "{", 400, "", "invalid_json"},
+      {C, "", 400, "", "invalid_json"},
+      {C, "[1]", 400, "", ""},
+      {C, "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", 400, "", "invalid_json"},  // invalid UTF-8
+      {C, R"({"messages": [{"role": "user", "content": "\udc00"}]})", 400, "", "invalid_json"},        // lone surrogate
+      {C, R"({})", 400, "messages", ""},
+      {C, R"({"messages": "hi"})", 400, "messages", ""},
+      {C, R"({"messages": []})", 400, "messages", ""},
+      {C, R"({"messages": [{"role": "narrator", "content": "x"}]})", 400, "messages[0].role", ""},
+      {C, R"({"messages": [{"role": "user"}]})", 400, "messages[0].content", ""},
+      {C, R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages[0].content", ""},
+      {C, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400, "messages[0].content[0]",
+       "unsupported_content"},
+      {C, ("{" + m + R"(, "max_tokens": "ten"})"), 400, "max_tokens", ""},
+      {C, ("{" + m + R"(, "max_tokens": 0})"), 400, "max_tokens", ""},
+      {C, ("{" + m + R"(, "max_tokens": 1.5})"), 400, "max_tokens", ""},
+      {C, ("{" + m + R"(, "temperature": 2.5})"), 400, "temperature", ""},
+      {C, ("{" + m + R"(, "temperature": "hot"})"), 400, "temperature", ""},
+      {C, ("{" + m + R"(, "top_p": 0})"), 400, "top_p", ""},
+      {C, ("{" + m + R"(, "presence_penalty": 3})"), 400, "presence_penalty", ""},
+      {C, ("{" + m + R"(, "stop": [""]})"), 400, "stop", ""},
+      {C, ("{" + m + R"(, "stop": [1]})"), 400, "stop", ""},
+      {C, ("{" + m + R"(, "stream": "yes"})"), 400, "stream", ""},
+      {C, ("{" + m + R"(, "stream_options": {"include_usage": true}})"), 400, "stream_options", ""},
+      {C, ("{" + m + R"(, "n": 2})"), 400, "n", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "tools": [{"type": "function"}]})"), 400, "tools", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "logit_bias": {"1": 5}})"), 400, "logit_bias", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "top_logprobs": 2})"), 400, "top_logprobs", ""},
+      {C, ("{" + m + R"(, "top_logprobs": 21, "logprobs": true})"), 400, "top_logprobs", ""},
+      {C, ("{" + m + R"(, "model": 7})"), 400, "model", ""},
+      {C, ("{" + m + R"(, "kv_codec": ["none"]})"), 400, "kv_codec", ""},
+      {P, R"({})", 400, "prompt", ""},
+      {P, R"({"prompt": 5})", 400, "prompt", ""},
+      {P, R"({"prompt": [1, "a"]})", 400, "prompt", ""},
+      {P, R"({"prompt": [-1]})", 400, "prompt", ""},
+      {P, R"({"prompt": ["a", "b"]})", 400, "prompt", "unsupported_parameter"},
+      {P, R"({"prompt": "x", "echo": true})", 400, "echo", "unsupported_parameter"},
+      {P, R"({"prompt": "x", "logprobs": 50})", 400, "logprobs", ""},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = error_of(c.e, c.body);
+    EXPECT_EQ(e.status(), c.status) << c.body;
+    EXPECT_EQ(e.param(), c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code(), c.code) << c.body << ": " << e.what();
+    EXPECT_EQ(e.type(), "invalid_request_error") << c.body;
+    EXPECT_FALSE(std::string(e.what()).empty());
+  }
+}
+
+TEST(ServerApi, ErrorEnvelopeAndResponseShapes) {
+  const json err = error_json(ApiError(404, "invalid_request_error", "model_not_found", "model", "no such model"));
+  EXPECT_EQ(err, json::parse(R"({"error": {"message": "no such model", "type": "invalid_request_error",
+                                           "param": "model", "code": "model_not_found"}})"));
+  EXPECT_TRUE(error_json(ApiError(400, "invalid_request_error", "", "", "x"))["error"]["param"].is_null());
+
+  const ResponseId rid = new_response_id(Endpoint::chat, "m");
+  EXPECT_EQ(rid.id.rfind("chatcmpl-", 0), 0u);
+  EXPECT_NE(new_response_id(Endpoint::chat, "m").id, rid.id);
+  const json r = response_json(Endpoint::chat, rid, "hi", "stop", Usage{5, 2}, nullptr);
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["total_tokens"], 7);
+  const json first = chunk_json(Endpoint::chat, rid, "", true, nullptr, nullptr, nullptr);
+  EXPECT_EQ(first["choices"][0]["delta"], json::parse(R"({"role": "assistant", "content": ""})"));
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const json last = chunk_json(Endpoint::chat, rid, "", false, "length", nullptr, nullptr);
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  const json text = chunk_json(Endpoint::completion, new_response_id(Endpoint::completion, "m"), "x", false, nullptr,
+                               nullptr, nullptr);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "x");
+  EXPECT_EQ(usage_chunk_json(Endpoint::chat, rid, Usage{1, 1})["choices"], json::array());
+  EXPECT_STREQ(finish_reason("eog"), "stop");
+  EXPECT_STREQ(finish_reason("stop string"), "stop");
+  EXPECT_STREQ(finish_reason("max tokens"), "length");
+  EXPECT_STREQ(finish_reason("context full"), "length");
+  // Token pieces can be partial UTF-8: dumped as U+FFFD, never an exception.
+  EXPECT_EQ(dump(json("a\xe2\x82")), "\"a\xef\xbf\xbd\"");
+}
+
+TEST(ServerApi, TokenLogprobIsTheLogSoftmax) {
+  const std::vector<float> l = {1.0f, 3.0f, -INFINITY, 2.0f, NAN};
+  const TokenLogprob t = token_logprob(l.data(), 5, 3, 3);
+  const double z = std::exp(1.0) + std::exp(3.0) + std::exp(2.0);
+  EXPECT_NEAR(t.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].first, 1);
+  EXPECT_EQ(t.top[1].first, 3);
+  EXPECT_EQ(t.top[2].first, 0);
+  EXPECT_NEAR(t.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_TRUE(token_logprob(l.data(), 5, 2, 0).top.empty());
+  EXPECT_EQ(token_logprob(l.data(), 5, 2, 0).logprob, -INFINITY);  // sent as -9999 in JSON
+}
+
+TEST(FairQueue, TurnsFollowArrivalOrderAndTheQueueIsBounded) {
+  FairQueue q(1, 2);
+  auto a = q.enter(), b = q.enter(), c = q.enter();
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(q.enter(), nullptr);  // one may run, two may wait: the fourth is turned away
+  EXPECT_EQ(q.waiting(), 3);
+
+  // c waits while a and b are ahead of it, even when polled first.
+  std::mutex mu;
+  std::vector<char> order;
+  auto run = [&](FairQueue::Ticket& t, char name) {
+    ASSERT_TRUE(q.wait_turn(t, {}, 5ms));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(name);
+    }
+    q.finish(t);
+  };
+  std::thread tc(run, std::ref(*c), 'c');
+  std::this_thread::sleep_for(20ms);  // let c wait first (order must not depend on who asks first)
+  std::thread tb(run, std::ref(*b), 'b');
+  std::thread ta(run, std::ref(*a), 'a');
+  ta.join();
+  tb.join();
+  tc.join();
+  EXPECT_EQ(order, (std::vector<char>{'a', 'b', 'c'}));
+  EXPECT_EQ(q.running(), 0);
+  EXPECT_EQ(q.waiting(), 0);
+}
+
+TEST(FairQueue, LeavingWhileWaitingFreesThePlace) {
+  FairQueue q(1, 1);
+  auto a = q.enter();
+  ASSERT_TRUE(q.wait_turn(*a, {}, 5ms));
+  EXPECT_EQ(q.running(), 1);
+  auto b = q.enter();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(q.enter(), nullptr);
+  // b gives up (its client left) while a runs.
+  int polls = 0;
+  EXPECT_FALSE(q.wait_turn(*b, [&] { return ++polls == 3; }, 1ms));
+  EXPECT_EQ(polls, 3);
+  b.reset();
+  EXPECT_EQ(q.waiting(), 0);
+  auto c = q.enter();  // its place is free again
+  ASSERT_TRUE(c);
+  a.reset();  // a's turn ends with its ticket
+  EXPECT_EQ(q.running(), 0);
+  EXPECT_TRUE(q.wait_turn(*c, {}, 5ms));
+  // No waiting room at all: only the running slot.
+  FairQueue z(1, 0);
+  auto x = z.enter();
+  ASSERT_TRUE(x);
+  EXPECT_EQ(z.enter(), nullptr);
+}
+
+TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
+  Metrics m;
+  m.request("/v1/completions", 200);
+  m.request("/v1/completions", 200);
+  m.request("/v1/completions", 429);
+  m.request("/secret/../path", 404);  // unknown routes are not labels
+  m.tokens(10, 3);
+  m.ttft().observe(0.003);
+  m.ttft().observe(0.3);
+  m.ttft().observe(100);
+  m.cancelled();
+  Gauges g;
+  g.queue_depth = 2;
+  g.running = 1;
+  g.kv_bytes = 12345;
+  const std::string t = m.render(g);
+  auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("kvq_requests_total{route=\"/v1/completions\",status=\"200\"} 2")) << t;
+  EXPECT_TRUE(has("kvq_requests_total{route=\"/v1/completions\",status=\"429\"} 1"));
+  EXPECT_TRUE(has("kvq_requests_total{route=\"other\",status=\"404\"} 1"));
+  EXPECT_EQ(t.find("secret"), std::string::npos);
+  EXPECT_TRUE(has("kvq_prompt_tokens_total 10"));
+  EXPECT_TRUE(has("kvq_generation_tokens_total 3"));
+  EXPECT_TRUE(has("kvq_requests_cancelled_total 1"));
+  EXPECT_TRUE(has("# TYPE kvq_time_to_first_token_seconds histogram"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"0.25\"} 1"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"60\"} 2"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_count 3"));
+  EXPECT_TRUE(has("kvq_time_to_first_token_seconds_sum 100.303"));
+  EXPECT_TRUE(has("kvq_inter_token_latency_seconds_count 0"));
+  EXPECT_TRUE(has("kvq_queue_depth 2"));
+  EXPECT_TRUE(has("kvq_requests_running 1"));
+  EXPECT_TRUE(has("kvq_kv_cache_bytes 12345"));
+  EXPECT_EQ(t.back(), '\n');
+}

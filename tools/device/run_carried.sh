@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU-machine call with binaries built HERE (the CI-like machine, CUDA
+# compiled for sm_90) instead of building on the device: saves minutes of
+# device time per call. The tracked tree plus the carried binaries must stay
+# under the device tool's 64 MiB, so only what the GPU needs travels:
+#   mkdir -p carry && cp build/kvq build/tests/kvq_gpu_tests build/kvq_bench_gemv tests/data/kv/heldout_code.txt carry/
+#   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb \
+#     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps-run/
+#   (carry .deps-run and carry; untrack tests/data and models/tokenizers for the call if the tree is too large)
+# On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [bench] [eval]
+# Results: $OUT (gpu_tests_*.txt, bench.tgz, ...); a summary on stdout.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/kvq-out}
+mkdir -p "$OUT"
+source .deps-run/debs.sh unpack .deps-run >/dev/null
+# The binaries look for the embedded model under the source path they were built in.
+mkdir -p /work
+[ -e /work/main ] || ln -s "$PWD" /work/main
+SECTIONS=${*:-tests bench}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+B=carry
+
+if want tests; then
+  echo "== gpu tests (4 shards in parallel)"
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 400 $B/kvq_gpu_tests >"$OUT/gpu_tests_$i.txt" 2>&1 &
+  done
+  wait
+  grep -h -E "^\[  PASSED|^\[  FAILED" "$OUT"/gpu_tests_*.txt
+fi
+if want sanitize; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  for t in memcheck racecheck; do
+    timeout 200 "$CS" --tool $t --error-exitcode 9 $B/kvq_gpu_tests \
+      --gtest_filter="${SANITIZE_FILTER:-*CudaCodecDecode*k8v8_G5_kv3_d64*:*CudaKvStore*k8v8_kv3*:*CudaCodecPrefill*}" \
+      >"$OUT/san_$t.txt" 2>&1
+    echo "$t exit $?: $(tail -1 "$OUT/san_$t.txt")"
+  done
+fi
+if want kquant; then
+  echo "== K-quant GEMV lab"
+  for s in q4k-8b q5k-8b q6k-8b q2k-8b q3k-8b; do timeout 60 $B/kvq_bench_gemv $s 20 2>&1 | tail -3; done
+fi
+if want bench; then
+  echo "== kvq bench on the GPU (${BENCH_CODECS:-none,k8v8} x ${BENCH_CONTEXTS:-4k,16k,65408})"
+  H=/tmp/kvq-home
+  timeout 400 $B/kvq bench -m synthetic:bonsai-8b --device cuda --codecs "${BENCH_CODECS:-none,k8v8}" \
+    --contexts "${BENCH_CONTEXTS:-4k,16k,65408}" --gen 128 --reps 3 --home "$H" --out "$H/report" 2>&1 | tail -25
+  (cd "$H" && tar czf "$OUT/bench.tgz" .)
+fi
+if want eval; then
+  echo "== kvq eval on the GPU"
+  timeout 200 $B/kvq eval kl --device cuda --codecs none,k8v8 --ctx 1024 \
+    --file "${EVAL_FILE:-carry/heldout_code.txt}" 2>&1 | tail -8
+fi
+echo "== done"
