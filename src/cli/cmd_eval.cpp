@@ -4,6 +4,7 @@
 //                   perplexity per codec against one reference pass (none, or f32)
 //   kvq eval needle retrieval of a planted fact at several depths, per codec
 // Text tables by default (the tables of docs/quality.md), --json for machines.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -155,7 +156,9 @@ int run_text(EvalArgs& a, bool kl) {
   const auto tokens = text_tokens(*l.tokenizer, a.file);
   eval::TextEvalOptions o;
   o.ctx = default_ctx(a, m.config());
-  o.stride = a.stride > 0 ? a.stride : kl ? 0 : o.ctx / 2;
+  // ppl: overlapping windows by default (half a window of fresh tokens each)
+  const int window = std::min<int>(o.ctx, int(tokens.size()));
+  o.stride = a.stride > 0 ? a.stride : kl ? 0 : std::max(1, window / 2);
   o.max_windows = a.max_windows;
   o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : bench::default_prefill_chunk(l.backend->name());
   if (kl) {
@@ -172,11 +175,8 @@ int run_text(EvalArgs& a, bool kl) {
   if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
 
   const int win = rep.windows.front().len, stride = o.stride > 0 ? o.stride : win;
-  const int64_t positions = rep.rows.empty() ? 0 : [&] {
-    int64_t p = 0;
-    for (const auto& w : rep.windows) p += w.len - w.first_target;
-    return p;
-  }();
+  int64_t positions = 0;
+  for (const auto& w : rep.windows) positions += w.len - w.first_target;
   ordered_json doc = {{"command", kl ? "kl" : "ppl"},
                       {"model", resolve_model_path(a.model.model)},
                       {"device", l.backend->name()},
