@@ -41,7 +41,11 @@ if want sanitize; then
 fi
 if want kquant; then
   echo "== K-quant GEMV lab"
-  for s in q4k-8b q5k-8b q6k-8b q2k-8b q3k-8b; do timeout 60 $B/kvq_bench_gemv $s 20 2>&1 | tail -3; done
+  for s in q4k-8b q5k-8b q6k-8b q2k-8b q3k-8b; do
+    echo "== $s" >>"$OUT/kquant.txt"
+    timeout 60 $B/kvq_bench_gemv $s 20 >>"$OUT/kquant.txt" 2>&1
+    echo "-- $s"; grep -E "all GEMVs of one decode step|^fused:" "$OUT/kquant.txt" | tail -2
+  done
 fi
 if want bench; then
   echo "== kvq bench on the GPU (${BENCH_CODECS:-none,k8v8} x ${BENCH_CONTEXTS:-4k,16k,65408})"
@@ -52,7 +56,9 @@ if want bench; then
 fi
 if want eval; then
   echo "== kvq eval on the GPU"
-  timeout 200 $B/kvq eval kl --device cuda --codecs none,k8v8 --ctx 1024 \
-    --file "${EVAL_FILE:-carry/heldout_code.txt}" 2>&1 | tail -8
+  for dev in cuda cpu; do
+    timeout 200 $B/kvq eval kl --device $dev --codecs k8v8,tsym3 --ctx 1024 --no-record \
+      -f "${EVAL_FILE:-carry/heldout_code.txt}" 2>&1 | tail -6
+  done
 fi
 echo "== done"
