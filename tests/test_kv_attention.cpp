@@ -93,6 +93,25 @@ TEST(KvAttention, RotorQjlAndPerSideForms) {
     EXPECT_EQ(resolve_codec(o).k.name().find("+qjl") != std::string::npos, true);
     EXPECT_EQ(make_cpu_cache(o, CacheShape{1, 1, 128, 4})->codec_name(), std::string(n) + "+qjl");
     check_attention(o, 128);
+    // The row `kvq codecs` lists ("rotor3_sym+qjl") is accepted by --kv as
+    // written, case-insensitively, and is the same codec.
+    CodecOptions named;
+    named.kv = std::string(n) + "+QJL";
+    const ResolvedCodec a = resolve_codec(o), b = resolve_codec(named);
+    EXPECT_EQ(b.name, a.name);
+    EXPECT_TRUE(b.k == a.k && b.v == a.v) << n;
+  }
+  {
+    CodecOptions o;
+    o.kv = "tsym3+qjl";  // any quantized K side may add the sketch
+    EXPECT_EQ(resolve_codec(o).k.name(), "turbo3+qjl");
+    EXPECT_EQ(resolve_codec(o).name, "tsym3+qjl");
+    o.kv = "planar_k+qjl";
+    EXPECT_EQ(resolve_codec(o).k.name(), "planar4+qjl");
+    for (const char* bad : {"none+qjl", "k8v8+qjlx", "nosuch+qjl"}) {
+      o.kv = bad;
+      EXPECT_THROW(resolve_codec(o), Error) << bad;
+    }
   }
   const std::pair<const char*, const char*> sides[] = {
       {"turbo3+qjl", "tcq2"}, {"tcq3", "rq8"}, {"planar3+qjl", "iso4"}, {"fp8", "turbo2"}, {"q8", "turbo4"}};

@@ -1,5 +1,6 @@
 // kvq run: generate from a prompt, streaming text to stdout and speed to stderr.
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/file_io.hpp"
 #include "core/npy.hpp"
 #include "engine/token_healing.hpp"
@@ -36,6 +38,35 @@ std::string tokens_path(const std::string& logits_path) {
   if (logits_path.size() > ext.size() && logits_path.compare(logits_path.size() - ext.size(), ext.size(), ext) == 0)
     return logits_path.substr(0, logits_path.size() - ext.size()) + ".tokens.npy";
   return logits_path + ".tokens.npy";
+}
+
+
+// One line per (kernel, phase) with the layers it ran on and its calls per
+// layer, then the KV bytes between host and device (kvq run --verbose).
+void print_dispatch_proof(const DispatchStats& s, const kv::Cache& cache) {
+  if (!s.counted) {
+    std::fprintf(stderr, "kvq: dispatch: this backend keeps no attention counters\n");
+    return;
+  }
+  struct Row {
+    std::string kernel;
+    bool decode;
+    std::map<uint64_t, int> layers_by_calls;  // calls per layer -> how many layers
+  };
+  std::vector<Row> rows;
+  for (const auto& k : s.attention) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.kernel == k.kernel && r.decode == k.decode; });
+    if (it == rows.end()) it = rows.insert(rows.end(), Row{k.kernel, k.decode, {}});
+    ++it->layers_by_calls[k.calls];
+  }
+  for (const Row& r : rows)
+    for (const auto& [calls, layers] : r.layers_by_calls)
+      std::fprintf(stderr, "kvq: dispatch: %s attention %s on %d of %d layers, %llu calls each\n",
+                   r.decode ? "decode" : "prefill", r.kernel.c_str(), layers, cache.shape().n_layers,
+                   static_cast<unsigned long long>(calls));
+  std::fprintf(stderr, "kvq: dispatch: KV bytes host->device %llu, device->host %llu\n",
+               static_cast<unsigned long long>(s.kv_host_to_device_bytes),
+               static_cast<unsigned long long>(s.kv_device_to_host_bytes));
 }
 
 int run(RunArgs& a) {
@@ -124,6 +155,10 @@ int run(RunArgs& a) {
   g.sampling = a.sampling.params;
   g.healing = healing;
   if (a.chat) g.stop_tokens = chat_stop_tokens(tok, a.chat_opts);
+  // --verbose: the dispatch proof (which attention kernel ran on each layer,
+  // how often, and the KV bytes that crossed between host and device).
+  const bool proof = log_level() <= LogLevel::info;
+  if (proof) l.backend->reset_dispatch_stats(session->cache());
   const GenerateResult r = session->generate(ids, g, [](const std::string& piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -138,6 +173,7 @@ int run(RunArgs& a) {
                  l.model->config().vocab_size, a.dump_logits.c_str(), tokens_path(a.dump_logits).c_str());
   }
   std::fprintf(stderr, "kvq: %s\n", speed_line(r).c_str());
+  if (proof) print_dispatch_proof(l.backend->dispatch_stats(session->cache()), session->cache());
   return 0;
 }
 

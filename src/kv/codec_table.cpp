@@ -62,18 +62,37 @@ std::string codec_names_list() {
 }
 
 ResolvedCodec resolve_codec(const CodecOptions& opts) {
-  const CodecInfo* info = find_codec(opts.kv);
+  // "NAME+qjl" is NAME with a QJL sketch on its K side: the rows `kvq codecs`
+  // lists as "rotor3_sym+qjl" are accepted as written (= --rotor-qjl on).
+  std::string base_name = opts.kv;
+  bool named_qjl = false;
+  const std::string suffix = "+qjl";
+  if (base_name.size() > suffix.size()) {
+    std::string tail = base_name.substr(base_name.size() - suffix.size());
+    for (auto& c : tail) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (tail == suffix) {
+      base_name.resize(base_name.size() - suffix.size());
+      named_qjl = true;
+    }
+  }
+  const CodecInfo* info = find_codec(base_name);
   KVQ_CHECK(info, Errc::invalid_argument, "unknown KV codec '", opts.kv, "'; valid codecs: ",
-            codec_names_list(), " (aliases: bf16, f16 = none; or per side: --ctk BLOCK --ctv BLOCK)");
+            codec_names_list(), " (aliases: bf16, f16 = none; any codec may add +qjl to its K side, e.g. ",
+            "rotor3_sym+qjl; or per side: --ctk BLOCK --ctv BLOCK)");
   ResolvedCodec r;
   r.k = parse_block(info->k_block);
   r.v = parse_block(info->v_block);
+  if (named_qjl) {
+    KVQ_CHECK(r.k.family != Family::bf16, Errc::invalid_argument, "'", opts.kv,
+              "': +qjl sketches the residual of a quantized K side; ", info->name, " keeps K in bf16");
+    r.k.qjl = true;
+  }
   const bool per_side = !opts.ctk.empty() || !opts.ctv.empty();
   if (!opts.ctk.empty()) r.k = parse_block(opts.ctk);
   if (!opts.ctv.empty()) r.v = parse_block(opts.ctv);
   KVQ_CHECK(!r.v.qjl, Errc::invalid_argument, "+qjl is a K-side option (it makes q.k unbiased); ",
             "remove it from --ctv '", opts.ctv, "'");
-  bool qjl_added = false;
+  bool qjl_added = named_qjl;
   if (opts.rotor_qjl && r.k.family == Family::rotor && !r.k.qjl) {
     r.k.qjl = true;
     qjl_added = true;

@@ -398,6 +398,7 @@ TEST(CudaCodecForward, TrainedModelK8v8GreedyTokensMatchCpu) {
   auto best = [&](const std::vector<float>& l) { return int32_t(std::max_element(l.begin(), l.end()) - l.begin()); };
   int32_t cpu_next = best(lc), gpu_next = best(lg);
   ASSERT_EQ(gpu_next, cpu_next) << "first token after the prompt";
+  gpu_be->reset_dispatch_stats(*gpu_cache);  // count the decode steps (direct, recorded, replayed)
   for (int s = 0; s + 1 < steps; ++s) {
     const int pos = int(ids.size()) + s;
     cpu_model->forward(&cpu_next, 1, pos, *cpu_cache, lc.data(), false);
@@ -406,6 +407,20 @@ TEST(CudaCodecForward, TrainedModelK8v8GreedyTokensMatchCpu) {
     ASSERT_EQ(gpu_next, cpu_next) << "step " << s;
   }
   EXPECT_TRUE(gpu_model->step_graph_recorded());
+  // The dispatch proof: every layer ran the fused q8 decode kernel once per
+  // step (replayed steps counted by the launches they recorded), no prefill
+  // call, no KV bytes between host and device.
+  const DispatchStats ds = gpu_be->dispatch_stats(*gpu_cache);
+  ASSERT_TRUE(ds.counted);
+  const int layers = gpu_cache->shape().n_layers;
+  ASSERT_EQ(int(ds.attention.size()), layers);
+  for (const auto& k : ds.attention) {
+    EXPECT_TRUE(k.decode);
+    EXPECT_EQ(k.calls, uint64_t(steps - 1)) << "layer " << k.layer;
+    EXPECT_NE(k.kernel.find("flash_decode_tc<"), std::string::npos) << k.kernel;
+    EXPECT_NE(k.kernel.find("q8,q8"), std::string::npos) << k.kernel;
+  }
+  EXPECT_EQ(ds.kv_host_to_device_bytes + ds.kv_device_to_host_bytes, 0u);
   // KV bytes: (D + D/16) / 2D of `none` = 53.1 % for q8 at any D that is a multiple of 32.
   const uint64_t none_bytes = cpu_be->make_cache(codec("none"), cpu_model->cache_shape(ctx))->bytes_for_tokens(ctx);
   EXPECT_EQ(gpu_cache->bytes_for_tokens(ctx) * 1000 / none_bytes, uint64_t(531));
