@@ -42,6 +42,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/gemv_args.cuh"
 #include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/gemv_kquant.hpp"
 #include "backend/cuda/lab_trace.cuh"
@@ -55,36 +56,11 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMaxOut = 3;
-
-struct KernelArgs {
-  const uint8_t* codes[kMaxOut];
-  const uint16_t* scales[kMaxOut];
-  float* y[kMaxOut];
-  int rows[kMaxOut];
-  int task_end[kMaxOut];  // cumulative task counts: output s owns tasks [task_end[s-1], task_end[s])
-  int n_tasks;
-  const float* x;
-  const float* norm;  // null: no norm
-  float eps;
-  int cols;
-  GemvEpilogue epilogue;
-  unsigned long long* trace;  // GemvRequest::trace
-};
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using gemv_detail::KernelArgs;
+using gemv_detail::kMaxOut;
+using gemv_detail::kMaxWarps;
+using gemv_detail::warp_sum;
+using gemv_detail::load_weights16;
 
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -265,7 +241,6 @@ __device__ __forceinline__ PipelineStep next_pipeline_step(int task, int step, i
 // time (4096 columns: one batch per 256 threads), so it costs about one L2
 // round trip per batch.
 constexpr int kStageBatch = 4;
-constexpr int kMaxWarps = 16;  // GemvTuning::warps_per_cta
 
 // The norm weight is a model weight (nothing in flight writes it): each
 // thread copies the float4s it will use into shared memory (cp.async, no
@@ -370,7 +345,7 @@ struct RowBatch {
       for (int u = 0; u < U; ++u) {
         const int i = base + 32 * u;
         if (i < chunks) {
-          w[u][r] = load_stream(code_row + size_t(i) * 16);
+          w[u][r] = load_weights16(code_row + size_t(i) * 16);
           if constexpr (W::kPerScale > 0)
             d[u][r] = half_bits_to_float(__ldg(scale_row + (i * W::kPerChunk) / W::kPerScale));
           else

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/gemv_args.cuh"
 #include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/kquant.cuh"
 #include "backend/cuda/lab_trace.cuh"
@@ -26,38 +27,11 @@ using gguf::TensorType;
 
 namespace {
 
-constexpr int kMaxOut = 3;
-constexpr int kMaxWarps = 16;
-
-struct KArgs {
-  const uint8_t* codes[kMaxOut];
-  const uint16_t* scales[kMaxOut];
-  float* y[kMaxOut];
-  int rows[kMaxOut];
-  int task_end[kMaxOut];  // cumulative row counts: output s owns tasks [task_end[s-1], task_end[s])
-  int n_tasks;
-  const float* x;
-  const float* norm;  // null: no norm
-  float eps;
-  int cols;
-  GemvEpilogue epilogue;
-  unsigned long long* trace;  // GemvRequest::trace
-};
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Weights are read exactly once: no L1 allocation.
-__device__ __forceinline__ uint4 load16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+using KArgs = gemv_detail::KernelArgs;
+using gemv_detail::kMaxOut;
+using gemv_detail::kMaxWarps;
+using gemv_detail::warp_sum;
+using gemv_detail::load_weights16;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -99,9 +73,9 @@ struct KLane45 {
   };
   static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t*, int j) {
     Data d;
-    d.head = load16(rec);
-    d.qs = load16(rec + (kQ5 ? 48 : 16) + 16 * j);
-    d.qh = kQ5 ? load16(rec + 16 + 16 * (j % 2)) : make_uint4(0, 0, 0, 0);
+    d.head = load_weights16(rec);
+    d.qs = load_weights16(rec + (kQ5 ? 48 : 16) + 16 * j);
+    d.qh = kQ5 ? load_weights16(rec + 16 + 16 * (j % 2)) : make_uint4(0, 0, 0, 0);
     return d;
   }
   // 6-bit scale and min of sub-block s from the header's sm[12] (bytes 4..15).
@@ -157,9 +131,9 @@ struct KLane<TensorType::Q6_K> {
   static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
     Data d;
     const int h = j / 4, l0 = 16 * (j % 2);
-    d.ql = load16(rec + 16 * j);
-    d.qh = load16(rec + 128 + 32 * h + l0);
-    d.sc = load16(rec + 192);
+    d.ql = load_weights16(rec + 16 * j);
+    d.qh = load_weights16(rec + 128 + 32 * h + l0);
+    d.sc = load_weights16(rec + 192);
     d.d = half_at(s);
     return d;
   }
@@ -194,8 +168,8 @@ struct KLane<TensorType::Q2_K> {
   };
   static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
     Data d;
-    d.sm = load16(rec);
-    d.qs = load16(rec + 16 + 16 * j);
+    d.sm = load_weights16(rec);
+    d.qs = load_weights16(rec + 16 + 16 * j);
     d.d = half_at(s);
     d.dmin = half_at(s + 1);
     return d;
@@ -225,9 +199,9 @@ struct KLane<TensorType::Q3_K> {
   };
   static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
     Data d;
-    d.hm = load16(rec + 16 * (j % 2));
-    d.qs = load16(rec + 32 + 16 * j);
-    d.sc = load16(rec + 96);  // 12 scale bytes and the record's 4 bytes of padding
+    d.hm = load_weights16(rec + 16 * (j % 2));
+    d.qs = load_weights16(rec + 32 + 16 * j);
+    d.sc = load_weights16(rec + 96);  // 12 scale bytes and the record's 4 bytes of padding
     d.d = half_at(s);
     return d;
   }
