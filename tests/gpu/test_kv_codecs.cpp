@@ -47,10 +47,23 @@ using gputest::normal;
 
 namespace {
 
+// A named codec, or "K/V" blocks per side (--ctk K --ctv V).
 kv::CodecOptions codec(const std::string& name) {
   kv::CodecOptions o;
-  o.kv = name;
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos) {
+    o.kv = name;
+  } else {
+    o.ctk = name.substr(0, slash);
+    o.ctv = name.substr(slash + 1);
+  }
   return o;
+}
+std::string label_of(const std::string& name) {
+  std::string l = name;
+  for (char& c : l)
+    if (c == '/') c = '_';
+  return l;
 }
 
 const cuda::GpuKvLayer& store_of(kv::Cache& c, int layer) {
@@ -188,9 +201,10 @@ TEST_P(CudaKvStore, FusedRopeStoreEqualsWriteKv) {
 INSTANTIATE_TEST_SUITE_P(Codecs, CudaKvStore,
                          ::testing::Values(StoreCase{"none", 2, 128}, StoreCase{"k8v8", 2, 128},
                                            StoreCase{"k8v8", 3, 64}, StoreCase{"none", 1, 256},
-                                           StoreCase{"none", 1, 96}),
+                                           StoreCase{"none", 1, 96}, StoreCase{"rq8/rq8", 2, 128},
+                                           StoreCase{"rq8/q8", 3, 64}, StoreCase{"q8/rq8", 1, 128}),
                          [](const auto& i) {
-                           return std::string(i.param.codec) + "_kv" + std::to_string(i.param.n_kv) + "_d" +
+                           return label_of(i.param.codec) + "_kv" + std::to_string(i.param.n_kv) + "_d" +
                                   std::to_string(i.param.head_dim);
                          });
 
@@ -227,8 +241,8 @@ void expect_close(const std::vector<float>& y, const std::vector<float>& ref, co
 TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
   const AttnCase c = GetParam();
   const int D = c.head_dim, n_heads = c.G * c.n_kv;
-  ASSERT_TRUE(cuda::flash_decode_instance_exists(D, kv::parse_block(kv::find_codec(c.codec)->k_block).family,
-                                                 kv::parse_block(kv::find_codec(c.codec)->v_block).family));
+  const kv::ResolvedCodec rc = kv::resolve_codec(codec(c.codec));
+  ASSERT_TRUE(cuda::flash_decode_instance_exists(D, rc.k.family, rc.v.family));
   Rng rng(uint64_t(c.G) * 1000003 + c.n_kv * 10007 + D * 101 + c.max_tokens);
   const size_t kv_row = size_t(c.n_kv) * D, q_row = size_t(n_heads) * D;
   auto k = normal(rng, kFilled * kv_row), v = normal(rng, kFilled * kv_row);
@@ -268,9 +282,10 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CudaCodecDecode,
                          ::testing::Values(AttnCase{"k8v8", 4, 2, 128, 4100}, AttnCase{"k8v8", 1, 1, 64, 4100},
                                            AttnCase{"k8v8", 8, 1, 128, 70000}, AttnCase{"k8v8", 5, 3, 64, 4100},
                                            AttnCase{"k8v8", 16, 1, 128, 4100}, AttnCase{"k8v8", 4, 8, 128, 4100},
-                                           AttnCase{"none", 4, 2, 128, 4100}),
+                                           AttnCase{"none", 4, 2, 128, 4100}, AttnCase{"rq8/rq8", 4, 2, 128, 4100},
+                                           AttnCase{"rq8/q8", 5, 3, 64, 4100}, AttnCase{"q8/rq8", 8, 1, 128, 70000}),
                          [](const auto& i) {
-                           return std::string(i.param.codec) + "_G" + std::to_string(i.param.G) + "_kv" +
+                           return label_of(i.param.codec) + "_G" + std::to_string(i.param.G) + "_kv" +
                                   std::to_string(i.param.n_kv) + "_d" + std::to_string(i.param.head_dim) + "_cap" +
                                   std::to_string(i.param.max_tokens);
                          });
@@ -281,14 +296,17 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CudaCodecDecode,
 // block's reconstruction of every row (rounded to bf16 by the none block,
 // exactly as the GPU dequantization rounds it), so prefill_test_util.hpp's
 // bound (1) applies unchanged.
-TEST(CudaCodecPrefill, K8v8MatchesCpuReconstruction) {
+TEST(CudaCodecPrefill, QuantizedPrefixMatchesCpuReconstruction) {
   KVQ_SKIP_WITHOUT_GPU();
-  for (auto [n_kv, G, D, pos, n] : {std::tuple{2, 4, 128, 100, 37}, {1, 8, 64, 0, 300}, {3, 2, 128, 700, 129}}) {
+  for (auto [block, n_kv, G, D, pos, n] :
+       {std::tuple{"q8", 2, 4, 128, 100, 37}, {"q8", 1, 8, 64, 0, 300}, {"q8", 3, 2, 128, 700, 129},
+        {"rq8", 2, 4, 128, 100, 37}, {"rq8", 1, 8, 64, 0, 300}}) {
+    SCOPED_TRACE(block);
     const int n_heads = n_kv * G, total = pos + n;
     Rng rng(uint64_t(D) * 13 + pos + n);
     kv::CacheShape shape{1, n_kv, D, total + 5};
     shape.n_heads = n_heads;
-    auto gpu = cuda::make_cuda_kv_cache(codec("k8v8"), shape);
+    auto gpu = cuda::make_cuda_kv_cache(codec(std::string(block) + "/" + block), shape);
     auto ref_cache = kv::make_cpu_cache(codec("none"), shape);
     const size_t kv_row = size_t(n_kv) * D, q_row = size_t(n_heads) * D;
     auto k = normal(rng, total * kv_row), v = normal(rng, total * kv_row);
@@ -298,7 +316,7 @@ TEST(CudaCodecPrefill, K8v8MatchesCpuReconstruction) {
     auto k_hat = k, v_hat = v;
     for (int h = 0; h < n_kv; ++h)
       for (kv::Side s : {kv::Side::k, kv::Side::v}) {
-        const auto blk = kv::make_block(kv::parse_block("q8"), D, kv::CodecOptions{}.seed, 0, h, s);
+        const auto blk = kv::make_block(kv::parse_block(block), D, kv::CodecOptions{}.seed, 0, h, s);
         std::vector<uint8_t> code(blk->layout().code_bytes), side(blk->layout().side_bytes);
         for (int t = 0; t < total; ++t) {
           float* x = (s == kv::Side::k ? k_hat : v_hat).data() + t * kv_row + size_t(h) * D;

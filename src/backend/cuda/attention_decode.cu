@@ -570,7 +570,7 @@ int resident_ctas(int index, int G) {
 }
 
 int instance_for(const GpuKvLayer& layer) {
-  const int i = find_instance(layer.head_dim, layer.k.family, layer.v.family);
+  const int i = find_instance(layer.head_dim, storage_family(layer.k.family), storage_family(layer.v.family));
   KVQ_CHECK(i >= 0, Errc::internal, "flash_decode: no kernel instance for head_dim ", layer.head_dim, ", K ",
             kv::family_name(layer.k.family), ", V ", kv::family_name(layer.v.family));
   return i;
@@ -579,7 +579,7 @@ int instance_for(const GpuKvLayer& layer) {
 }  // namespace
 
 bool flash_decode_instance_exists(int head_dim, kv::Family k, kv::Family v) {
-  return find_instance(head_dim, k, v) >= 0;
+  return find_instance(head_dim, storage_family(k), storage_family(v)) >= 0;
 }
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {

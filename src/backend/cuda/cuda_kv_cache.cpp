@@ -2,6 +2,7 @@
 
 #include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
+#include "kv/block.hpp"
 
 namespace kvq::cuda {
 
@@ -13,7 +14,7 @@ void CudaLayerCache::attend(int pos, int n, const float* q, int n_heads, float s
   flash_attention(store_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
 }
 
-CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape)
+CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed)
     : codec_(codec), shape_(shape) {
   const int n_heads = shape.n_heads > 0 ? shape.n_heads : shape.n_kv_heads;
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
@@ -51,8 +52,26 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
   // read: attention is causal and masks the tail of its last tile).
   for (DeviceBuffer<uint8_t>* b : {&k_code_, &v_code_, &k_side_, &v_side_})
     if (b->size()) KVQ_CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
+  // Rotation tables of rotated sides, from the CPU blocks themselves (the
+  // same seed, layer, head and side: the same rotation, exactly).
+  auto upload_rotations = [&](const kv::SideDescriptor& d, kv::Side which, DeviceBuffer<float>& dst) {
+    if (!is_rotated(d.spec.family)) return;
+    std::vector<float> signs;
+    signs.reserve(size_t(shape.n_layers) * shape.n_kv_heads * shape.head_dim);
+    for (int l = 0; l < shape.n_layers; ++l)
+      for (int h = 0; h < shape.n_kv_heads; ++h) {
+        const kv::BlockTables t = kv::make_block(d.spec, shape.head_dim, seed, l, h, which)->tables();
+        KVQ_CHECK(t.rotation_kind == "hadamard" && int(t.rotation.size()) == shape.head_dim, Errc::internal,
+                  "GPU KV cache: ", d.spec.name(), " has a ", t.rotation_kind, " rotation the GPU does not apply");
+        signs.insert(signs.end(), t.rotation.begin(), t.rotation.end());
+      }
+    dst.upload(signs);
+  };
+  upload_rotations(codec.k, kv::Side::k, k_rot_);
+  upload_rotations(codec.v, kv::Side::v, v_rot_);
   layers_.reserve(shape.n_layers);
-  auto side_of = [&](const kv::SideDescriptor& d, DeviceBuffer<uint8_t>& code, DeviceBuffer<uint8_t>& side, int l) {
+  auto side_of = [&](const kv::SideDescriptor& d, DeviceBuffer<uint8_t>& code, DeviceBuffer<uint8_t>& side, int l,
+                     const DeviceBuffer<float>& rot) {
     GpuKvSide s;
     s.family = d.spec.family;
     s.bits = d.spec.bits;
@@ -60,12 +79,13 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     s.side_bytes = d.side_bytes;
     s.code = code.data() + rows_per_layer * d.code_bytes * l;
     s.side = d.side_bytes ? side.data() + rows_per_layer * d.side_bytes * l : nullptr;
+    s.rot = rot.size() ? rot.data() + size_t(l) * shape.n_kv_heads * shape.head_dim : nullptr;
     return s;
   };
   for (int l = 0; l < shape.n_layers; ++l) {
     GpuKvLayer store;
-    store.k = side_of(codec.k, k_code_, k_side_, l);
-    store.v = side_of(codec.v, v_code_, v_side_, l);
+    store.k = side_of(codec.k, k_code_, k_side_, l, k_rot_);
+    store.v = side_of(codec.v, v_code_, v_side_, l, v_rot_);
     store.n_kv_heads = shape.n_kv_heads;
     store.head_dim = shape.head_dim;
     store.max_tokens = shape.max_tokens;
@@ -86,12 +106,13 @@ std::vector<const void*> CudaKvCache::graph_addresses() const {
   // The cache's id first: a new cache whose buffers land at a freed one's
   // addresses (its shape or codec may differ) never replays its recording.
   return {reinterpret_cast<const void*>(uintptr_t(id())), k_code_.data(), k_side_.data(), v_code_.data(),
-          v_side_.data(), scratch_.part.data(), scratch_.decode_counters.data()};
+          v_side_.data(), k_rot_.data(), v_rot_.data(), scratch_.part.data(), scratch_.decode_counters.data(),
+          scratch_.q_rot.data(), scratch_.o_rot.data()};
 }
 
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
   const kv::ResolvedCodec codec = kv::resolve_codec(opts);  // unknown names: invalid_argument listing the valid ones
-  return std::make_unique<CudaKvCache>(kv::describe_codec(codec, shape.head_dim), shape);
+  return std::make_unique<CudaKvCache>(kv::describe_codec(codec, shape.head_dim), shape, opts.seed);
 }
 
 }  // namespace kvq::cuda

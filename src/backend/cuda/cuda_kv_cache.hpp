@@ -45,7 +45,9 @@ class CudaKvCache final : public kv::Cache {
  public:
   // The attention kernels are chosen per GQA group: shape.n_heads (0: taken
   // as n_kv_heads). Throws Errc::unsupported when no GPU kernel serves the codec.
-  CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape);
+  // seed: the codec's rotation seed (kv::CodecOptions::seed): rotated sides
+  // upload the same per-(layer, KV head) tables the CPU blocks build from it.
+  CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed);
   const kv::CacheShape& shape() const override { return shape_; }
   std::string codec_name() const override { return codec_.name; }
   kv::LayerCache& layer(int i) override;
@@ -66,6 +68,7 @@ class CudaKvCache final : public kv::Cache {
   kv::CacheShape shape_;
   // One allocation per array, [layer][kv_head][max_tokens][row bytes].
   DeviceBuffer<uint8_t> k_code_, k_side_, v_code_, v_side_;
+  DeviceBuffer<float> k_rot_, v_rot_;  // rotated sides: [layer][kv_head][head_dim] signs
   AttentionScratch scratch_;  // shared by the layers (one runs at a time)
   std::vector<CudaLayerCache> layers_;
   uint64_t allocated_ = 0;

@@ -27,7 +27,8 @@ __global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, 
   const int t = row / n_kv, h = row % n_kv;
   uint8_t* code = side.code + side.code_offset(h, pos + t, max_tokens);
   uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, pos + t, max_tokens) : nullptr;
-  EncodeHooks<F>::encode_row(x + size_t(row) * D, D, code, s, lane);
+  const float* rot = side.rot ? side.rot + size_t(h) * D : nullptr;
+  EncodeHooks<F>::encode_row(x + size_t(row) * D, D, code, s, lane, rot);
 }
 
 template <kv::Family F>
@@ -44,6 +45,10 @@ void encode_side(const GpuKvSide& side, const float* x, int pos, const int* pos_
   switch (side.family) {
     case kv::Family::bf16: launch_encode<kv::Family::bf16>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); break;
     case kv::Family::q8: launch_encode<kv::Family::q8>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); break;
+    case kv::Family::rq8:
+      KVQ_CHECK(side.rot, Errc::internal, "rq8 store without its rotation table");
+      launch_encode<kv::Family::rq8>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream);
+      break;
     default:
       fail(Errc::unsupported, "no GPU encode kernel for KV block family ", kv::family_name(side.family));
   }
@@ -63,11 +68,50 @@ __global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D,
   }
 }
 
+// Rotated stores: one warp per (head, token) row decodes it, un-rotates it
+// (the inverse Walsh-Hadamard with signs) and writes bf16 in the original basis.
+template <int kNJ>
+__global__ void dequantize_rotated_kernel(GpuKvSide side, int n_tokens, int n_kv, int max_tokens,
+                                          uint16_t* __restrict__ dst, int dst_stride) {
+  constexpr int D = 32 * kNJ;
+  const int row = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n_kv * n_tokens) return;
+  const int h = row / n_tokens, t = row % n_tokens;
+  const uint8_t* code = side.code + side.code_offset(h, t, max_tokens);
+  const uint8_t* s = side.side + side.side_offset(h, t, max_tokens);
+  float v[kNJ];
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) v[j] = decode_value_any(side.family, code, s, lane + 32 * j);
+  warp_hadamard<kNJ>(v, side.rot + size_t(h) * D, lane, true);
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) dst[(size_t(h) * dst_stride + t) * D + lane + 32 * j] = ::kvq::f32_to_bf16(v[j]);
+}
+
+void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int max_tokens, uint16_t* dst,
+                     int dst_stride, cudaStream_t stream) {
+  const size_t total = size_t(n_kv) * n_tokens * D;
+  if (total == 0) return;
+  if (is_rotated(side.family)) {
+    const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    switch (D) {
+      case 64: dequantize_rotated_kernel<2><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
+      case 128: dequantize_rotated_kernel<4><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
+      case 256: dequantize_rotated_kernel<8><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
+      default: fail(Errc::internal, "dequantize_kv_bf16: a rotated store with head_dim ", D);
+    }
+  } else {
+    const int grid = int(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 16));
+    dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
+  }
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim) {
   const auto ok = [&](kv::Family f) {
     if (!has_encode_hooks(f)) return false;
+    if (is_rotated(f)) return head_dim == 64 || head_dim == 128 || head_dim == 256;  // warp Walsh-Hadamard
     return f == kv::Family::bf16 || head_dim % 32 == 0;  // q8: whole 32-value scale groups
   };
   return ok(k) && ok(v);
@@ -90,14 +134,39 @@ void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView
   KVQ_CHECK(n_tokens >= 0 && n_tokens <= layer.max_tokens && n_tokens <= dst.max_tokens &&
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
-  const size_t total = size_t(layer.n_kv_heads) * n_tokens * layer.head_dim;
-  if (total == 0) return;
-  const int grid = int(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 16));
-  dequantize_kernel<<<grid, 256, 0, stream>>>(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens,
-                                              dst.k, dst.max_tokens);
-  KVQ_CUDA_CHECK_LAUNCH();
-  dequantize_kernel<<<grid, 256, 0, stream>>>(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens,
-                                              dst.v, dst.max_tokens);
+  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.k, dst.max_tokens, stream);
+  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.v, dst.max_tokens, stream);
+}
+
+namespace {
+
+// One warp per query head: head h uses its KV head's table (h / G).
+template <int kNJ>
+__global__ void rotate_heads_kernel(const float* __restrict__ in, float* __restrict__ out,
+                                    const float* __restrict__ signs, int n_heads, int G, bool inverse) {
+  constexpr int D = 32 * kNJ;
+  const int h = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (h >= n_heads) return;
+  float v[kNJ];
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) v[j] = in[size_t(h) * D + lane + 32 * j];
+  warp_hadamard<kNJ>(v, signs + size_t(h / G) * D, lane, inverse);
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) out[size_t(h) * D + lane + 32 * j] = v[j];
+}
+
+}  // namespace
+
+void rotate_heads(const GpuKvSide& side, const float* in, float* out, int n_heads, int n_kv_heads, int head_dim,
+                  bool inverse, cudaStream_t stream) {
+  KVQ_CHECK(side.rot && is_rotated(side.family), Errc::internal, "rotate_heads of an unrotated store side");
+  const int G = n_heads / n_kv_heads, grid = (n_heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  switch (head_dim) {
+    case 64: rotate_heads_kernel<2><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
+    case 128: rotate_heads_kernel<4><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
+    case 256: rotate_heads_kernel<8><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
+    default: fail(Errc::internal, "rotate_heads: head_dim ", head_dim);
+  }
   KVQ_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,6 +30,10 @@ struct GpuKvSide {
   uint8_t* side = nullptr;
   uint32_t code_bytes = 0;  // per row
   uint32_t side_bytes = 0;  // per row
+  // rq8: this layer's random-sign Walsh-Hadamard signs, [n_kv_heads][head_dim]
+  // (kv/rotation.hpp); null for unrotated blocks. Rows are stored in the
+  // rotated basis; attention rotates q and un-rotates o once per step.
+  const float* rot = nullptr;
 
   KVQ_STORE_HD size_t code_offset(int head, int token, int max_tokens) const {
     return (size_t(head) * max_tokens + token) * code_bytes;
@@ -38,6 +42,13 @@ struct GpuKvSide {
     return (size_t(head) * max_tokens + token) * side_bytes;
   }
 };
+
+// Families whose rows are stored in a rotated basis (attention rotates q and
+// un-rotates o around the decode kernel; prefill un-rotates the prefix).
+KVQ_STORE_HD constexpr bool is_rotated(kv::Family f) { return f == kv::Family::rq8; }
+// The family whose decode hooks read a family's rows: rq8 rows are q8 rows
+// of the rotated vector, so rq8 runs the q8 kernel instances.
+KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) { return f == kv::Family::rq8 ? kv::Family::q8 : f; }
 
 struct GpuKvLayer {
   GpuKvSide k, v;
