@@ -277,8 +277,8 @@ AttentionChoice attention_support(const AttentionCase& c) {
     const bool tc_shape = G >= 1 && G <= 16 && (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
     if (tc_shape && flash_decode_instance_exists(c.head_dim, c.k, c.v)) {
       r.supported = true;
-      // Rotated sides run their storage family's instance between a rotation
-      // of q and an un-rotation of o.
+      // Rotated sides run their storage family's instance, which rotates q
+      // and un-rotates o itself (DecodeParams::q_signs / o_signs).
       r.kernel = std::string(is_rotated(c.k) ? "hadamard(q)+" : "") + "flash_decode_tc<" +
                  std::to_string(c.head_dim) + "," + kv::family_name(storage_family(c.k)) + "," +
                  kv::family_name(storage_family(c.v)) + ">" + (is_rotated(c.v) ? "+hadamard^T(o)" : "");
@@ -315,27 +315,6 @@ AttentionChoice checked_choice(const GpuKvLayer& layer, int n_heads, bool decode
   return r;
 }
 
-// The fused decode kernel over the packed store, with the rotations of
-// rotated sides hoisted around it: q rotated once into the scratch (K side),
-// o produced in the rotated basis and un-rotated once (V side).
-void fused_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream) {
-  const size_t n = size_t(n_heads) * layer.head_dim;
-  const bool rot_k = is_rotated(layer.k.family), rot_v = is_rotated(layer.v.family);
-  if ((rot_k || rot_v) && scratch.q_rot.size() < n) {
-    scratch.q_rot.resize(n);
-    scratch.o_rot.resize(n);
-  }
-  const float* q_use = q;
-  if (rot_k) {
-    rotate_heads(layer.k, q, scratch.q_rot.data(), n_heads, layer.n_kv_heads, layer.head_dim, false, stream);
-    q_use = scratch.q_rot.data();
-  }
-  float* o_use = rot_v ? scratch.o_rot.data() : out;
-  flash_decode(layer, pos, pos_dev, q_use, n_heads, scale, o_use, scratch, stream);
-  if (rot_v) rotate_heads(layer.v, o_use, out, n_heads, layer.n_kv_heads, layer.head_dim, true, stream);
-}
-
 // The bf16 rows prefill attends to: the store itself for `none`, else its
 // prefix [0, len) dequantized into the scratch.
 KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream) {
@@ -365,7 +344,7 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
   // kernel for the other (bf16) shapes.
   if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
       flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
-    fused_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
+    flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
     return;
   }
   const KvLayerView rows = n == 1 ? bf16_view(layer) : prefill_rows(layer, pos + n, scratch, stream);
@@ -382,7 +361,7 @@ void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, cons
   checked_choice(layer, n_heads, true);
   if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
       flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
-    fused_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
+    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
     return;
   }
   // Split as for a full cache, but with chunks of at most kDecodeChunkCap keys:

@@ -69,13 +69,6 @@ void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const flo
 // graph) serves every position.
 void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream);
 
-// Rotated store sides (rq8): one row per query head, in -> out (may alias),
-// rotated by its KV head's table (out = R in) or un-rotated (inverse: out =
-// R^T in). The decode path rotates q before the kernel and un-rotates o
-// after it. kv_encode.cu.
-void rotate_heads(const GpuKvSide& side, const float* in, float* out, int n_heads, int n_kv_heads, int head_dim,
-                  bool inverse, cudaStream_t stream);
-
 // True when the store's sides have encode hooks for this head_dim (write_kv).
 bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
 
@@ -113,7 +106,6 @@ struct AttentionScratch {
   DeviceBuffer<float> part;
   DeviceBuffer<unsigned> decode_counters;
   DeviceBuffer<uint16_t> prefix_k, prefix_v;
-  DeviceBuffer<float> q_rot, o_rot;  // rotated stores: q and o in the rotated basis (decode)
 };
 
 // True when the kernel supports this shape (head_dim a multiple of 32 up to

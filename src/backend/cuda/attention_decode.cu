@@ -101,6 +101,11 @@ struct DecodeParams {
   GpuKvSide k, v;        // the packed store of this layer
   const float* q;        // [n_heads][D]
   float* out;            // [n_heads][D]
+  // Rotated sides (rq8): this layer's Walsh-Hadamard signs [n_kv][D], else
+  // null. q is rotated in shared memory before its fragments are built, and
+  // the last CTA un-rotates o before writing it: no launch of their own.
+  const float* q_signs;
+  const float* o_signs;
   float* part_o;         // [n_kv][n_splits][G][D] unnormalised partial outputs
   float* part_m;         // [n_kv][n_splits][G] running max (log2 domain)
   float* part_l;         // [n_kv][n_splits][G] running sum
@@ -123,8 +128,11 @@ __host__ __device__ constexpr size_t merge_bytes(int D, int G) {
 __host__ __device__ constexpr size_t region0_bytes(int D, int G) {
   return qfrag_bytes(D, kMaxQParts) > merge_bytes(D, G) ? qfrag_bytes(D, kMaxQParts) : merge_bytes(D, G);
 }
-__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits) {
-  return region0_bytes(D, G) + 2 * kWarps * kMaxGroup * sizeof(float) + size_t(n_splits) * G * sizeof(float) + 16;
+// Rotated sides add one [G][D] float row buffer at the end (the rotated q,
+// later the merged o before its un-rotation).
+__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated = false) {
+  return region0_bytes(D, G) + 2 * kWarps * kMaxGroup * sizeof(float) + size_t(n_splits) * G * sizeof(float) + 16 +
+         (rotated ? size_t(G) * D * sizeof(float) : 0);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -195,6 +203,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   float* warp_l = warp_m + kWarps * kMaxGroup;
   float* split_w = warp_l + kWarps * kMaxGroup;
   int* is_last = reinterpret_cast<int*>(split_w + gridDim.x * G);
+  // [G][D] (rotated sides only), 16-byte aligned after is_last: smem_bytes'
+  // 16 spare bytes cover the alignment.
+  float* rot_rows = reinterpret_cast<float*>(
+      smem + ((reinterpret_cast<uintptr_t>(is_last + 1) - reinterpret_cast<uintptr_t>(smem) + 15) & ~uintptr_t(15)));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, n_splits = gridDim.x, kvh = blockIdx.y;
@@ -258,10 +270,22 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   // a power of two 2^e so that its largest value is near 2^14 (no part is
   // subnormal, none overflows); scores are multiplied by 2^-e afterwards.
   float score_factor = 1.0f;
+  const float* q_group = p.q + size_t(kvh) * G * D;
+  if (p.q_signs) {  // rotated K side: q_rot = R q, once per CTA, into shared memory
+    for (int row = warp; row < G; row += kWarps) {
+      float v[D / 32];
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = q_group[size_t(row) * D + lane + 32 * j];
+      warp_hadamard<D / 32>(v, p.q_signs + size_t(kvh) * D, lane, false);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) rot_rows[row * D + lane + 32 * j] = v[j];
+    }
+    __syncthreads();
+    q_group = rot_rows;
+  }
   {
     constexpr int kEntries = kSteps * 32 / kThreads;
     static_assert(kEntries * kThreads == kSteps * 32, "entries must split evenly over the threads");
-    const float* q_group = p.q + size_t(kvh) * G * D;
     float4 qv[kEntries][2];
 #pragma unroll
     for (int n = 0; n < kEntries; ++n) {
@@ -492,7 +516,19 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       acc.z += w * x.z;
       acc.w += w * x.w;
     }
-    *reinterpret_cast<float4*>(p.out + (size_t(kvh) * G + row) * D + d) = acc;
+    float* dst = p.o_signs ? rot_rows + row * D + d : p.out + (size_t(kvh) * G + row) * D + d;
+    *reinterpret_cast<float4*>(dst) = acc;
+  }
+  if (p.o_signs) {  // rotated V side: o = R^T o_rot, once per KV head
+    __syncthreads();
+    for (int row = warp; row < G; row += kWarps) {
+      float v[D / 32];
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) v[j] = rot_rows[row * D + lane + 32 * j];
+      warp_hadamard<D / 32>(v, p.o_signs + size_t(kvh) * D, lane, true);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) p.out[(size_t(kvh) * G + row) * D + lane + 32 * j] = v[j];
+    }
   }
   if (p.trace) {
     __syncthreads();
@@ -556,7 +592,7 @@ int resident_ctas(int index, int G) {
   Occupancy& c = cache[index];
   if (!c.prepared.load(std::memory_order_acquire)) {
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(in.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits))));
+                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits, true))));
     c.prepared.store(true, std::memory_order_release);
   }
   int n = c.ctas[G].load(std::memory_order_relaxed);
@@ -649,8 +685,13 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   p.q_scale = scale * kLog2e;
   p.prefetch_tiles = decode_prefetch_tiles();
   p.trace = g_trace;
+  p.q_signs = is_rotated(layer.k.family) ? layer.k.rot : nullptr;
+  p.o_signs = is_rotated(layer.v.family) ? layer.v.rot : nullptr;
+  KVQ_CHECK((!is_rotated(layer.k.family) || p.q_signs) && (!is_rotated(layer.v.family) || p.o_signs), Errc::internal,
+            "flash_decode: a rotated store without its rotation table");
   resident_ctas(index, G);  // the shared-memory opt-in
-  launch_dependent(in.fn, dim3(n_splits, n_kv), dim3(kThreads), smem_bytes(D, G, n_splits), stream, p);
+  launch_dependent(in.fn, dim3(n_splits, n_kv), dim3(kThreads),
+                   smem_bytes(D, G, n_splits, p.q_signs || p.o_signs), stream, p);
 }
 
 }  // namespace kvq::cuda

@@ -106,8 +106,7 @@ std::vector<const void*> CudaKvCache::graph_addresses() const {
   // The cache's id first: a new cache whose buffers land at a freed one's
   // addresses (its shape or codec may differ) never replays its recording.
   return {reinterpret_cast<const void*>(uintptr_t(id())), k_code_.data(), k_side_.data(), v_code_.data(),
-          v_side_.data(), k_rot_.data(), v_rot_.data(), scratch_.part.data(), scratch_.decode_counters.data(),
-          scratch_.q_rot.data(), scratch_.o_rot.data()};
+          v_side_.data(), k_rot_.data(), v_rot_.data(), scratch_.part.data(), scratch_.decode_counters.data()};
 }
 
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {

@@ -30,8 +30,9 @@
 //       group has scale 0; codes = clamp(rint(x / scale), -127, 127).
 // rq8:  q8 of y = H (s * x) / sqrt(D) (random +-1 signs s per (layer, KV
 //       head, side), H the Walsh-Hadamard matrix; kv/rotation.hpp). Rows are
-//       in the rotated basis: q is rotated once before the decode kernel
-//       (q.k = Rq . Rk), o un-rotated once after it; the kernel is q8's.
+//       in the rotated basis: the decode kernel (q8's instance) rotates q
+//       once per CTA before building its fragments (q.k = Rq . Rk) and the
+//       merging CTA un-rotates o once (attention_decode.cu, q_signs/o_signs).
 #pragma once
 
 #include <cuda_fp16.h>

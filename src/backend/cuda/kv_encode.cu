@@ -138,36 +138,4 @@ void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView
   dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.v, dst.max_tokens, stream);
 }
 
-namespace {
-
-// One warp per query head: head h uses its KV head's table (h / G).
-template <int kNJ>
-__global__ void rotate_heads_kernel(const float* __restrict__ in, float* __restrict__ out,
-                                    const float* __restrict__ signs, int n_heads, int G, bool inverse) {
-  constexpr int D = 32 * kNJ;
-  const int h = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (h >= n_heads) return;
-  float v[kNJ];
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) v[j] = in[size_t(h) * D + lane + 32 * j];
-  warp_hadamard<kNJ>(v, signs + size_t(h / G) * D, lane, inverse);
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) out[size_t(h) * D + lane + 32 * j] = v[j];
-}
-
-}  // namespace
-
-void rotate_heads(const GpuKvSide& side, const float* in, float* out, int n_heads, int n_kv_heads, int head_dim,
-                  bool inverse, cudaStream_t stream) {
-  KVQ_CHECK(side.rot && is_rotated(side.family), Errc::internal, "rotate_heads of an unrotated store side");
-  const int G = n_heads / n_kv_heads, grid = (n_heads + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  switch (head_dim) {
-    case 64: rotate_heads_kernel<2><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
-    case 128: rotate_heads_kernel<4><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
-    case 256: rotate_heads_kernel<8><<<grid, kThreads, 0, stream>>>(in, out, side.rot, n_heads, G, inverse); break;
-    default: fail(Errc::internal, "rotate_heads: head_dim ", head_dim);
-  }
-  KVQ_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace kvq::cuda
