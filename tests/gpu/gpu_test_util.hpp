@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -71,6 +73,22 @@ inline PeakedKv write_peaked_kv(Rng& rng, kv::Cache& cpu_cache, kv::Cache& gpu_c
   cpu_cache.layer(layer).write(pos, n, kv.k.data() + pos * kv_row, kv.v.data() + pos * kv_row);
   gpu_cache.layer(layer).write(pos, n, dk.data() + pos * kv_row, dv.data() + pos * kv_row);
   return kv;
+}
+
+// Decode attention output vs the CPU reference: every element written and
+// finite, |y - ref| <= 1e-4 + 1e-4 |ref| (the fp32 allowance of
+// tests/gpu/test_attention.cpp); the worst error is recorded as a property.
+inline void expect_attention_close(const std::vector<float>& y, const std::vector<float>& ref, int head_dim, const std::string& what) {
+  ASSERT_EQ(y.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << what << ": element " << i << " not written";
+    const double err = std::fabs(double(y[i]) - ref[i]);
+    worst = std::max(worst, err);
+    ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i]))
+        << what << ": head " << i / head_dim << " dim " << i % head_dim << " got " << y[i] << " want " << ref[i];
+  }
+  ::testing::Test::RecordProperty(what + "_max_abs_err", std::to_string(worst));
 }
 
 #define KVQ_SKIP_WITHOUT_GPU() \

@@ -60,19 +60,6 @@ class OutBuffer {
   cuda::DeviceBuffer<float> buf_;
 };
 
-// Same bound as tests/gpu/test_attention.cpp.
-void expect_close(const std::vector<float>& y, const std::vector<float>& ref, int head_dim, const std::string& what) {
-  ASSERT_EQ(y.size(), ref.size());
-  double worst = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(y[i])) << what << ": element " << i << " not written";
-    const double err = std::fabs(double(y[i]) - ref[i]);
-    worst = std::max(worst, err);
-    ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i]))
-        << what << ": head " << i / head_dim << " dim " << i % head_dim << " got " << y[i] << " want " << ref[i];
-  }
-  ::testing::Test::RecordProperty(what + "_max_abs_err", std::to_string(worst));
-}
 
 void expect_counters_zero(const cuda::AttentionScratch& scratch) {
   if (scratch.decode_counters.size() == 0) return;
@@ -161,7 +148,7 @@ TEST_P(CudaDecodeAttention, RecordedLaunchMatchesCpuAtEveryPosition) {
     out.poison();
     KVQ_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-    expect_close(out.result(), f.ref[i], c.head_dim, f.label("graph", pos));
+    gputest::expect_attention_close(out.result(), f.ref[i], c.head_dim, f.label("graph", pos));
     expect_counters_zero(scratch);
     if (HasFatalFailure()) break;
   }
@@ -173,7 +160,7 @@ TEST_P(CudaDecodeAttention, RecordedLaunchMatchesCpuAtEveryPosition) {
     out.poison();
     for (int r = 0; r < 3; ++r) KVQ_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-    expect_close(out.result(), f.ref[i], c.head_dim, "graph_x3_pos1000");
+    gputest::expect_attention_close(out.result(), f.ref[i], c.head_dim, "graph_x3_pos1000");
     expect_counters_zero(scratch);
   }
   cudaGraphExecDestroy(exec);
@@ -189,11 +176,11 @@ TEST_P(CudaDecodeAttention, RecordedLaunchMatchesCpuAtEveryPosition) {
     cuda::flash_attention_decode_at(f.view(), pos_dev.data(), dq.data(), f.n_heads, f.scale, out.data(), scratch,
                                     stream);
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-    expect_close(out.result(), f.ref[i], c.head_dim, f.label("decode_at", pos));
+    gputest::expect_attention_close(out.result(), f.ref[i], c.head_dim, f.label("decode_at", pos));
     out.poison();
     cuda::flash_attention(f.view(), pos, 1, dq.data(), f.n_heads, f.scale, out.data(), scratch, stream);
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
-    expect_close(out.result(), f.ref[i], c.head_dim, f.label("flash_attention", pos));
+    gputest::expect_attention_close(out.result(), f.ref[i], c.head_dim, f.label("flash_attention", pos));
     expect_counters_zero(scratch);
   }
   KVQ_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -218,8 +205,8 @@ TEST_P(CudaDecodeAttention, TwoCallsBackToBack) {
                                   nullptr);
   cuda::flash_attention_decode_at(f.view(), pos_dev.data() + 1, qb.data(), f.n_heads, f.scale, outb.data(), scratch,
                                   nullptr);
-  expect_close(outa.result(), f.ref[a], c.head_dim, "first");
-  expect_close(outb.result(), f.ref[b], c.head_dim, "second");
+  gputest::expect_attention_close(outa.result(), f.ref[a], c.head_dim, "first");
+  gputest::expect_attention_close(outb.result(), f.ref[b], c.head_dim, "second");
   expect_counters_zero(scratch);
 }
 

@@ -225,18 +225,8 @@ class CudaCodecDecode : public ::testing::TestWithParam<AttnCase> {
 // The CPU computes q . (scale * code) and sum p (scale * code) in fp32. The
 // kernel's products are exact up to q's and p's 22-bit fp16 parts (relative
 // 2^-23 each) and fp32 accumulation: the `none` tests' fp32 allowance covers
-// that (see kv_codec_hooks.cuh), so the bound is the same.
-void expect_close(const std::vector<float>& y, const std::vector<float>& ref, const std::string& what) {
-  ASSERT_EQ(y.size(), ref.size());
-  double worst = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(y[i])) << what << ": element " << i << " not written";
-    const double err = std::fabs(double(y[i]) - ref[i]);
-    worst = std::max(worst, err);
-    ASSERT_LE(err, 1e-4 + 1e-4 * std::fabs(ref[i])) << what << ": element " << i << " got " << y[i] << " want " << ref[i];
-  }
-  ::testing::Test::RecordProperty(what + "_max_abs_err", std::to_string(worst));
-}
+// that (see kv_codec_hooks.cuh), so the bound is the same
+// (gputest::expect_attention_close).
 
 TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
   const AttnCase c = GetParam();
@@ -270,9 +260,9 @@ TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
     pos_dev.upload(std::vector<int>{pos});
     cuda::flash_attention_decode_at(store_of(*gpu, 0), pos_dev.data(), dq.data(), n_heads, scale, out_at.data(),
                                     scratch, nullptr);
-    expect_close(out_at.result(), ref, std::string(c.codec) + "_decode_at_pos" + std::to_string(pos));
+    gputest::expect_attention_close(out_at.result(), ref, D, label_of(c.codec) + "_decode_at_pos" + std::to_string(pos));
     cuda::flash_attention(store_of(*gpu, 0), pos, 1, dq.data(), n_heads, scale, out.data(), scratch, nullptr);
-    expect_close(out.result(), ref, std::string(c.codec) + "_flash_attention_pos" + std::to_string(pos));
+    gputest::expect_attention_close(out.result(), ref, D, label_of(c.codec) + "_flash_attention_pos" + std::to_string(pos));
   }
   const auto counters = scratch.decode_counters.download();
   for (unsigned x : counters) ASSERT_EQ(x, 0u) << "arrival counter not reset";

@@ -312,16 +312,7 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem, const flo
       }
     }
   }
-  float inv_rms = 1.0f;
-  if (a.norm) {
-    __shared__ float partial[kMaxWarps];
-    ss = warp_sum(ss);
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < threads / 32; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / float(a.cols) + a.eps);
-  }
+  const float inv_rms = gemv_detail::cta_inv_rms(ss, a, lane, warp, threads / 32);
   __syncthreads();
   return inv_rms;
 }
@@ -534,42 +525,10 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   KVQ_CHECK(staged <= 200 * 1024 &&
                 w0.rows <= (int64_t(1) << 30),
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
-  KernelArgs a{};
-  a.x = req.x;
-  a.norm = req.norm_weight;
-  a.eps = req.norm_eps;
-  a.cols = int(w0.cols);
-  a.epilogue = req.epilogue;
-  a.trace = req.trace;
   const int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
-  int tasks = 0;
-  for (int i = 0; i < req.n_out; ++i) {
-    const GpuMatrix& w = *req.out[i].w;
-    const bool needs_y = req.epilogue != GemvEpilogue::swiglu || i == 0;
-    KVQ_CHECK(w.type == w0.type && w.cols == w0.cols && (req.out[i].y || !needs_y), Errc::internal,
-              "GPU GEMV: fused matrices must share type and width (", gguf::tensor_type_name(w.type), " x ", w.cols,
-              " vs ", gguf::tensor_type_name(w0.type), " x ", w0.cols, ")");
-    KVQ_CHECK(w.rows >= 1, Errc::internal, "GPU GEMV: empty matrix");
-    a.codes[i] = w.codes.data();
-    a.scales[i] = w.scales.data();
-    a.y[i] = req.out[i].y;
-    if (a.y[i]) {
-      const float* y = a.y[i];
-      const bool overlaps_x = y < req.x + w.cols && req.x < y + w.rows;
-      const bool overlaps_norm = req.norm_weight && y < req.norm_weight + w.cols && req.norm_weight < y + w.rows;
-      KVQ_CHECK(!overlaps_x && !overlaps_norm, Errc::internal, "GPU GEMV: an output overlaps the input");
-    }
-    a.rows[i] = int(w.rows);
-    if (req.epilogue != GemvEpilogue::swiglu || i == 0) tasks += int((w.rows + R - 1) / R);
-    a.task_end[i] = tasks;
-  }
-  a.n_tasks = tasks;
-  if (req.epilogue == GemvEpilogue::swiglu) {
-    KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU GEMV: swiglu gate and up differ in rows");
-    dispatch<true>(w0.type, a, stream);
-  } else {
-    dispatch<false>(w0.type, a, stream);
-  }
+  KernelArgs a = gemv_detail::kernel_args(req, R);
+  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream);
+  else dispatch<false>(w0.type, a, stream);
 }
 
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream) {

@@ -253,16 +253,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kquant_kernel(KArgs a) {
     }
     u4[i] = v;
   }
-  float inv_rms = 1.0f;
-  if (a.norm) {
-    __shared__ float partial[kMaxWarps];
-    ss = warp_sum(ss);
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += partial[w];
-    inv_rms = 1.0f / sqrtf(total / float(a.cols) + a.eps);
-  }
+  const float inv_rms = gemv_detail::cta_inv_rms(ss, a, lane, warp, warps);
   __syncthreads();
   trace_event(a.trace, 2);
 
@@ -343,41 +334,9 @@ void gemv_kquant(const GemvRequest& req, cudaStream_t stream) {
             "GPU K-quant GEMV: unsupported ", gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
   KVQ_CHECK(w0.cols * sizeof(float) <= 200 * 1024 && w0.rows <= (int64_t(1) << 30), Errc::out_of_range,
             "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
-  KArgs a{};
-  a.x = req.x;
-  a.norm = req.norm_weight;
-  a.eps = req.norm_eps;
-  a.cols = int(w0.cols);
-  a.epilogue = req.epilogue;
-  a.trace = req.trace;
-  int tasks = 0;
-  for (int i = 0; i < req.n_out; ++i) {
-    const GpuMatrix& w = *req.out[i].w;
-    const bool needs_y = req.epilogue != GemvEpilogue::swiglu || i == 0;
-    KVQ_CHECK(w.type == w0.type && w.cols == w0.cols && (req.out[i].y || !needs_y), Errc::internal,
-              "GPU GEMV: fused matrices must share type and width (", gguf::tensor_type_name(w.type), " x ", w.cols,
-              " vs ", gguf::tensor_type_name(w0.type), " x ", w0.cols, ")");
-    KVQ_CHECK(w.rows >= 1, Errc::internal, "GPU GEMV: empty matrix");
-    a.codes[i] = w.codes.data();
-    a.scales[i] = w.scales.data();
-    a.y[i] = req.out[i].y;
-    if (a.y[i]) {
-      const float* y = a.y[i];
-      const bool overlaps_x = y < req.x + w.cols && req.x < y + w.rows;
-      const bool overlaps_norm = req.norm_weight && y < req.norm_weight + w.cols && req.norm_weight < y + w.rows;
-      KVQ_CHECK(!overlaps_x && !overlaps_norm, Errc::internal, "GPU GEMV: an output overlaps the input");
-    }
-    a.rows[i] = int(w.rows);
-    if (needs_y) tasks += int(w.rows);
-    a.task_end[i] = tasks;
-  }
-  a.n_tasks = tasks;
-  if (req.epilogue == GemvEpilogue::swiglu) {
-    KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU GEMV: swiglu gate and up differ in rows");
-    dispatch<true>(w0.type, a, stream);
-  } else {
-    dispatch<false>(w0.type, a, stream);
-  }
+  KArgs a = gemv_detail::kernel_args(req, 1);  // one row per task
+  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream);
+  else dispatch<false>(w0.type, a, stream);
 }
 
 }  // namespace kvq::cuda
