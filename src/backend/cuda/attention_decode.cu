@@ -79,6 +79,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
+#include "backend/cuda/kv_decode_hooks.cuh"
 #include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/lab_trace.cuh"
 #include "backend/cuda/ptx.cuh"

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kv/block.hpp"
+#include "kv/codebook.hpp"
 
 namespace kvq::cuda {
 
@@ -52,26 +53,49 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
   // read: attention is causal and masks the tail of its last tile).
   for (DeviceBuffer<uint8_t>* b : {&k_code_, &v_code_, &k_side_, &v_side_})
     if (b->size()) KVQ_CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
-  // Rotation tables of rotated sides, from the CPU blocks themselves (the
-  // same seed, layer, head and side: the same rotation, exactly).
-  auto upload_rotations = [&](const kv::SideDescriptor& d, kv::Side which, DeviceBuffer<float>& dst) {
-    if (!is_rotated(d.spec.family)) return;
-    std::vector<float> signs;
-    signs.reserve(size_t(shape.n_layers) * shape.n_kv_heads * shape.head_dim);
+  // Rotation tables, codebooks and QJL sketches of each side, from the CPU
+  // blocks themselves (the same seed, layer, head and side: the same maps and
+  // levels, exactly).
+  auto upload_tables = [&](const kv::SideDescriptor& d, kv::Side which, SideTables& dst) {
+    const RotationKind kind = rotation_kind(d.spec.family);
+    const bool codebook = d.codebook || d.trellis;
+    if (kind == RotationKind::identity && !codebook && !d.spec.qjl) return;
+    dst.rot_stride = uint32_t(rotation_table_floats(kind, shape.head_dim));
+    std::vector<float> rot, qjl, book;
     for (int l = 0; l < shape.n_layers; ++l)
       for (int h = 0; h < shape.n_kv_heads; ++h) {
         const kv::BlockTables t = kv::make_block(d.spec, shape.head_dim, seed, l, h, which)->tables();
-        KVQ_CHECK(t.rotation_kind == "hadamard" && int(t.rotation.size()) == shape.head_dim, Errc::internal,
-                  "GPU KV cache: ", d.spec.name(), " has a ", t.rotation_kind, " rotation the GPU does not apply");
-        signs.insert(signs.end(), t.rotation.begin(), t.rotation.end());
+        KVQ_CHECK(t.rotation.size() == dst.rot_stride, Errc::internal, "GPU KV cache: ", d.spec.name(), " has a ",
+                  t.rotation_kind, " rotation table of ", t.rotation.size(), " floats, the GPU expects ",
+                  dst.rot_stride);
+        rot.insert(rot.end(), t.rotation.begin(), t.rotation.end());
+        if (d.spec.qjl) {
+          KVQ_CHECK(t.qjl_projection.size() == size_t(shape.head_dim) * shape.head_dim, Errc::internal,
+                    "GPU KV cache: a QJL sketch that is not D x D");
+          qjl.insert(qjl.end(), t.qjl_projection.begin(), t.qjl_projection.end());
+        }
+        if (l == 0 && h == 0) {  // codebooks are the same for every (layer, head)
+          if (d.trellis) {
+            book = t.tcq_levels;
+            dst.tcq_g0 = t.tcq_g0;
+            dst.tcq_g1 = t.tcq_g1;
+            KVQ_CHECK(t.tcq_memory == 5, Errc::internal, "GPU KV cache: the GPU decodes 6-bit tcq windows");
+          } else if (d.codebook) {
+            book = t.codebook;
+            const auto& lm = kv::lloyd_max_gaussian(d.spec.bits);
+            book.insert(book.end(), lm.thresholds_f.begin(), lm.thresholds_f.end());
+          }
+        }
       }
-    dst.upload(signs);
+    if (!rot.empty()) dst.rot.upload(rot);
+    if (!qjl.empty()) dst.qjl.upload(qjl);
+    if (!book.empty()) dst.codebook.upload(book);
   };
-  upload_rotations(codec.k, kv::Side::k, k_rot_);
-  upload_rotations(codec.v, kv::Side::v, v_rot_);
+  upload_tables(codec.k, kv::Side::k, k_tables_);
+  upload_tables(codec.v, kv::Side::v, v_tables_);
   layers_.reserve(shape.n_layers);
   auto side_of = [&](const kv::SideDescriptor& d, DeviceBuffer<uint8_t>& code, DeviceBuffer<uint8_t>& side, int l,
-                     const DeviceBuffer<float>& rot) {
+                     const SideTables& tb) {
     GpuKvSide s;
     s.family = d.spec.family;
     s.bits = d.spec.bits;
@@ -79,13 +103,22 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     s.side_bytes = d.side_bytes;
     s.code = code.data() + rows_per_layer * d.code_bytes * l;
     s.side = d.side_bytes ? side.data() + rows_per_layer * d.side_bytes * l : nullptr;
-    s.rot = rot.size() ? rot.data() + size_t(l) * shape.n_kv_heads * shape.head_dim : nullptr;
+    const size_t heads_before = size_t(l) * shape.n_kv_heads;
+    s.rot_stride = tb.rot_stride;
+    s.rot = tb.rot.size() ? tb.rot.data() + heads_before * tb.rot_stride : nullptr;
+    s.codebook = tb.codebook.size() ? tb.codebook.data() : nullptr;
+    s.tcq_g0 = tb.tcq_g0;
+    s.tcq_g1 = tb.tcq_g1;
+    s.has_qjl = d.spec.qjl;
+    s.qjl = tb.qjl.size() ? tb.qjl.data() + heads_before * shape.head_dim * shape.head_dim : nullptr;
+    s.qjl_code_offset = d.qjl_code_offset;
+    s.qjl_side_offset = d.qjl_side_offset;
     return s;
   };
   for (int l = 0; l < shape.n_layers; ++l) {
     GpuKvLayer store;
-    store.k = side_of(codec.k, k_code_, k_side_, l, k_rot_);
-    store.v = side_of(codec.v, v_code_, v_side_, l, v_rot_);
+    store.k = side_of(codec.k, k_code_, k_side_, l, k_tables_);
+    store.v = side_of(codec.v, v_code_, v_side_, l, v_tables_);
     store.n_kv_heads = shape.n_kv_heads;
     store.head_dim = shape.head_dim;
     store.max_tokens = shape.max_tokens;
@@ -106,7 +139,8 @@ std::vector<const void*> CudaKvCache::graph_addresses() const {
   // The cache's id first: a new cache whose buffers land at a freed one's
   // addresses (its shape or codec may differ) never replays its recording.
   return {reinterpret_cast<const void*>(uintptr_t(id())), k_code_.data(), k_side_.data(), v_code_.data(),
-          v_side_.data(), k_rot_.data(), v_rot_.data(), scratch_.part.data(), scratch_.decode_counters.data()};
+          v_side_.data(), k_tables_.rot.data(), v_tables_.rot.data(), k_tables_.qjl.data(), k_tables_.codebook.data(),
+          v_tables_.codebook.data(), scratch_.part.data(), scratch_.decode_counters.data()};
 }
 
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {

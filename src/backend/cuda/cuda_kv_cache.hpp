@@ -68,7 +68,13 @@ class CudaKvCache final : public kv::Cache {
   kv::CacheShape shape_;
   // One allocation per array, [layer][kv_head][max_tokens][row bytes].
   DeviceBuffer<uint8_t> k_code_, k_side_, v_code_, v_side_;
-  DeviceBuffer<float> k_rot_, v_rot_;  // rotated sides: [layer][kv_head][head_dim] signs
+  // Per side: rotation tables [layer][kv_head][rot_stride], the codebook (one
+  // for all layers), QJL sketches [layer][kv_head][D][D] (GpuKvSide).
+  struct SideTables {
+    DeviceBuffer<float> rot, codebook, qjl;
+    uint32_t rot_stride = 0, tcq_g0 = 0, tcq_g1 = 0;
+  };
+  SideTables k_tables_, v_tables_;
   AttentionScratch scratch_;  // shared by the layers (one runs at a time)
   std::vector<CudaLayerCache> layers_;
   uint64_t allocated_ = 0;

@@ -27,7 +27,7 @@ __global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, 
   const int t = row / n_kv, h = row % n_kv;
   uint8_t* code = side.code + side.code_offset(h, pos + t, max_tokens);
   uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, pos + t, max_tokens) : nullptr;
-  const float* rot = side.rot ? side.rot + size_t(h) * D : nullptr;
+  const float* rot = side.rot_of(h);
   EncodeHooks<F>::encode_row(x + size_t(row) * D, D, code, s, lane, rot);
 }
 
@@ -82,7 +82,7 @@ __global__ void dequantize_rotated_kernel(GpuKvSide side, int n_tokens, int n_kv
   float v[kNJ];
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) v[j] = decode_value_any(side.family, code, s, lane + 32 * j);
-  warp_hadamard<kNJ>(v, side.rot + size_t(h) * D, lane, true);
+  warp_hadamard<kNJ>(v, side.rot_of(h), lane, true);
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) dst[(size_t(h) * dst_stride + t) * D + lane + 32 * j] = ::kvq::f32_to_bf16(v[j]);
 }

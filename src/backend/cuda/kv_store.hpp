@@ -22,6 +22,10 @@
 
 namespace kvq::cuda {
 
+// How a family's rows are rotated (kv/rotation.hpp): the GPU applies the same
+// maps from the tables the CPU blocks export (kv::BlockTables::rotation).
+enum class RotationKind : uint8_t { identity, hadamard, isoclinic, rotor, givens };
+
 // One side (K or V) of one layer.
 struct GpuKvSide {
   kv::Family family = kv::Family::bf16;
@@ -30,10 +34,24 @@ struct GpuKvSide {
   uint8_t* side = nullptr;
   uint32_t code_bytes = 0;  // per row
   uint32_t side_bytes = 0;  // per row
-  // rq8: this layer's random-sign Walsh-Hadamard signs, [n_kv_heads][head_dim]
-  // (kv/rotation.hpp); null for unrotated blocks. Rows are stored in the
-  // rotated basis; attention rotates q and un-rotates o once per step.
+  // Rotated families: this layer's rotation tables, [n_kv_heads][rot_stride]
+  // floats in kv::Rotation::table() format (hadamard: D signs; isoclinic: per
+  // 4-block a0..a3 b0..b3; rotor: per 3-block a row-major 3x3 matrix, then
+  // cos, sin of a 2-tail; givens: per pair cos, sin); null for unrotated
+  // blocks. Rows are stored in the rotated basis; attention rotates q and
+  // un-rotates o once per step.
   const float* rot = nullptr;
+  uint32_t rot_stride = 0;
+  // Codebook families (turbo, iso, rotor, planar): 2^bits Lloyd-Max centroids
+  // (ascending) then their 2^bits - 1 thresholds; tcq: the 2^(bits+1) union
+  // levels (index 4 m + subset). Null otherwise.
+  const float* codebook = nullptr;
+  uint32_t tcq_g0 = 0, tcq_g1 = 0;  // tcq: subset generators over the 6-bit branch window
+  // +qjl (K sides): the sketch matrices S, [n_kv_heads][D][D] row-major, and
+  // where the sketch bits and the residual norm start in a row.
+  const float* qjl = nullptr;
+  uint32_t qjl_code_offset = 0, qjl_side_offset = 0;
+  bool has_qjl = false;
 
   KVQ_STORE_HD size_t code_offset(int head, int token, int max_tokens) const {
     return (size_t(head) * max_tokens + token) * code_bytes;
@@ -41,11 +59,27 @@ struct GpuKvSide {
   KVQ_STORE_HD size_t side_offset(int head, int token, int max_tokens) const {
     return (size_t(head) * max_tokens + token) * side_bytes;
   }
+  KVQ_STORE_HD const float* rot_of(int head) const { return rot ? rot + size_t(head) * rot_stride : nullptr; }
 };
 
+KVQ_STORE_HD constexpr RotationKind rotation_kind(kv::Family f) {
+  return f == kv::Family::rq8 || f == kv::Family::turbo || f == kv::Family::tcq ? RotationKind::hadamard
+         : f == kv::Family::iso                                                   ? RotationKind::isoclinic
+         : f == kv::Family::rotor                                                 ? RotationKind::rotor
+         : f == kv::Family::planar                                                ? RotationKind::givens
+                                                                                  : RotationKind::identity;
+}
 // Families whose rows are stored in a rotated basis (attention rotates q and
-// un-rotates o around the decode kernel; prefill un-rotates the prefix).
-KVQ_STORE_HD constexpr bool is_rotated(kv::Family f) { return f == kv::Family::rq8; }
+// un-rotates o in the decode kernel; prefill un-rotates the prefix).
+KVQ_STORE_HD constexpr bool is_rotated(kv::Family f) { return rotation_kind(f) != RotationKind::identity; }
+// Floats per KV head of a rotation table (kv::Rotation::table()).
+KVQ_STORE_HD constexpr int rotation_table_floats(RotationKind k, int D) {
+  return k == RotationKind::hadamard    ? D
+         : k == RotationKind::isoclinic ? (D / 4) * 8
+         : k == RotationKind::rotor     ? (D / 3) * 9 + (D % 3 == 2 ? 2 : 0)
+         : k == RotationKind::givens    ? (D / 2) * 2
+                                        : 0;
+}
 // The family whose decode hooks read a family's rows: rq8 rows are q8 rows
 // of the rotated vector, so rq8 runs the q8 kernel instances.
 KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) { return f == kv::Family::rq8 ? kv::Family::q8 : f; }
