@@ -15,12 +15,16 @@ struct LloydMax {
   int bits = 0;
   std::vector<double> centroids;   // 2^bits, ascending, symmetric
   std::vector<double> thresholds;  // 2^bits - 1 cell boundaries, ascending
-  std::vector<float> centroids_f;  // float copy for the kernels
-  std::vector<float> thresholds_f;
+  std::vector<float> centroids_f;  // the blocks' levels: centroids rounded to fp16 (exact in float and fp16)
+  std::vector<float> thresholds_f;  // midpoints of neighbouring centroids_f
   double mse = 0;                  // per value, unit-variance source
   double sqnr_db() const;          // 10 log10(1 / mse)
   int iterations = 0;              // Lloyd iterations used
 };
+
+// x rounded to the nearest fp16 value (codebook levels are fp16-exact so
+// that the GPU's fp16 tensor-core fragments hold them exactly).
+float round_to_f16(float x);
 
 // bits in 1..8. Thread-safe, cached.
 const LloydMax& lloyd_max_gaussian(int bits);

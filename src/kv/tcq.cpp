@@ -83,7 +83,7 @@ TcqTrellis tcq_initial(int bits, int memory, uint32_t g0, uint32_t g1) {
   t.memory = memory;
   t.g0 = g0;
   t.g1 = g1;
-  t.levels = lloyd_max_gaussian(bits + 1).centroids_f;  // ascending: subset = index mod 4
+  for (double c : lloyd_max_gaussian(bits + 1).centroids) t.levels.push_back(float(c));  // ascending: subset = index mod 4
   return t;
 }
 
@@ -126,6 +126,11 @@ TcqDesignResult design_tcq(TcqTrellis t, int n_rows, int row_len, int iterations
 // seed 0x7463712d64657369). Training SQNR: 10.758 dB (N=2), 16.365 dB (N=3);
 // on fresh rows 10.761 / 16.387 dB (Lloyd-Max: 9.300 / 14.616 dB).
 // Regenerate with `kvq codecs --design-tcq`.
+static TcqTrellis rounded(TcqTrellis t) {
+  for (auto& l : t.levels) l = round_to_f16(l);
+  return t;
+}
+
 const TcqTrellis& tcq_trellis(int bits) {
   KVQ_CHECK(bits == 2 || bits == 3, Errc::invalid_argument, "tcq blocks exist for 2 and 3 bits, not ", bits);
   static const TcqTrellis t2{2, 5, 0xa, 0x3b,
@@ -136,7 +141,10 @@ const TcqTrellis& tcq_trellis(int bits) {
                               -0.546914399f, -0.321961612f, -0.109508075f, 0.100305066f, 0.318424374f,
                               0.539596856f, 0.78507489f, 1.05668175f, 1.39416564f, 1.84653163f,
                               2.54352641f}};
-  return bits == 2 ? t2 : t3;
+  // The blocks use the levels rounded to fp16 (as the Lloyd-Max codebooks,
+  // kv/codebook.hpp): the tensor cores read them exactly.
+  static const TcqTrellis r2 = rounded(t2), r3 = rounded(t3);
+  return bits == 2 ? r2 : r3;
 }
 
 TcqDesignResult design_tcq_default(int bits) {

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -62,7 +63,7 @@ kv::CodecOptions codec(const std::string& name) {
 std::string label_of(const std::string& name) {
   std::string l = name;
   for (char& c : l)
-    if (c == '/') c = '_';
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';  // "K/V", "+qjl": gtest names are [A-Za-z0-9_]
   return l;
 }
 
@@ -224,15 +225,17 @@ class CudaCodecDecode : public ::testing::TestWithParam<AttnCase> {
 
 // The CPU computes q . (scale * code) and sum p (scale * code) in fp32. The
 // kernel's products are exact up to q's and p's 22-bit fp16 parts (relative
-// 2^-23 each) and fp32 accumulation: the `none` tests' fp32 allowance covers
-// that (see kv_codec_hooks.cuh), so the bound is the same
-// (gputest::expect_attention_close).
+// 2^-23 each) and fp32 accumulation: every format's values are exact in fp16
+// (int8 codes, e4m3, and the fp16-exact codebook and trellis levels), scales
+// are applied in fp32, and rotations of q and o are fp32 (a few ulp). The
+// `none` tests' fp32 allowance covers that (see kv_decode_hooks.cuh), so the
+// bound is the same (gputest::expect_attention_close).
 
 TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
   const AttnCase c = GetParam();
   const int D = c.head_dim, n_heads = c.G * c.n_kv;
   const kv::ResolvedCodec rc = kv::resolve_codec(codec(c.codec));
-  ASSERT_TRUE(cuda::flash_decode_instance_exists(D, rc.k.family, rc.v.family));
+  ASSERT_TRUE(cuda::flash_decode_instance_exists(D, rc.k.family, rc.k.bits, rc.k.qjl, rc.v.family, rc.v.bits));
   Rng rng(uint64_t(c.G) * 1000003 + c.n_kv * 10007 + D * 101 + c.max_tokens);
   const size_t kv_row = size_t(c.n_kv) * D, q_row = size_t(n_heads) * D;
   auto k = normal(rng, kFilled * kv_row), v = normal(rng, kFilled * kv_row);
@@ -245,10 +248,19 @@ TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
   shape.max_tokens = c.max_tokens;
   auto gpu = cuda::make_cuda_kv_cache(codec(c.codec), shape);
   cpu->layer(0).write(0, kFilled, k.data(), v.data());
-  cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
-  dk.upload(k);
-  dv.upload(v);
-  gpu->layer(0).write(0, kFilled, dk.data(), dv.data());
+  // The GPU store gets the CPU blocks' bytes (the encode tests above show the
+  // GPU writes the same ones): this test checks the decode hooks alone.
+  const auto desc = kv::describe_codec(rc, D);
+  const cuda::GpuKvLayer& store = store_of(*gpu, 0);
+  for (kv::Side which : {kv::Side::k, kv::Side::v}) {
+    const auto& x = which == kv::Side::k ? k : v;
+    const CpuSide bytes = cpu_encode(which == kv::Side::k ? desc.k : desc.v, which, x, 0, kFilled, c.n_kv, D,
+                                     c.max_tokens, 0);
+    const cuda::GpuKvSide& side = which == kv::Side::k ? store.k : store.v;
+    KVQ_CUDA_CHECK(cudaMemcpy(side.code, bytes.code.data(), bytes.code.size(), cudaMemcpyHostToDevice));
+    if (side.side_bytes)
+      KVQ_CUDA_CHECK(cudaMemcpy(side.side, bytes.side.data(), bytes.side.size(), cudaMemcpyHostToDevice));
+  }
   const float scale = 1.0f / std::sqrt(float(D));
   cuda::AttentionScratch scratch;
   cuda::DeviceBuffer<int> pos_dev(1);
@@ -273,7 +285,25 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CudaCodecDecode,
                                            AttnCase{"k8v8", 8, 1, 128, 70000}, AttnCase{"k8v8", 5, 3, 64, 4100},
                                            AttnCase{"k8v8", 16, 1, 128, 4100}, AttnCase{"k8v8", 4, 8, 128, 4100},
                                            AttnCase{"none", 4, 2, 128, 4100}, AttnCase{"rq8/rq8", 4, 2, 128, 4100},
-                                           AttnCase{"rq8/q8", 5, 3, 64, 4100}, AttnCase{"q8/rq8", 8, 1, 128, 70000}),
+                                           AttnCase{"rq8/q8", 5, 3, 64, 4100}, AttnCase{"q8/rq8", 8, 1, 128, 70000},
+                                           // every named low-bit codec at head_dim 128 (the default instances)
+                                           AttnCase{"k8v4", 4, 2, 128, 4100}, AttnCase{"k8vturbo3", 4, 2, 128, 4100},
+                                           AttnCase{"k8vturbo2", 1, 1, 128, 4100},
+                                           AttnCase{"k8vturbo3tcq", 4, 2, 128, 4100},
+                                           AttnCase{"k8vturbo2tcq", 8, 1, 128, 70000},
+                                           AttnCase{"tsym3", 4, 2, 128, 4100}, AttnCase{"tsym4", 16, 1, 128, 4100},
+                                           AttnCase{"planar", 4, 2, 128, 4100}, AttnCase{"planar3", 5, 3, 128, 4100},
+                                           AttnCase{"planar_k", 4, 2, 128, 4100}, AttnCase{"iso3", 4, 2, 128, 4100},
+                                           AttnCase{"iso4", 4, 2, 128, 4100}, AttnCase{"iso3_sym", 4, 2, 128, 4100},
+                                           AttnCase{"iso4_sym", 8, 1, 128, 70000}, AttnCase{"k_iso3", 4, 2, 128, 4100},
+                                           AttnCase{"k_iso4", 4, 2, 128, 4100}, AttnCase{"rotor3", 4, 2, 128, 4100},
+                                           AttnCase{"rotor4", 4, 2, 128, 4100}, AttnCase{"rotor3_sym", 4, 2, 128, 4100},
+                                           AttnCase{"rotor4_sym", 2, 4, 128, 4100}, AttnCase{"k_rotor3", 4, 2, 128, 4100},
+                                           AttnCase{"k_rotor4", 4, 2, 128, 4100}, AttnCase{"rot_k_tq4v", 4, 2, 128, 4100},
+                                           AttnCase{"fp8", 4, 2, 128, 4100}, AttnCase{"rotor3_sym+qjl", 4, 2, 128, 4100},
+                                           AttnCase{"rotor4_sym+qjl", 8, 1, 128, 4100},
+                                           AttnCase{"k_rotor3+qjl", 4, 2, 128, 4100},
+                                           AttnCase{"k_rotor4+qjl", 1, 2, 128, 4100}),
                          [](const auto& i) {
                            return label_of(i.param.codec) + "_G" + std::to_string(i.param.G) + "_kv" +
                                   std::to_string(i.param.n_kv) + "_d" + std::to_string(i.param.head_dim) + "_cap" +

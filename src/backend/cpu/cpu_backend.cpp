@@ -108,16 +108,15 @@ GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v
                                   int n_kv_heads) {
   GpuCodecSupport r;
 #ifdef KVQ_HAVE_CUDA
-  if (k.qjl || v.qjl) {
-    r.why = "+qjl has no GPU hooks yet";
-    return r;
-  }
   cuda::AttentionCase c;
   c.head_dim = head_dim;
   c.n_heads = n_heads;
   c.n_kv_heads = n_kv_heads;
   c.k = k.family;
   c.v = v.family;
+  c.k_bits = k.bits;
+  c.v_bits = v.bits;
+  c.k_qjl = k.qjl;
   c.decode = true;
   const cuda::AttentionChoice dec = cuda::attention_support(c);
   c.decode = false;

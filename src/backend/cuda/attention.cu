@@ -258,6 +258,24 @@ KvLayerView bf16_view(const GpuKvLayer& layer) {
                      layer.n_kv_heads, layer.head_dim, layer.max_tokens};
 }
 
+namespace {
+const char* rotation_name(RotationKind k) {
+  switch (k) {
+    case RotationKind::hadamard: return "hadamard";
+    case RotationKind::isoclinic: return "isoclinic";
+    case RotationKind::rotor: return "rotor";
+    case RotationKind::givens: return "givens";
+    default: return "identity";
+  }
+}
+// The storage format a decode instance reads: "q8", "turbo3", "iso4" (rotor
+// and planar rows are iso rows), "fp8".
+std::string format_name(kv::Family f, int bits) {
+  const kv::Family s = storage_family(f);
+  return std::string(kv::family_name(s)) + (kv::family_has_bits(s) ? std::to_string(bits) : "");
+}
+}  // namespace
+
 AttentionChoice attention_support(const AttentionCase& c) {
   AttentionChoice r;
   const char* why = nullptr;
@@ -275,13 +293,14 @@ AttentionChoice attention_support(const AttentionCase& c) {
   const int G = c.n_heads / c.n_kv_heads;
   if (c.decode) {
     const bool tc_shape = G >= 1 && G <= 16 && (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
-    if (tc_shape && flash_decode_instance_exists(c.head_dim, c.k, c.v)) {
+    if (tc_shape && flash_decode_instance_exists(c.head_dim, c.k, c.k_bits, c.k_qjl, c.v, c.v_bits)) {
       r.supported = true;
-      // Rotated sides run their storage family's instance, which rotates q
-      // and un-rotates o itself (DecodeParams::q_signs / o_signs).
-      r.kernel = std::string(is_rotated(c.k) ? "hadamard(q)+" : "") + "flash_decode_tc<" +
-                 std::to_string(c.head_dim) + "," + kv::family_name(storage_family(c.k)) + "," +
-                 kv::family_name(storage_family(c.v)) + ">" + (is_rotated(c.v) ? "+hadamard^T(o)" : "");
+      // Rotated sides run their storage format's instance, which rotates q
+      // and un-rotates o itself (DecodeParams: q_rot / o_rot).
+      r.kernel = (is_rotated(c.k) ? std::string(rotation_name(rotation_kind(c.k))) + "(q)+" : std::string()) +
+                 "flash_decode_tc<" + std::to_string(c.head_dim) + "," + format_name(c.k, c.k_bits) +
+                 (c.k_qjl ? "+qjl" : "") + "," + format_name(c.v, c.v_bits) + ">" +
+                 (is_rotated(c.v) ? std::string("+") + rotation_name(rotation_kind(c.v)) + "^T(o)" : "");
     } else if (bf16) {
       r.supported = true;
       r.kernel = "flash_cuda_core<bf16,bf16>";
@@ -309,6 +328,9 @@ AttentionChoice checked_choice(const GpuKvLayer& layer, int n_heads, bool decode
   c.n_kv_heads = layer.n_kv_heads;
   c.k = layer.k.family;
   c.v = layer.v.family;
+  c.k_bits = layer.k.bits;
+  c.v_bits = layer.v.bits;
+  c.k_qjl = layer.k.has_qjl;
   c.decode = decode;
   AttentionChoice r = attention_support(c);
   KVQ_CHECK(r.supported, Errc::unsupported, "GPU attention: ", r.why);
@@ -343,7 +365,7 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
   // over bf16 rows, each for the shapes it supports; this file's CUDA-core
   // kernel for the other (bf16) shapes.
   if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
-      flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
+      flash_decode_instance_exists(layer.head_dim, layer.k, layer.v)) {
     flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
     return;
   }
@@ -360,7 +382,7 @@ void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, cons
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
   checked_choice(layer, n_heads, true);
   if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
-      flash_decode_instance_exists(layer.head_dim, layer.k.family, layer.v.family)) {
+      flash_decode_instance_exists(layer.head_dim, layer.k, layer.v)) {
     flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
     return;
   }

@@ -82,6 +82,8 @@ struct AttentionCase {
   int n_heads = 0;
   int n_kv_heads = 0;
   kv::Family k = kv::Family::bf16, v = kv::Family::bf16;
+  int k_bits = 16, v_bits = 16;  // the blocks' bits (turbo3: 3)
+  bool k_qjl = false;            // K side +qjl
   bool decode = true;  // n == 1 (false: prefill, n > 1)
 };
 struct AttentionChoice {

@@ -93,7 +93,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileKeys = 16;
-constexpr int kMaxQParts = 3;
+constexpr int kQFragEntries = 4;  // per 16 head dims: 3 bf16 parts, or 2 fp16 parts over 2D dims (+qjl)
 constexpr int kMaxGroup = 16;         // M of the mma
 constexpr int kMinKeysPerSplit = 64;  // with a known position: no split gets less than a tile per warp
 constexpr float kLog2e = 1.4426950408889634f;
@@ -102,11 +102,12 @@ struct DecodeParams {
   GpuKvSide k, v;        // the packed store of this layer
   const float* q;        // [n_heads][D]
   float* out;            // [n_heads][D]
-  // Rotated sides (rq8): this layer's Walsh-Hadamard signs [n_kv][D], else
-  // null. q is rotated in shared memory before its fragments are built, and
-  // the last CTA un-rotates o before writing it: no launch of their own.
-  const float* q_signs;
-  const float* o_signs;
+  // Rotated sides: this layer's rotation tables ([n_kv][stride] floats,
+  // GpuKvSide::rot), else null. q is rotated in shared memory before its
+  // fragments are built, and the last CTA un-rotates o before writing it: no
+  // launch of their own. +qjl K sides also get S q_rot there (k.qjl).
+  const float* q_rot;
+  const float* o_rot;
   float* part_o;         // [n_kv][n_splits][G][D] unnormalised partial outputs
   float* part_m;         // [n_kv][n_splits][G] running max (log2 domain)
   float* part_l;         // [n_kv][n_splits][G] running sum
@@ -120,20 +121,27 @@ struct DecodeParams {
   unsigned long long* trace;  // kernel-lab timeline (flash_decode_trace), or null
 };
 
-__host__ __device__ constexpr size_t qfrag_bytes(int D, int parts) { return size_t(D / 16) * parts * 32 * 16; }
+__host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQFragEntries * 32 * 16; }
 __host__ __device__ constexpr int merge_row_stride(int D) { return D + 16; }    // floats; = 4 * (D/4 + 4)
 __host__ __device__ constexpr int merge_quarter_stride(int D) { return D / 4 + 4; }
 __host__ __device__ constexpr size_t merge_bytes(int D, int G) {
   return size_t(kWarps) * G * merge_row_stride(D) * sizeof(float);
 }
 __host__ __device__ constexpr size_t region0_bytes(int D, int G) {
-  return qfrag_bytes(D, kMaxQParts) > merge_bytes(D, G) ? qfrag_bytes(D, kMaxQParts) : merge_bytes(D, G);
+  return qfrag_bytes(D) > merge_bytes(D, G) ? qfrag_bytes(D) : merge_bytes(D, G);
 }
-// Rotated sides add one [G][D] float row buffer at the end (the rotated q,
-// later the merged o before its un-rotation).
-__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated = false) {
-  return region0_bytes(D, G) + 2 * kWarps * kMaxGroup * sizeof(float) + size_t(n_splits) * G * sizeof(float) + 16 +
-         (rotated ? size_t(G) * D * sizeof(float) : 0);
+// Low-bit formats add their pair tables after region 0 (lut_bytes, a
+// multiple of 16); rotated sides add one [G][2D] float row buffer at the end
+// (the rotated q and, for +qjl, S q_rot; later the merged o before its
+// un-rotation).
+__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated, int lut_bytes) {
+  return region0_bytes(D, G) + size_t(lut_bytes) + 2 * kWarps * kMaxGroup * sizeof(float) +
+         size_t(n_splits) * G * sizeof(float) + 16 + (rotated ? size_t(G) * 2 * D * sizeof(float) : 0);
+}
+// Bytes of the K and V pair tables of an instance.
+template <class KH, class VH>
+constexpr int lut_bytes_of() {
+  return (4 * (KH::kLutEntries + VH::kLutEntries) + 15) / 16 * 16;
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -149,10 +157,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 // lane owns the contiguous quarter [(D/4) t, (D/4)(t+1)) of its rows, stored
 // as 4 quarters at stride D/4 + 4 (conflict-free float4 stores). q8 V: lane t
 // owns dims 32a + 8t + {0..7} of group a; rows are plain (stride D + 16).
-template <int D, kv::Family VF>
+template <int D, bool kGroupMajorDims>
 struct WarpOLayout;
 template <int D>
-struct WarpOLayout<D, kv::Family::bf16> {
+struct WarpOLayout<D, false> {
   __device__ static void store(float* row, const float (&o)[D / 8][4], int r, int t, float inv_scale) {
     float* dst = row + t * merge_quarter_stride(D);
 #pragma unroll
@@ -165,7 +173,7 @@ struct WarpOLayout<D, kv::Family::bf16> {
   __device__ static int offset(int d) { return (d / (D / 4)) * merge_quarter_stride(D) + d % (D / 4); }
 };
 template <int D>
-struct WarpOLayout<D, kv::Family::q8> {
+struct WarpOLayout<D, true> {
   __device__ static void store(float* row, const float (&o)[D / 8][4], int r, int t, float inv_scale) {
 #pragma unroll
     for (int a = 0; a < D / 32; ++a) {
@@ -183,15 +191,78 @@ struct WarpOLayout<D, kv::Family::q8> {
 // Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
 // ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
 // and decodes 10-17 % slower (docs/perf.md).
-template <int D, kv::Family KF, kv::Family VF>
+// One row of D floats rotated (y = R x) or un-rotated (x = R^T y) by one warp,
+// src and dst in shared memory (dst != src), in fp32 (attention's q and o;
+// the bit-exact per-row maps of encoding are kv_codec_hooks.cuh's).
+template <int D>
+__device__ void rotate_row(RotationKind kind, const float* table, const float* src, float* dst, int lane,
+                           bool inverse) {
+  if (kind == RotationKind::hadamard) {
+    float v[D / 32];
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) v[j] = src[lane + 32 * j];
+    warp_hadamard<D / 32>(v, table, lane, inverse);
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) dst[lane + 32 * j] = v[j];
+    return;
+  }
+  for (int d = lane; d < D; d += 32) dst[d] = src[d];  // tails a kind leaves unrotated
+  __syncwarp();
+  if (kind == RotationKind::isoclinic) {  // y = a x b per 4-block; x = conj(a) y conj(b)
+    for (int b = lane; b < D / 4; b += 32) {
+      const float* t = table + 8 * b;
+      const float s = inverse ? -1.0f : 1.0f;
+      const float aw = t[0], ax = s * t[1], ay = s * t[2], az = s * t[3];
+      const float bw = t[4], bx = s * t[5], by = s * t[6], bz = s * t[7];
+      const float* x = src + 4 * b;
+      const float w1 = aw * x[0] - ax * x[1] - ay * x[2] - az * x[3];
+      const float x1 = aw * x[1] + ax * x[0] + ay * x[3] - az * x[2];
+      const float y1 = aw * x[2] - ax * x[3] + ay * x[0] + az * x[1];
+      const float z1 = aw * x[3] + ax * x[2] - ay * x[1] + az * x[0];
+      float* y = dst + 4 * b;
+      y[0] = w1 * bw - x1 * bx - y1 * by - z1 * bz;
+      y[1] = w1 * bx + x1 * bw + y1 * bz - z1 * by;
+      y[2] = w1 * by - x1 * bz + y1 * bw + z1 * bx;
+      y[3] = w1 * bz + x1 * by - y1 * bx + z1 * bw;
+    }
+  } else if (kind == RotationKind::rotor) {  // 3x3 matrix per 3-block (its transpose inverts)
+    for (int b = lane; b < D / 3; b += 32) {
+      const float* m = table + 9 * b;
+      const float* x = src + 3 * b;
+      float* y = dst + 3 * b;
+#pragma unroll
+      for (int r = 0; r < 3; ++r)
+        y[r] = inverse ? m[r] * x[0] + m[3 + r] * x[1] + m[6 + r] * x[2]
+                       : m[3 * r] * x[0] + m[3 * r + 1] * x[1] + m[3 * r + 2] * x[2];
+    }
+    if (D % 3 == 2 && lane == 0) {
+      const int t0 = D / 3 * 3;
+      const float c = table[9 * (D / 3)], sn = inverse ? -table[9 * (D / 3) + 1] : table[9 * (D / 3) + 1];
+      dst[t0] = c * src[t0] - sn * src[t0 + 1];
+      dst[t0 + 1] = sn * src[t0] + c * src[t0 + 1];
+    }
+  } else if (kind == RotationKind::givens) {  // pairs (2i, 2i+1)
+    for (int i = lane; i < D / 2; i += 32) {
+      const float c = table[2 * i], sn = inverse ? -table[2 * i + 1] : table[2 * i + 1];
+      const float a = src[2 * i], b = src[2 * i + 1];
+      dst[2 * i] = c * a - sn * b;
+      dst[2 * i + 1] = sn * a + c * b;
+    }
+  }
+}
+
+template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB>
 __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams p) {
-  using KH = KDecodeHooks<KF, D>;
-  using VH = VDecodeHooks<VF, D>;
-  using OL = WarpOLayout<D, VF>;
-  constexpr int kSteps = D / 16;     // k-steps of S = Q K^T
+  using KBase = KDecodeHooks<KF, KB, D>;
+  using KH = std::conditional_t<KQ, KDecodeQjl<KBase, D>, KBase>;
+  using VH = VDecodeHooks<VF, VB, D>;
+  using OL = WarpOLayout<D, VH::kGroupMajorDims>;
+  constexpr int kLutBytes = lut_bytes_of<KH, VH>();
+  constexpr int kQDims = KQ ? 2 * D : D;  // q_rot, then S q_rot for +qjl
+  constexpr int kSteps = kQDims / 16;     // k-steps of S = Q K^T
   constexpr int kDimTiles = D / 8;   // n-tiles of O
   constexpr int kQParts = KH::kQParts;
-  static_assert(kQParts <= kMaxQParts, "q fragments are sized for kMaxQParts parts");
+  static_assert(kSteps * kQParts <= (D / 16) * kQFragEntries, "q fragments exceed their shared memory");
   // D <= 128: the next tile's K and this tile's V are in flight while S is
   // computed. D = 256 has no registers for that (o alone is 128 per lane).
   constexpr bool kPipelined = D <= 128;
@@ -200,7 +271,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   const int G = p.G;
   uint4* q_frag = reinterpret_cast<uint4*>(smem);
   float* warp_o = reinterpret_cast<float*>(smem);  // after the key loop (aliases q_frag)
-  float* warp_m = reinterpret_cast<float*>(smem + region0_bytes(D, G));
+  uint32_t* lut_k = reinterpret_cast<uint32_t*>(smem + region0_bytes(D, G));  // pair tables (low-bit formats)
+  uint32_t* lut_v = lut_k + KH::kLutEntries;
+  float* warp_m = reinterpret_cast<float*>(smem + region0_bytes(D, G) + kLutBytes);
   float* warp_l = warp_m + kWarps * kMaxGroup;
   float* split_w = warp_l + kWarps * kMaxGroup;
   int* is_last = reinterpret_cast<int*>(split_w + gridDim.x * G);
@@ -272,17 +345,39 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   // subnormal, none overflows); scores are multiplied by 2^-e afterwards.
   float score_factor = 1.0f;
   const float* q_group = p.q + size_t(kvh) * G * D;
-  if (p.q_signs) {  // rotated K side: q_rot = R q, once per CTA, into shared memory
+  int q_stride = D;
+  if (p.q_rot || KQ) {  // rotated K side: q_rot = R q, once per CTA, into shared memory [G][kQDims]
     for (int row = warp; row < G; row += kWarps) {
-      float v[D / 32];
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) v[j] = q_group[size_t(row) * D + lane + 32 * j];
-      warp_hadamard<D / 32>(v, p.q_signs + size_t(kvh) * D, lane, false);
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) rot_rows[row * D + lane + 32 * j] = v[j];
+      float* dst = rot_rows + row * kQDims;
+      if (p.q_rot) {
+        // The unrotated q is staged in the buffer's free half: the row's
+        // second half (+qjl, later S q_rot) or past the G rows.
+        float* stage = KQ ? dst + D : rot_rows + (G + row) * D;
+        for (int d = lane; d < D; d += 32) stage[d] = q_group[size_t(row) * D + d];
+        __syncwarp();
+        rotate_row<D>(rotation_kind(p.k.family), p.q_rot + size_t(kvh) * p.k.rot_stride, stage, dst, lane, false);
+      } else {
+        for (int d = lane; d < D; d += 32) dst[d] = q_group[size_t(row) * D + d];
+      }
     }
     __syncthreads();
+    if constexpr (KQ) {  // S q_rot into the second half of each row (S row j: D floats)
+      const float* S = p.k.qjl + size_t(kvh) * D * D;
+      for (int e = tid; e < G * D; e += kThreads) {
+        const int row = e / D, j = e % D;
+        const float* sj = S + size_t(j) * D;
+        const float* qr = rot_rows + row * kQDims;
+        float acc = 0.0f;
+        for (int i = 0; i < D; i += 4) {
+          const float4 sv = __ldg(reinterpret_cast<const float4*>(sj + i));
+          acc = fmaf(sv.x, qr[i], fmaf(sv.y, qr[i + 1], fmaf(sv.z, qr[i + 2], fmaf(sv.w, qr[i + 3], acc))));
+        }
+        rot_rows[row * kQDims + D + j] = acc;
+      }
+      __syncthreads();
+    }
     q_group = rot_rows;
+    q_stride = kQDims;
   }
   {
     constexpr int kEntries = kSteps * 32 / kThreads;
@@ -295,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = fg + 8 * r;
-        qv[n][r] = row < G ? *reinterpret_cast<const float4*>(q_group + size_t(row) * D + d0)
+        qv[n][r] = row < G ? *reinterpret_cast<const float4*>(q_group + size_t(row) * q_stride + d0)
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
@@ -348,6 +443,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       }
     }
   }
+  if constexpr (KH::kLutEntries > 0) KH::build_lut(p.k, lut_k, tid, kThreads);
+  if constexpr (VH::kLutEntries > 0) VH::build_lut(p.v, lut_v, tid, kThreads);
   // Pipelined: the first tile's K and V are requested now, after the q loads:
   // a warp's loads return in order, so the q loads above do not wait for
   // K and V (from HBM; their first tile was asked into L2 before the wait).
@@ -404,9 +501,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       const bool has_next = tile + kWarps < n_tiles;
       if (has_next) KH::load(p.k, head_row0, key0 + (tile + kWarps) * kTileKeys, last_key, g, t, k_next);
       float s[2][4], alpha[2];
-      KH::scores(q_frag, k_cur, lane, s);
+      KH::scores(q_frag, k_cur, lane, s, lut_k);
       softmax(tile, s, alpha);
-      VH::accumulate(s, alpha, v_cur, o);
+      VH::accumulate(s, alpha, v_cur, o, lut_v);
       if (has_next) k_cur = k_next;
     }
   } else {
@@ -414,10 +511,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       // Not carried across iterations: o and V need the registers.
       KH::load(p.k, head_row0, key0 + tile * kTileKeys, last_key, g, t, k_cur);
       float s[2][4], alpha[2];
-      KH::scores(q_frag, k_cur, lane, s);
+      KH::scores(q_frag, k_cur, lane, s, lut_k);
       softmax(tile, s, alpha);
       VH::load(p.v, head_row0, key0 + tile * kTileKeys, last_key, g, t, v_cur);
-      VH::accumulate(s, alpha, v_cur, o);
+      VH::accumulate(s, alpha, v_cur, o, lut_v);
     }
   }
 
@@ -517,19 +614,14 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       acc.z += w * x.z;
       acc.w += w * x.w;
     }
-    float* dst = p.o_signs ? rot_rows + row * D + d : p.out + (size_t(kvh) * G + row) * D + d;
+    float* dst = p.o_rot ? rot_rows + row * D + d : p.out + (size_t(kvh) * G + row) * D + d;
     *reinterpret_cast<float4*>(dst) = acc;
   }
-  if (p.o_signs) {  // rotated V side: o = R^T o_rot, once per KV head
+  if (p.o_rot) {  // rotated V side: o = R^T o_rot, once per KV head
     __syncthreads();
-    for (int row = warp; row < G; row += kWarps) {
-      float v[D / 32];
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) v[j] = rot_rows[row * D + lane + 32 * j];
-      warp_hadamard<D / 32>(v, p.o_signs + size_t(kvh) * D, lane, true);
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) p.out[(size_t(kvh) * G + row) * D + lane + 32 * j] = v[j];
-    }
+    for (int row = warp; row < G; row += kWarps)
+      rotate_row<D>(rotation_kind(p.v.family), p.o_rot + size_t(kvh) * p.v.rot_stride, rot_rows + row * D,
+                    p.out + (size_t(kvh) * G + row) * D, lane, true);
   }
   if (p.trace) {
     __syncthreads();
@@ -537,24 +629,50 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   }
 }
 
-// ---- instances: (head_dim, K block, V block). The default set builds always;
-// KVQ_ALL_KERNEL_INSTANCES adds the rest. flash_decode_supported() answers
-// from this same list.
+// ---- instances: (head_dim, K storage family, K bits, V storage family, V
+// bits); storage_family() maps rq8 to q8 and rotor, planar to iso (same
+// bytes). The default set covers every named codec at head_dim 128 (the
+// Qwen3 / Llama shape) and the seam's bf16 / q8 shapes;
+// KVQ_ALL_KERNEL_INSTANCES adds head_dim 64 and 256 for every named codec
+// and the mixed bf16 / q8 pairs. flash_decode_instance_exists() answers from
+// this same list.
+#define KVQ_DECODE_NAMED_INSTANCES(X, d) \
+  X(d, q8, 8, false, turbo, 4)                  \
+  X(d, q8, 8, false, turbo, 3)                  \
+  X(d, q8, 8, false, turbo, 2)                  \
+  X(d, q8, 8, false, tcq, 3)                    \
+  X(d, q8, 8, false, tcq, 2)                    \
+  X(d, turbo, 3, false, turbo, 3)               \
+  X(d, turbo, 4, false, turbo, 4)               \
+  X(d, q8, 8, false, iso, 4)                    \
+  X(d, q8, 8, false, iso, 3)                    \
+  X(d, iso, 4, false, bf16, 16)                 \
+  X(d, iso, 3, false, bf16, 16)                 \
+  X(d, iso, 3, false, iso, 3)                   \
+  X(d, iso, 4, false, iso, 4)                   \
+  X(d, fp8, 8, false, fp8, 8)            \
+  X(d, iso, 3, true, iso, 3)              \
+  X(d, iso, 4, true, iso, 4)              \
+  X(d, iso, 3, true, bf16, 16)            \
+  X(d, iso, 4, true, bf16, 16)
 #define KVQ_DECODE_DEFAULT_INSTANCES(X) \
-  X(64, bf16, bf16)                     \
-  X(128, bf16, bf16)                    \
-  X(256, bf16, bf16)                    \
-  X(64, q8, q8)                         \
-  X(128, q8, q8)
+  X(64, bf16, 16, false, bf16, 16)             \
+  X(128, bf16, 16, false, bf16, 16)            \
+  X(256, bf16, 16, false, bf16, 16)            \
+  X(64, q8, 8, false, q8, 8)                   \
+  X(128, q8, 8, false, q8, 8)                  \
+  KVQ_DECODE_NAMED_INSTANCES(X, 128)
 #if defined(KVQ_ALL_KERNEL_INSTANCES)
 #define KVQ_DECODE_EXTRA_INSTANCES(X) \
-  X(256, q8, q8)                      \
-  X(64, q8, bf16)                     \
-  X(128, q8, bf16)                    \
-  X(256, q8, bf16)                    \
-  X(64, bf16, q8)                     \
-  X(128, bf16, q8)                    \
-  X(256, bf16, q8)
+  X(256, q8, 8, false, q8, 8)                \
+  X(64, q8, 8, false, bf16, 16)              \
+  X(128, q8, 8, false, bf16, 16)             \
+  X(256, q8, 8, false, bf16, 16)             \
+  X(64, bf16, 16, false, q8, 8)              \
+  X(128, bf16, 16, false, q8, 8)             \
+  X(256, bf16, 16, false, q8, 8)             \
+  KVQ_DECODE_NAMED_INSTANCES(X, 64)   \
+  KVQ_DECODE_NAMED_INSTANCES(X, 256)
 #else
 #define KVQ_DECODE_EXTRA_INSTANCES(X)
 #endif
@@ -564,18 +682,46 @@ using KernelFn = void (*)(DecodeParams);
 
 struct Instance {
   int D;
-  kv::Family k, v;
+  kv::Family k;
+  int k_bits;
+  bool k_qjl;
+  kv::Family v;
+  int v_bits;
   KernelFn fn;
+  int lut_bytes;
 };
-#define KVQ_DECODE_ENTRY(d, kf, vf) {d, kv::Family::kf, kv::Family::vf, flash_decode_kernel<d, kv::Family::kf, kv::Family::vf>},
+#define KVQ_DECODE_ENTRY(d, kf, kb, kq, vf, vb)                                                                 \
+  {d,                                                                                                       \
+   kv::Family::kf,                                                                                          \
+   kb,                                                                                                      \
+   kq,                                                                                                      \
+   kv::Family::vf,                                                                                          \
+   vb,                                                                                                      \
+   flash_decode_kernel<d, kv::Family::kf, kb, kq, kv::Family::vf, vb>,                                     \
+   lut_bytes_of<KDecodeHooks<kv::Family::kf, kb, d>, VDecodeHooks<kv::Family::vf, vb, d>>()},
 const Instance kInstances[] = {KVQ_DECODE_INSTANCES(KVQ_DECODE_ENTRY)};
 #undef KVQ_DECODE_ENTRY
 constexpr int kNumInstances = int(sizeof(kInstances) / sizeof(kInstances[0]));
 
+// The bits that select an instance: fixed-width families have one format.
+int instance_bits(kv::Family f, int bits) {
+  switch (storage_family(f)) {
+    case kv::Family::bf16: return 16;
+    case kv::Family::q8:
+    case kv::Family::fp8: return 8;
+    default: return bits;
+  }
+}
+
 // Index into kInstances, or -1.
-int find_instance(int D, kv::Family k, kv::Family v) {
+int find_instance(int D, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
+  const kv::Family ks = storage_family(k), vs = storage_family(v);
+  const int kb = instance_bits(k, k_bits), vb = instance_bits(v, v_bits);
   for (int i = 0; i < kNumInstances; ++i)
-    if (kInstances[i].D == D && kInstances[i].k == k && kInstances[i].v == v) return i;
+    if (kInstances[i].D == D && kInstances[i].k == ks && kInstances[i].k_bits == kb && kInstances[i].k_qjl == k_qjl &&
+        kInstances[i].v == vs &&
+        kInstances[i].v_bits == vb)
+      return i;
   return -1;
 }
 
@@ -593,13 +739,13 @@ int resident_ctas(int index, int G) {
   Occupancy& c = cache[index];
   if (!c.prepared.load(std::memory_order_acquire)) {
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(in.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits, true))));
+                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits, true, in.lut_bytes))));
     c.prepared.store(true, std::memory_order_release);
   }
   int n = c.ctas[G].load(std::memory_order_relaxed);
   if (n == 0) {
     KVQ_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, in.fn, kThreads, smem_bytes(in.D, G, kMaxDecodeSplits)));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, in.fn, kThreads, smem_bytes(in.D, G, kMaxDecodeSplits, false, in.lut_bytes)));
     n = std::max(n, 1);
     c.ctas[G].store(n, std::memory_order_relaxed);
   }
@@ -607,16 +753,20 @@ int resident_ctas(int index, int G) {
 }
 
 int instance_for(const GpuKvLayer& layer) {
-  const int i = find_instance(layer.head_dim, storage_family(layer.k.family), storage_family(layer.v.family));
+  const int i =
+      find_instance(layer.head_dim, layer.k.family, layer.k.bits, layer.k.has_qjl, layer.v.family, layer.v.bits);
   KVQ_CHECK(i >= 0, Errc::internal, "flash_decode: no kernel instance for head_dim ", layer.head_dim, ", K ",
-            kv::family_name(layer.k.family), ", V ", kv::family_name(layer.v.family));
+            kv::family_name(layer.k.family), layer.k.bits, ", V ", kv::family_name(layer.v.family), layer.v.bits);
   return i;
 }
 
 }  // namespace
 
-bool flash_decode_instance_exists(int head_dim, kv::Family k, kv::Family v) {
-  return find_instance(head_dim, storage_family(k), storage_family(v)) >= 0;
+bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
+  return find_instance(head_dim, k, k_bits, k_qjl, v, v_bits) >= 0;
+}
+bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v) {
+  return find_instance(head_dim, k.family, k.bits, k.has_qjl, v.family, v.bits) >= 0;
 }
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
@@ -686,13 +836,14 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   p.q_scale = scale * kLog2e;
   p.prefetch_tiles = decode_prefetch_tiles();
   p.trace = g_trace;
-  p.q_signs = is_rotated(layer.k.family) ? layer.k.rot : nullptr;
-  p.o_signs = is_rotated(layer.v.family) ? layer.v.rot : nullptr;
-  KVQ_CHECK((!is_rotated(layer.k.family) || p.q_signs) && (!is_rotated(layer.v.family) || p.o_signs), Errc::internal,
-            "flash_decode: a rotated store without its rotation table");
+  p.q_rot = is_rotated(layer.k.family) ? layer.k.rot : nullptr;
+  p.o_rot = is_rotated(layer.v.family) ? layer.v.rot : nullptr;
+  KVQ_CHECK((!is_rotated(layer.k.family) || p.q_rot) && (!is_rotated(layer.v.family) || p.o_rot) &&
+                (!layer.k.has_qjl || layer.k.qjl),
+            Errc::internal, "flash_decode: a rotated or +qjl store without its tables");
   resident_ctas(index, G);  // the shared-memory opt-in
   launch_dependent(in.fn, dim3(n_splits, n_kv), dim3(kThreads),
-                   smem_bytes(D, G, n_splits, p.q_signs || p.o_signs), stream, p);
+                   smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl, in.lut_bytes), stream, p);
 }
 
 }  // namespace kvq::cuda

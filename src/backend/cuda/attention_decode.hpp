@@ -28,8 +28,9 @@ namespace kvq::cuda {
 
 constexpr int kMaxDecodeSplits = 64;  // bounds the serial merge done by the last CTA of each KV head
 
-// True when an instance of the kernel exists for (head_dim, K, V).
-bool flash_decode_instance_exists(int head_dim, kv::Family k, kv::Family v);
+// True when an instance of the kernel exists for (head_dim, K block, V block).
+bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits);
+bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v);
 
 // True when the tensor-core decode kernel handles this shape: GQA group
 // G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `q` and

@@ -30,10 +30,12 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     c.n_kv_heads = shape.n_kv_heads;
     c.k = codec.k.spec.family;
     c.v = codec.v.spec.family;
+    c.k_bits = codec.k.spec.bits;
+    c.v_bits = codec.v.spec.bits;
+    c.k_qjl = codec.k.spec.qjl;
     c.decode = decode;
     const AttentionChoice choice = attention_support(c);
-    KVQ_CHECK(choice.supported && !codec.k.spec.qjl, Errc::unsupported, "KV codec ", codec.name,
-              " has no GPU kernels yet (", choice.supported ? std::string("+qjl") : choice.why,
+    KVQ_CHECK(choice.supported, Errc::unsupported, "KV codec ", codec.name, " has no GPU kernels (", choice.why,
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
     (decode ? decode_kernel_ : prefill_kernel_) = choice.kernel;
   }

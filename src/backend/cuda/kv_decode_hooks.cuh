@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -27,13 +28,14 @@ namespace kvq::cuda {
 // Every K hook uses the same Q fragment map: entry (step, part, lane) holds
 // rows g, g+8 at dims 32(step/2) + 8t + 4(step%2) + {0..3}; q is split
 // exactly into kQParts parts of the hook's element type (bf16 or fp16).
-template <kv::Family F, int D>
+template <kv::Family F, int B, int D>
 struct KDecodeHooks {
   static_assert(kAlwaysFalse<F>, "no GPU decode hooks (K side) for this KV block family (kv_codec_hooks.cuh)");
 };
 
-template <int D>
-struct KDecodeHooks<kv::Family::bf16, D> {
+template <int B, int D>
+struct KDecodeHooks<kv::Family::bf16, B, D> {
+  static constexpr int kLutEntries = 0;
   static constexpr int kQParts = 3;       // bf16 parts: 24 bits, exact
   static constexpr bool kF16 = false;
   static constexpr bool kPrescale = false;
@@ -52,7 +54,8 @@ struct KDecodeHooks<kv::Family::bf16, D> {
   }
   // S of one tile; two accumulator sets (even / odd k-steps) halve the
   // dependent mma chain; the small q parts go first.
-  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4]) {
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4],
+                                const uint32_t* /*lut*/) {
     float acc[2][2][4] = {};
 #pragma unroll
     for (int step = 0; step < D / 16; ++step) {
@@ -77,8 +80,9 @@ struct KDecodeHooks<kv::Family::bf16, D> {
 // part is subnormal); one accumulator per 32-dim group (k-steps 2p, 2p + 1
 // are exactly group p under the fragment map), scaled by each key's group
 // scale in fp32 afterwards.
-template <int D>
-struct KDecodeHooks<kv::Family::q8, D> {
+template <int B, int D>
+struct KDecodeHooks<kv::Family::q8, B, D> {
+  static constexpr int kLutEntries = 0;
   static constexpr int kQParts = 2;
   static constexpr bool kF16 = true;
   static constexpr bool kPrescale = true;
@@ -115,7 +119,8 @@ struct KDecodeHooks<kv::Family::q8, D> {
     const uint32_t word = w[p >> 1];
     return __half2float(__ushort_as_half(static_cast<unsigned short>((p & 1) ? word >> 16 : word & 0xffffu)));
   }
-  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4]) {
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4],
+                                const uint32_t* /*lut*/) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
@@ -159,7 +164,7 @@ struct KDecodeHooks<kv::Family::q8, D> {
 // 8 nt + 2t + (i & 1)); o[j] is the C fragment of output n-tile j, whose
 // column c maps to a physical dim the hook chooses (dim_of). The o scale
 // (kOutScale) is undone by the kernel when o leaves the registers.
-template <kv::Family F, int D>
+template <kv::Family F, int B, int D>
 struct VDecodeHooks {
   static_assert(kAlwaysFalse<F>, "no GPU decode hooks (V side) for this KV block family (kv_codec_hooks.cuh)");
 };
@@ -167,8 +172,10 @@ struct VDecodeHooks {
 // bf16 V: logical (n-tile j, column c) = physical dim (D/8) c + j, so lane
 // (g, t) loads the D/4 contiguous bytes of dims [(D/8) g, (D/8)(g+1)) of
 // keys 2t, 2t+1, 2t+8, 2t+9; p is split exactly into three bf16 parts.
-template <int D>
-struct VDecodeHooks<kv::Family::bf16, D> {
+template <int B, int D>
+struct VDecodeHooks<kv::Family::bf16, B, D> {
+  static constexpr int kLutEntries = 0;
+  static constexpr bool kGroupMajorDims = false;  // dim_of: quarters per lane t
   static constexpr int kLoads = D / 64;
   static constexpr int kPParts = 3;
   static constexpr float kOutScale = 1.0f;
@@ -185,7 +192,7 @@ struct VDecodeHooks<kv::Family::bf16, D> {
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
-                                    float (&o)[D / 8][4]) {
+                                    float (&o)[D / 8][4], const uint32_t* /*lut*/) {
     uint32_t bits[kPParts][2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -225,15 +232,20 @@ struct VDecodeHooks<kv::Family::bf16, D> {
 // q8 V: logical (n-tile j, column c) = physical dim 32 (j / 4) + 4 c + j % 4,
 // so n-tiles 4a..4a+3 are exactly group a and lane (g, t) loads 4 bytes
 // (dims 32a + 4g + {0..3}) per group of keys 2t, 2t+1, 2t+8, 2t+9. Codes are
-// exact in fp16; the group scale goes into P: P'_a = p * scale_a * 2^14, two
-// fp16 parts (22 bits; the 2^14 keeps them out of the subnormal range), and
-// o carries the factor 2^14 until it leaves the registers.
-template <int D>
-struct VDecodeHooks<kv::Family::q8, D> {
+// exact in fp16; the group scale goes into P: P'_a = p * scale_a * 2^8, two
+// fp16 parts (22 bits), and o carries the factor 2^8 until it leaves the
+// registers. 2^8 balances the two ends of fp16: P' overflows only for a
+// group absmax above 127 * 65504 / 2^8 = 32512 (2^14, used before, overflowed
+// above 508), and a part below fp16's normal range (P' < 2^-14) still keeps
+// an absolute precision of 2^-24 / 2^8 per key in o.
+template <int B, int D>
+struct VDecodeHooks<kv::Family::q8, B, D> {
+  static constexpr int kLutEntries = 0;
+  static constexpr bool kGroupMajorDims = true;  // dim_of: 32-dim groups, lane t owns 8t..8t+7
   static constexpr int kGroups = D / 32;
   static constexpr int kSideBytes = D / 16;
   static constexpr int kSideWords = (kSideBytes + 3) / 4;
-  static constexpr float kOutScale = 16384.0f;
+  static constexpr float kOutScale = 256.0f;
   struct Tile {
     uint32_t code[4][kGroups];
     uint32_t side[4][kSideWords];
@@ -245,11 +257,11 @@ struct VDecodeHooks<kv::Family::q8, D> {
       const uint8_t* row = s.code + (head_row0 + key) * size_t(D) + 4 * g;
 #pragma unroll
       for (int a = 0; a < kGroups; ++a) v.code[i][a] = ptx::load_stream4(row + 32 * a);
-      KDecodeHooks<kv::Family::q8, D>::load_side(s, head_row0, key, v.side[i]);
+      KDecodeHooks<kv::Family::q8, 8, D>::load_side(s, head_row0, key, v.side[i]);
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
-                                    float (&o)[D / 8][4]) {
+                                    float (&o)[D / 8][4], const uint32_t* /*lut*/) {
     // Past the first tiles the running max rarely moves: skip the rescale
     // (64 multiplies at D = 128) when no row of the warp needs it.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
@@ -266,7 +278,7 @@ struct VDecodeHooks<kv::Family::q8, D> {
       // Scale slot of C element (nt, i): key 8 nt + 2t + (i & 1) = slot 2 nt + (i & 1).
       float sc[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sc[i] = KDecodeHooks<kv::Family::q8, D>::scale_of(v.side[i], a) * kOutScale;
+      for (int i = 0; i < 4; ++i) sc[i] = KDecodeHooks<kv::Family::q8, 8, D>::scale_of(v.side[i], a) * kOutScale;
       uint32_t hi[2][2], lo[2][2];  // [nt][row half]: keys (2t, 2t+1) of n-tile nt, rows g / g+8
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -293,6 +305,453 @@ struct VDecodeHooks<kv::Family::q8, D> {
     }
   }
   __host__ __device__ static constexpr int dim_of(int j, int c) { return 32 * (j / 4) + 4 * c + (j % 4); }
+};
+
+// ---------------------------------------------------------------------------
+// Low-bit formats (turbo, tcq, iso/rotor/planar, fp8): codes become exact
+// fp16 B fragments through a per-CTA pair table in shared memory (one LDS
+// per two values) or, for fp8, the hardware e4m3x2 -> f16x2 conversion. The
+// fragment maps are q8's: on the K side lane (g, t) reads the 8 dims
+// 32p + 8t .. +7 of group p of its keys g, 8 + g (k-steps 2p, 2p+1); on the V
+// side the 4 dims 32a + 4g .. +3 of keys 2t, 2t+1, 2t+8, 2t+9 (n-tiles
+// 4a..4a+3). A format says how to fetch those bits (K: 8 dims, V: 4 dims)
+// and how two neighbouring dims form a pair-table index.
+//
+// The blocks' levels are fp16-exact (kv/codebook.hpp, kv/tcq.cpp), so the
+// table holds them exactly; q and P keep 22 bits (two fp16 parts) as for q8.
+// Scales (row or 32-dim group, fp16 in the side row) are applied in fp32: K
+// after the mma, V inside P (P' = p * scale * 2^8, as q8).
+// ---------------------------------------------------------------------------
+namespace lowbit {
+
+__device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return __ldg(p); }
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float f16_low(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+
+enum class Scale { none, row, group };
+
+// N-bit Lloyd-Max indices (turbo, iso, rotor, planar): bitpack.hpp planes.
+// Raw bits: the first plane's bits of the chunk at bit 0, a 3-bit code's
+// high plane at bit 16. Pair index of dims (2k, 2k+1) of a chunk:
+//   4 bits: byte k (low nibble = dim 2k); 2 bits: nibble k;
+//   3 bits: nibble k of the low plane | high bits 2k, 2k+1 at bits 4, 5.
+template <int B, int D>
+struct CodebookFormat {
+  static_assert(B >= 2 && B <= 4, "codebook blocks have 2, 3 or 4 bits");
+  static constexpr int kLutEntries = 1 << (2 * B);
+  static constexpr int kHighPlane = D / 4;  // 3 bits: the 1-bit plane after the 2-bit one
+  __device__ static uint32_t lut_entry(const GpuKvSide& s, int i) {
+    int i0, i1;
+    if constexpr (B == 3) {
+      i0 = (i & 3) | (((i >> 4) & 1) << 2);
+      i1 = ((i >> 2) & 3) | (((i >> 5) & 1) << 2);
+    } else {
+      i0 = i & ((1 << B) - 1);
+      i1 = i >> B;
+    }
+    return half2_bits(s.codebook[i0], s.codebook[i1]);
+  }
+  // K: dims d0 .. d0 + 7 (d0 = 32p + 8t).
+  struct KRaw {
+    uint32_t w;
+  };
+  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
+    if constexpr (B == 4) r.w = ld_u32(row + d0 / 2);
+    else if constexpr (B == 2) r.w = ld_u16(row + d0 / 4);
+    else r.w = ld_u16(row + d0 / 4) | (ld_u8(row + kHighPlane + d0 / 8) << 16);
+  }
+  __device__ static uint32_t k_index(const KRaw& r, int k) { return index(r.w, k); }
+  // V: dims d0 .. d0 + 3 (d0 = 32a + 4g).
+  struct VRaw {
+    uint32_t w;
+  };
+  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) {
+    if constexpr (B == 4) r.w = ld_u16(row + d0 / 2);
+    else if constexpr (B == 2) r.w = ld_u8(row + d0 / 4);
+    else r.w = ld_u8(row + d0 / 4) | (((ld_u8(row + kHighPlane + d0 / 8) >> (d0 & 4)) & 0xfu) << 16);
+  }
+  __device__ static uint32_t v_index(const VRaw& r, int k) { return index(r.w, k); }
+  __device__ static uint32_t index(uint32_t w, int k) {
+    if constexpr (B == 4) return (w >> (8 * k)) & 0xffu;
+    else if constexpr (B == 2) return (w >> (4 * k)) & 0xfu;
+    else return ((w >> (4 * k)) & 0xfu) | (((w >> (16 + 2 * k)) & 3u) << 4);
+  }
+};
+
+// tcq (kv/tcq.hpp): a branch plane (1 bit per dim, D/8 bytes) then a level
+// plane (B - 1 bits per dim). The value of dim i is levels[4 m_i + subset(w_i)]
+// with the window w_i = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5. Raw bits:
+// `win` holds the branch bits from dim d0 - 5 upwards (bit m = b_{d0-5+m};
+// bits before dim 0 are 0), `lv` the level bits of the chunk. The 7 branch
+// bits b_{i-5} .. b_{i+1} decide both windows of a pair (2k, 2k+1); pair
+// index = those 7 bits | m_{2k} << 7 | m_{2k+1} << (7 + B - 1).
+template <int B, int D>
+struct TcqFormat {
+  static_assert(B == 2 || B == 3, "tcq blocks have 2 or 3 bits");
+  static constexpr int kLevelBits = B - 1;
+  static constexpr int kLutEntries = 1 << (7 + 2 * kLevelBits);
+  static constexpr int kLevelPlane = D / 8;
+  __device__ static uint32_t reverse6(uint32_t e) { return __brev(e) >> 26; }
+  __device__ static float value(const GpuKvSide& s, uint32_t e6, uint32_t m) {
+    const uint32_t w = reverse6(e6);  // bit k = b_{i-k}
+    const uint32_t sub = 2u * (__popc(w & s.tcq_g1) & 1) + (__popc(w & s.tcq_g0) & 1);
+    return s.codebook[4 * m + sub];
+  }
+  __device__ static uint32_t lut_entry(const GpuKvSide& s, int i) {
+    const uint32_t e7 = uint32_t(i) & 127u, mask = (1u << kLevelBits) - 1u;
+    const uint32_t m0 = (uint32_t(i) >> 7) & mask, m1 = (uint32_t(i) >> (7 + kLevelBits)) & mask;
+    return half2_bits(value(s, e7 & 63u, m0), value(s, e7 >> 1, m1));
+  }
+  // Branch bits from dim d0 - 5: words d0 / 32 and the one before it.
+  __device__ static uint32_t window_bits(const uint8_t* row, int d0) {
+    const int w = d0 >> 5, off = d0 & 31;
+    const uint32_t cur = ld_u32(row + 4 * w);
+    if (off >= 5) return cur >> (off - 5);
+    const uint32_t prev = w > 0 ? ld_u32(row + 4 * w - 4) : 0u;
+    return __funnelshift_r(prev, cur, 27 + off);
+  }
+  struct KRaw {
+    uint32_t win, lv;
+  };
+  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
+    r.win = window_bits(row, d0);
+    r.lv = kLevelBits == 1 ? ld_u8(row + kLevelPlane + d0 / 8) : ld_u16(row + kLevelPlane + d0 / 4);
+  }
+  __device__ static uint32_t k_index(const KRaw& r, int k) { return index(r.win, r.lv, k); }
+  struct VRaw {
+    uint32_t win, lv;
+  };
+  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) {
+    r.win = window_bits(row, d0);
+    r.lv = kLevelBits == 1 ? (ld_u8(row + kLevelPlane + d0 / 8) >> (d0 & 4)) & 0xfu : ld_u8(row + kLevelPlane + d0 / 4);
+  }
+  __device__ static uint32_t v_index(const VRaw& r, int k) { return index(r.win, r.lv, k); }
+  __device__ static uint32_t index(uint32_t win, uint32_t lv, int k) {
+    const uint32_t m = (lv >> (2 * kLevelBits * k)) & ((1u << (2 * kLevelBits)) - 1u);
+    return ((win >> (2 * k)) & 127u) | (m << 7);
+  }
+};
+
+// fp8 (e4m3, one byte per dim): no table, the hardware converts pairs.
+struct Fp8Format {
+  static constexpr int kLutEntries = 0;
+  __device__ static uint32_t lut_entry(const GpuKvSide&, int) { return 0; }
+  struct KRaw {
+    uint2 w;
+  };
+  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
+    r.w = __ldg(reinterpret_cast<const uint2*>(row + d0));
+  }
+  struct VRaw {
+    uint32_t w;
+  };
+  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) { r.w = ld_u32(row + d0); }
+  __device__ static uint32_t convert(uint32_t two_bytes) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+  __device__ static uint32_t k_pair(const KRaw& r, int k, const uint32_t*) {
+    return convert(k < 2 ? r.w.x >> (16 * k) : r.w.y >> (16 * (k - 2)));
+  }
+  __device__ static uint32_t v_pair(const VRaw& r, int k, const uint32_t*) { return convert(r.w >> (16 * k)); }
+};
+
+// Pair values through the table (formats with kLutEntries > 0).
+template <class Fmt>
+__device__ __forceinline__ uint32_t k_pair(const typename Fmt::KRaw& r, int k, const uint32_t* lut) {
+  if constexpr (Fmt::kLutEntries == 0) return Fmt::k_pair(r, k, lut);
+  else return lut[Fmt::k_index(r, k)];
+}
+template <class Fmt>
+__device__ __forceinline__ uint32_t v_pair(const typename Fmt::VRaw& r, int k, const uint32_t* lut) {
+  if constexpr (Fmt::kLutEntries == 0) return Fmt::v_pair(r, k, lut);
+  else return lut[Fmt::v_index(r, k)];
+}
+
+// The four keys' scales a lane needs (slot i = key 8 (i >> 1) + 2t + (i & 1)
+// of the tile, as the C fragment's columns): none, one fp16 per row (turbo,
+// tcq: the stored a = n * g, times 1 / sqrt(D)), or D/32 fp16 group scales.
+template <Scale S, int D>
+struct Scales {
+  static constexpr int kWords = S == Scale::group ? (D / 16 + 3) / 4 : 1;
+  uint32_t w[4][kWords];
+  __device__ void load(const GpuKvSide& s, size_t head_row0, int i, int key) {
+    const uint8_t* row = s.side + (head_row0 + key) * size_t(s.side_bytes);
+    if constexpr (S == Scale::row) {
+      w[i][0] = ld_u16(row);
+    } else if constexpr (S == Scale::group) {
+      if constexpr (D / 16 == 16) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
+        w[i][0] = v.x, w[i][1] = v.y, w[i][2] = v.z, w[i][3] = v.w;
+      } else if constexpr (D / 16 == 8) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
+        w[i][0] = v.x, w[i][1] = v.y;
+      } else {
+        w[i][0] = ld_u32(row);
+      }
+    }
+  }
+  __device__ float get(int i, int p) const {
+    if constexpr (S == Scale::none) return 1.0f;
+    else if constexpr (S == Scale::row) return f16_low(w[i][0]) * rsqrt_d();
+    else return f16_low(w[i][p >> 1] >> (16 * (p & 1)));
+  }
+  __device__ static constexpr float rsqrt_d() {  // 1 / sqrt(D), D in {64, 128, 256}
+    static_assert(D == 64 || D == 128 || D == 256, "row scales are for the Walsh-Hadamard head dims");
+    return D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : 0.0625f;
+  }
+};
+
+}  // namespace lowbit
+
+// K side of a low-bit format: q in two fp16 parts (pre-scaled, as q8), one
+// mma per part, k-step and key n-tile; the scales after the mma in fp32.
+template <class Fmt, lowbit::Scale S, int D>
+struct KDecodeLowBit {
+  static constexpr int kQParts = 2;
+  static constexpr bool kF16 = true;
+  static constexpr bool kPrescale = true;
+  static constexpr int kGroups = D / 32;
+  static constexpr int kLutEntries = Fmt::kLutEntries;
+  struct Tile {
+    typename Fmt::KRaw raw[2][kGroups];
+    lowbit::Scales<S, D> sc;
+  };
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(s.code_bytes);
+#pragma unroll
+      for (int p = 0; p < kGroups; ++p) Fmt::load_k(row, 32 * p + 8 * t, k.raw[nt][p]);
+    }
+    if constexpr (S != lowbit::Scale::none) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) k.sc.load(s, head_row0, i, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key));
+    }
+  }
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const uint32_t* lut) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kGroups; ++p) {
+      uint32_t h[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h[nt][j] = lowbit::k_pair<Fmt>(k.raw[nt][p], j, lut);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int step = 2 * p + hh;
+#pragma unroll
+        for (int part = kQParts - 1; part >= 0; --part) {
+          const uint4 a = ptx::load_shared16(&q_frag[(step * kQParts + part) * 32 + lane]);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) ptx::mma_f16(acc[nt], a, h[nt][2 * hh], h[nt][2 * hh + 1]);
+        }
+      }
+      if constexpr (S == lowbit::Scale::group) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float s0 = k.sc.get(2 * nt, p), s1 = k.sc.get(2 * nt + 1, p);
+          s[nt][0] = fmaf(acc[nt][0], s0, s[nt][0]);
+          s[nt][1] = fmaf(acc[nt][1], s1, s[nt][1]);
+          s[nt][2] = fmaf(acc[nt][2], s0, s[nt][2]);
+          s[nt][3] = fmaf(acc[nt][3], s1, s[nt][3]);
+          acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        }
+      }
+    }
+    if constexpr (S != lowbit::Scale::group) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float s0 = k.sc.get(2 * nt, 0), s1 = k.sc.get(2 * nt + 1, 0);
+        s[nt][0] = acc[nt][0] * s0;
+        s[nt][1] = acc[nt][1] * s1;
+        s[nt][2] = acc[nt][2] * s0;
+        s[nt][3] = acc[nt][3] * s1;
+      }
+    }
+  }
+};
+
+// V side of a low-bit format (q8's n-tile map and P scaling, kOutScale 2^8).
+template <class Fmt, lowbit::Scale S, int D>
+struct VDecodeLowBit {
+  static constexpr int kGroups = D / 32;
+  static constexpr float kOutScale = 256.0f;
+  static constexpr bool kGroupMajorDims = true;
+  static constexpr int kLutEntries = Fmt::kLutEntries;
+  struct Tile {
+    typename Fmt::VRaw raw[4][kGroups];
+    lowbit::Scales<S, D> sc;
+  };
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = min(kb + 2 * t + (i & 1) + 8 * (i >> 1), last_key);
+      const uint8_t* row = s.code + (head_row0 + key) * size_t(s.code_bytes);
+#pragma unroll
+      for (int a = 0; a < kGroups; ++a) Fmt::load_v(row, 32 * a + 4 * g, v.raw[i][a]);
+      if constexpr (S != lowbit::Scale::none) v.sc.load(s, head_row0, i, key);
+    }
+  }
+  __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
+                                    float (&o)[D / 8][4], const uint32_t* lut) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
+    }
+    uint4 a_hi, a_lo;
+    auto split_p = [&](int a) {
+      float sc[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[i] = v.sc.get(i, a) * kOutScale;
+      uint32_t hi[2][2], lo[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float x0 = p[nt][2 * r] * sc[2 * nt], x1 = p[nt][2 * r + 1] * sc[2 * nt + 1];
+          const __half2 h = __floats2half2_rn(x0, x1);
+          const float2 hf = __half22float2(h);
+          const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+          hi[nt][r] = *reinterpret_cast<const uint32_t*>(&h);
+          lo[nt][r] = *reinterpret_cast<const uint32_t*>(&l);
+        }
+      a_hi = make_uint4(hi[0][0], hi[0][1], hi[1][0], hi[1][1]);
+      a_lo = make_uint4(lo[0][0], lo[0][1], lo[1][0], lo[1][1]);
+    };
+    if constexpr (S != lowbit::Scale::group) split_p(0);  // one scale per key: the same P' for every group
+#pragma unroll
+    for (int a = 0; a < kGroups; ++a) {
+      if constexpr (S == lowbit::Scale::group) split_p(a);
+      uint32_t d[4][2];  // key slot i, pair k: dims 4g + 2k, 4g + 2k + 1
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) d[i][k] = lowbit::v_pair<Fmt>(v.raw[i][a], k, lut);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const unsigned sel = (m & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(d[0][m >> 1], d[1][m >> 1], sel);  // keys 2t, 2t+1 at dim 4g + m
+        const uint32_t b1 = __byte_perm(d[2][m >> 1], d[3][m >> 1], sel);  // keys 2t+8, 2t+9
+        ptx::mma_f16(o[4 * a + m], a_lo, b0, b1);
+        ptx::mma_f16(o[4 * a + m], a_hi, b0, b1);
+      }
+    }
+  }
+  __host__ __device__ static constexpr int dim_of(int j, int c) { return 32 * (j / 4) + 4 * c + (j % 4); }
+};
+
+// The families' hooks. iso, rotor and planar share one storage format
+// (storage_family() maps them to iso): N-bit codes with 32-dim group scales.
+template <int B, int D>
+struct KDecodeHooks<kv::Family::turbo, B, D> : KDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::row, D> {};
+template <int B, int D>
+struct VDecodeHooks<kv::Family::turbo, B, D> : VDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::row, D> {};
+template <int B, int D>
+struct KDecodeHooks<kv::Family::iso, B, D> : KDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::group, D> {};
+template <int B, int D>
+struct VDecodeHooks<kv::Family::iso, B, D> : VDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::group, D> {};
+template <int B, int D>
+struct KDecodeHooks<kv::Family::tcq, B, D> : KDecodeLowBit<lowbit::TcqFormat<B, D>, lowbit::Scale::row, D> {};
+template <int B, int D>
+struct VDecodeHooks<kv::Family::tcq, B, D> : VDecodeLowBit<lowbit::TcqFormat<B, D>, lowbit::Scale::row, D> {};
+template <int B, int D>
+struct KDecodeHooks<kv::Family::fp8, B, D> : KDecodeLowBit<lowbit::Fp8Format, lowbit::Scale::none, D> {};
+template <int B, int D>
+struct VDecodeHooks<kv::Family::fp8, B, D> : VDecodeLowBit<lowbit::Fp8Format, lowbit::Scale::none, D> {};
+
+// +qjl K sides (kv/blocks/qjl.cpp): q.k = q.k_base + sqrt(pi/2) / D * ||r|| *
+// sum_j sign_j (S q_rot)_j. The kernel builds the Q fragments over 2D dims,
+// [q_rot | S q_rot] (kQDims), so the sketch is a second K block of D dims
+// whose values are +-1 (exact in fp16) and whose per-key scale is
+// sqrt(pi/2) / D * ||r||: k-steps D/16 .. 2D/16 - 1 run on the sign bits
+// with the same fragment map (lane t: sketch bits 32p + 8t .. +7, one byte).
+template <class Base, int D>
+struct KDecodeQjl {
+  static_assert(Base::kF16 && Base::kQParts == 2, "+qjl extends an fp16 two-part K side");
+  static constexpr int kQParts = 2;
+  static constexpr bool kF16 = true;
+  static constexpr bool kPrescale = true;
+  static constexpr int kQDims = 2 * D;
+  static constexpr int kGroups = D / 32;
+  static constexpr int kLutEntries = Base::kLutEntries;
+  struct Tile {
+    typename Base::Tile base;
+    uint32_t signs[2][kGroups];  // keys g, 8 + g: sketch bits 32p + 8t .. +7
+    uint32_t norm[4];            // slots as the C fragment: fp16 ||r||
+  };
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    if constexpr (kLutEntries > 0) Base::build_lut(s, lut, tid, n_threads);
+  }
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
+    Base::load(s, head_row0, kb, last_key, g, t, k.base);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint8_t* bits = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(s.code_bytes) +
+                            s.qjl_code_offset;
+#pragma unroll
+      for (int p = 0; p < kGroups; ++p) k.signs[nt][p] = lowbit::ld_u8(bits + 4 * p + t);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key);
+      k.norm[i] = lowbit::ld_u16(s.side + (head_row0 + key) * size_t(s.side_bytes) + s.qjl_side_offset);
+    }
+  }
+  // Two sign bits (bit 0: the lower dim) as fp16 +-1 values.
+  __device__ static uint32_t sign_pair(uint32_t b) { return 0xBC00BC00u ^ ((b & 1u) << 15) ^ ((b & 2u) << 30); }
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const uint32_t* lut) {
+    Base::scores(q_frag, k.base, lane, s, lut);
+    float acc[2][4] = {};
+#pragma unroll
+    for (int p = 0; p < kGroups; ++p)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int step = D / 16 + 2 * p + hh;
+#pragma unroll
+        for (int part = kQParts - 1; part >= 0; --part) {
+          const uint4 a = ptx::load_shared16(&q_frag[(step * kQParts + part) * 32 + lane]);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t nib = k.signs[nt][p] >> (4 * hh);
+            ptx::mma_f16(acc[nt], a, sign_pair(nib), sign_pair(nib >> 2));
+          }
+        }
+      }
+    constexpr float kC = 1.2533141373155003f / D;  // sqrt(pi/2) / m, m = D projections
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float r0 = lowbit::f16_low(k.norm[2 * nt]) * kC, r1 = lowbit::f16_low(k.norm[2 * nt + 1]) * kC;
+      s[nt][0] = fmaf(acc[nt][0], r0, s[nt][0]);
+      s[nt][1] = fmaf(acc[nt][1], r1, s[nt][1]);
+      s[nt][2] = fmaf(acc[nt][2], r0, s[nt][2]);
+      s[nt][3] = fmaf(acc[nt][3], r1, s[nt][3]);
+    }
+  }
 };
 
 }  // namespace kvq::cuda

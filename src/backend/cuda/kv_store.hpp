@@ -82,7 +82,13 @@ KVQ_STORE_HD constexpr int rotation_table_floats(RotationKind k, int D) {
 }
 // The family whose decode hooks read a family's rows: rq8 rows are q8 rows
 // of the rotated vector, so rq8 runs the q8 kernel instances.
-KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) { return f == kv::Family::rq8 ? kv::Family::q8 : f; }
+// iso, rotor and planar rows are the same format (N-bit codes, 32-dim group
+// scales; only the rotation differs): they run the iso instances.
+KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) {
+  return f == kv::Family::rq8                                ? kv::Family::q8
+         : f == kv::Family::rotor || f == kv::Family::planar ? kv::Family::iso
+                                                             : f;
+}
 
 struct GpuKvLayer {
   GpuKvSide k, v;
