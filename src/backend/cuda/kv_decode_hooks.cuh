@@ -490,7 +490,10 @@ struct Scales {
     if constexpr (S == Scale::row) {
       w[i][0] = ld_u16(row);
     } else if constexpr (S == Scale::group) {
-      if constexpr (D / 16 == 16) {
+      if (s.side_bytes != D / 16) {  // +qjl rows append a norm: only 2-byte aligned
+#pragma unroll
+        for (int q = 0; q < kWords; ++q) w[i][q] = ld_u16(row + 4 * q) | (ld_u16(row + 4 * q + 2) << 16);
+      } else if constexpr (D / 16 == 16) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
         w[i][0] = v.x, w[i][1] = v.y, w[i][2] = v.z, w[i][3] = v.w;
       } else if constexpr (D / 16 == 8) {
