@@ -175,7 +175,35 @@ TEST(BenchCli, ClearErrorsForBadOptions) {
   EXPECT_EQ(shape.rc, 2);
   EXPECT_NE(shape.err.find("bonsai-8b"), std::string::npos) << "lists the shapes: " << shape.err;
   EXPECT_NE(kvq("bench -m synthetic:tiny --gen 1" + home).rc, 0);
+  for (const char* bad : {"0", "-1"}) {
+    const Out pr = kvq(std::string("bench -m synthetic:tiny --codecs none --contexts 64 --gen 4 --reps 1 --prefill-reps ") +
+                       bad + home);
+    EXPECT_EQ(pr.rc, 2) << bad;
+    EXPECT_NE(pr.err.find("--prefill-reps must be at least 1"), std::string::npos) << pr.err;
+  }
   EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM runs"), "0");  // nothing recorded for refused setups
+}
+
+TEST(BenchCli, PrefillRepsAreRecordedAndDocumentedInHelp) {
+  TempHome h;
+  const Out r = kvq("bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128 --gen 6 --reps 3 --prefill-reps 2 "
+                    "-t 1 --no-plots --home " + h.p.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("2 prefill(s) per cell, 1 warm-up + 3 decode runs"), std::string::npos) << r.err;
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE prefill_n = 2 AND digests_agree = 1 AND status = 'ok'"),
+            "4");
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE json_array_length(prefills_json) = 2 "
+                        "AND json_array_length(reps_json) = 3 AND ttft_s_min <= ttft_s AND ttft_s <= ttft_s_max"),
+            "4");
+  EXPECT_EQ(sql(h.db(), "SELECT max(version) FROM schema_version"), "2");
+  const std::string csv = read(h.p / "runs" / "1" / "cells.csv");
+  EXPECT_EQ(csv.rfind("run_id,codec,ctx,gen,reps,prefill_n,", 0), 0u) << csv;
+  const Out help = kvq("bench --help");
+  EXPECT_EQ(help.rc, 0);
+  EXPECT_NE(help.out.find("--prefill-reps"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--prefill-every-run"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("re-feed the last"), std::string::npos) << help.out;
+  EXPECT_EQ(kvq("bench list --help").out.find("re-feed the last"), std::string::npos);
 }
 
 TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {

@@ -72,6 +72,9 @@ CellResult measured_cell() {
   c.digest = "0123456789abcdef";
   c.digests_agree = false;
   c.rep_results = {{110, 0.4, 260, 9, 11, 8, "0123456789abcdef"}, {90, 0.6, 250, 11, 13, 8, "fedcba9876543210"}};
+  c.rep_results[1].refeed_s = 0.002;
+  c.prefill_n = 2;
+  c.prefill_results = {{0.4, 0.39, 256.4, 17}, {0.6, 0.58, 172.4, 17}};
   return c;
 }
 
@@ -173,6 +176,11 @@ TEST(BenchRunsDb, CellsAndFitsRoundTrip) {
   ASSERT_EQ(g.rep_results.size(), 2u);
   EXPECT_EQ(g.rep_results[1].digest, "fedcba9876543210");
   EXPECT_EQ(g.rep_results[0].n_generated, 8);
+  EXPECT_DOUBLE_EQ(g.rep_results[1].refeed_s, 0.002);
+  EXPECT_EQ(g.prefill_n, 2);
+  ASSERT_EQ(g.prefill_results.size(), 2u);
+  EXPECT_DOUBLE_EQ(g.prefill_results[1].prefill_s, 0.58);
+  EXPECT_EQ(g.prefill_results[0].first_token, 17);
 
   const CellResult& f = cells[1];
   EXPECT_EQ(f.status, "unsupported");
@@ -181,6 +189,9 @@ TEST(BenchRunsDb, CellsAndFitsRoundTrip) {
   EXPECT_FALSE(f.measured());
   // Unmeasured values are NULL in the table, not zeros that would plot.
   EXPECT_EQ(query_text(db.handle(), "SELECT typeof(decode_tps) FROM bench_cells WHERE codec='turbo3'"), "null");
+  EXPECT_EQ(query_text(db.handle(), "SELECT typeof(prefill_n) FROM bench_cells WHERE codec='turbo3'"), "null");
+  EXPECT_EQ(query_text(db.handle(), "SELECT prefill_n FROM bench_cells WHERE codec='k8v4'"), "2");
+  EXPECT_EQ(f.prefill_n, 0);
   EXPECT_EQ(query_text(db.handle(), "SELECT attn_kernels FROM bench_cells WHERE codec='k8v4'"),
             "cpu-packed (2 layers)");
 
@@ -285,6 +296,70 @@ TEST(BenchRunsDb, ReopenKeepsDataAndRefusesNewerOrForeignFiles) {
   fputs("this is not an sqlite database, just some text that is long enough to have a header\n", f);
   fclose(f);
   EXPECT_THROW(RunsDb{text}, Error);
+}
+
+// A runs.db written by a kvq of schema version 1 (before prefill_n): it
+// opens, migrates to the current version in place, keeps its rows (whose
+// TTFT came from the `reps` measured runs) and takes new cells.
+TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
+  TempDir d;
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
+    auto exec = [&](const std::string& q) {
+      char* err = nullptr;
+      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
+    };
+    exec("PRAGMA journal_mode=WAL");
+    exec(RunsDb::migration_sql(0));
+    exec("INSERT INTO schema_version VALUES (1, '2025-01-01T00:00:00Z')");
+    // The append-only triggers version 1 created.
+    for (const char* t : {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits", "eval_results"})
+      for (const char* op : {"UPDATE", "DELETE"})
+        exec(std::string("CREATE TRIGGER ") + t + "_no_" + op + " BEFORE " + op + " ON " + t +
+             " BEGIN SELECT RAISE(ABORT, 'runs.db is append-only'); END");
+    exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
+         "driver, clocks, copy_bw_gbs, params_json) VALUES ('bench', '2025-01-01T00:00:00Z', 'synthetic:tiny', "
+         "'cpu', 'old', 'Release', '0.1.0', 'h', 'cpu', '', '', 1.0, '{\"reps\":3}')");
+    exec("INSERT INTO bench_cells(run_id, codec, ctx, gen, reps, status, error, flags, decode_tps, decode_tps_min, "
+         "decode_tps_max, ttft_s, ttft_s_min, ttft_s_max, prefill_tps, prefill_tps_min, prefill_tps_max, kv_bytes, "
+         "attn_kernels, dispatch_json, digest, digests_agree, reps_json) VALUES (1, 'k8v4', 4096, 128, 3, 'ok', '', "
+         "'', 300, 290, 310, 0.7, 0.69, 0.72, 6000, 5900, 6100, 1000, 'cpu-packed (2 layers)', '{}', "
+         "'00000000000000aa', 1, '[{\"decode_tps\":300,\"ttft_s\":0.7,\"digest\":\"00000000000000aa\"}]')");
+    exec("INSERT INTO bench_cells(run_id, codec, ctx, gen, reps, status, error, flags, attn_kernels, dispatch_json, "
+         "digest, digests_agree, reps_json) VALUES (1, 'turbo3', 4096, 128, 3, 'oom', 'no memory', '', '', '{}', '', "
+         "1, '[]')");
+    sqlite3_close(h);
+  }
+  RunsDb db(d.db());
+  EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
+  EXPECT_EQ(RunsDb::kSchemaVersion, 2);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2");
+  const auto old = db.cells(1);
+  ASSERT_EQ(old.size(), 2u);
+  EXPECT_EQ(old[0].codec, "k8v4");
+  EXPECT_DOUBLE_EQ(old[0].ttft_s.median, 0.7);
+  EXPECT_EQ(old[0].prefill_n, 3);  // the old protocol: one prefill per measured run
+  EXPECT_TRUE(old[0].prefill_results.empty());
+  ASSERT_EQ(old[0].rep_results.size(), 1u);
+  EXPECT_DOUBLE_EQ(old[0].rep_results[0].ttft_s, 0.7);
+  EXPECT_EQ(old[1].status, "oom");
+  EXPECT_EQ(old[1].prefill_n, 0);
+  EXPECT_EQ(query_text(db.handle(), "SELECT typeof(prefill_n) FROM bench_cells WHERE cell_id = 1"), "null");
+
+  // New cells go into the migrated file, with their prefill count.
+  const int64_t run = db.begin_run(meta("bench"));
+  db.add_cell(run, measured_cell());
+  const auto now = db.cells(run);
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].prefill_n, 2);
+  EXPECT_EQ(now[0].prefill_results.size(), 2u);
+  // Still append-only, the new columns included.
+  EXPECT_NE(sqlite3_exec(db.handle(), "UPDATE bench_cells SET prefill_n = 5", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_EQ(query_text(db.handle(), "PRAGMA integrity_check"), "ok");
+  // Reopening applies nothing more.
+  RunsDb again(d.db());
+  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "2");
 }
 
 TEST(BenchRunsDb, HomeFolderResolution) {

@@ -213,6 +213,7 @@ TEST(BenchStats, CsvRowsMatchTheHeader) {
   const auto header = csv_split(csv_header());
   CellResult ok = cell("k8v4", 64, {10, 9, 11});
   ok.kv_bytes = 1024;
+  ok.prefill_n = 2;
   ok.digest = "00000000000000aa";
   CellResult bad;
   bad.codec = "ctk=q8,ctv=turbo3";  // a comma inside a field
@@ -232,8 +233,13 @@ TEST(BenchStats, CsvRowsMatchTheHeader) {
   };
   EXPECT_EQ(f[col("decode_tps")], "");  // not measured: empty, not 0
   EXPECT_EQ(csv_split(csv_row(7, ok))[col("kv_bytes")], "1024");
+  ASSERT_LT(col("prefill_n"), header.size());
+  EXPECT_EQ(csv_split(csv_row(7, ok))[col("prefill_n")], "2");  // TTFT is from 2 prefills
+  EXPECT_EQ(f[col("prefill_n")], "");
 }
 
+// The prefill-every-run protocol (kvq bench --prefill-every-run, kvq run
+// --repeat): every run prefills; TTFT over the measured runs.
 TEST(BenchMeasure, CellOnSyntheticTinyModel) {
   OneThread one;
   auto be = make_backend("cpu");
@@ -247,6 +253,7 @@ TEST(BenchMeasure, CellOnSyntheticTinyModel) {
   mo.reps = 2;
   mo.warmup = 1;
   mo.prefill_chunk = 16;  // chunks 16 + 16 + 8
+  mo.prefill_every_run = true;
   mo.copy_bw = 10e9;
   int reps_seen = 0;
   mo.on_rep = [&](int rep, int total) {
@@ -260,11 +267,14 @@ TEST(BenchMeasure, CellOnSyntheticTinyModel) {
   EXPECT_EQ(c.codec, "k8v4");
   EXPECT_EQ(c.status, "ok") << c.error;
   EXPECT_EQ(c.ctx, 40);
+  EXPECT_EQ(c.prefill_n, 2);  // the measured runs' prefills
+  EXPECT_TRUE(c.prefill_results.empty());
   ASSERT_EQ(c.rep_results.size(), 2u);
   for (const auto& r : c.rep_results) {
     EXPECT_EQ(r.n_generated, 6);
     EXPECT_GT(r.decode_tps, 0);
     EXPECT_GT(r.ttft_s, 0);
+    EXPECT_EQ(r.refeed_s, 0);
     EXPECT_LE(r.itl_p50_ms, r.itl_p99_ms);
     EXPECT_EQ(r.digest, c.digest);
   }
@@ -311,6 +321,113 @@ TEST(BenchMeasure, CellOnSyntheticTinyModel) {
   EXPECT_EQ(c.dispatch.kv_host_to_device_bytes + c.dispatch.kv_device_to_host_bytes, 0u);
 }
 
+// A straightforward prefill of `prompt` into a fresh cache and `gen` greedy
+// tokens: what the prefill-every-run protocol measures.
+std::vector<int32_t> plain_greedy(Model& model, Backend& be, const kv::CodecOptions& codec,
+                                  const std::vector<int32_t>& prompt, int gen, int chunk) {
+  SessionOptions so;
+  so.ctx = int(prompt.size()) + gen;
+  so.prefill_chunk = chunk;
+  Session s(model, be.make_cache(codec, model.cache_shape(so.ctx)), nullptr, so);
+  GenerateOptions g;
+  g.n_predict = gen;
+  g.stop_at_eog = false;
+  g.sampling.temperature = 0;
+  return s.generate(prompt, g).tokens;
+}
+
+// The default protocol: the cell prefills N times, then every decode run
+// starts from the cached prompt by re-feeding its last token at L-1.
+TEST(BenchMeasure, PrefillOnceDecodesFromTheCachedPrompt) {
+  OneThread one;
+  auto be = make_backend("cpu");
+  auto model = open_model("synthetic:tiny", *be);
+  const ModelConfig& cfg = model->config();
+  const std::vector<int32_t> prompt = random_prompt(40, cfg.vocab_size, 5);
+  for (const char* name : {"none", "k8v4", "tsym3"})
+    for (int n : {1, 2}) {
+      SCOPED_TRACE(std::string(name) + " prefill_reps " + std::to_string(n));
+      kv::CodecOptions codec;
+      codec.kv = name;
+      MeasureOptions mo;
+      mo.gen = 6;
+      mo.reps = 3;
+      mo.warmup = 1;
+      mo.prefill_reps = n;
+      mo.prefill_chunk = 16;
+      std::vector<std::string> events;
+      mo.on_prefill_rep = [&](int j, int total) {
+        EXPECT_EQ(total, n);
+        events.push_back("p" + std::to_string(j));
+      };
+      mo.on_rep = [&](int rep, int total) {
+        EXPECT_EQ(total, 4);
+        events.push_back("d" + std::to_string(rep));
+      };
+      const CellResult c = measure_cell(*model, codec, prompt, mo);
+      EXPECT_EQ(c.status, "ok") << c.error;
+      std::vector<std::string> want;
+      for (int j = 0; j < n; ++j) want.push_back("p" + std::to_string(j));
+      for (int i = 0; i < 4; ++i) want.push_back("d" + std::to_string(i));
+      EXPECT_EQ(events, want);  // all prefills first, then warm-up + reps decode runs
+
+      EXPECT_EQ(c.prefill_n, n);
+      ASSERT_EQ(c.prefill_results.size(), size_t(n));
+      std::vector<double> ttft;
+      for (const auto& p : c.prefill_results) {
+        EXPECT_GT(p.prefill_s, 0);
+        EXPECT_GE(p.ttft_s, p.prefill_s);
+        EXPECT_NEAR(p.prefill_tps, 40 / p.prefill_s, 1e-6 * p.prefill_tps);
+        ttft.push_back(p.ttft_s);
+      }
+      EXPECT_DOUBLE_EQ(c.ttft_s.median, spread(ttft).median);
+      EXPECT_DOUBLE_EQ(c.ttft_s.min, *std::min_element(ttft.begin(), ttft.end()));
+      EXPECT_DOUBLE_EQ(c.ttft_s.max, *std::max_element(ttft.begin(), ttft.end()));
+      if (n == 1) {
+        EXPECT_DOUBLE_EQ(c.ttft_s.min, c.ttft_s.median);
+        EXPECT_DOUBLE_EQ(c.ttft_s.max, c.ttft_s.median);
+      }
+
+      ASSERT_EQ(c.rep_results.size(), 3u);
+      for (const auto& r : c.rep_results) {
+        EXPECT_EQ(r.n_generated, 6);
+        EXPECT_GT(r.decode_tps, 0);
+        EXPECT_EQ(r.ttft_s, 0);  // no prefill inside a decode run
+        EXPECT_GT(r.refeed_s, 0);
+        EXPECT_EQ(r.digest, c.digest);
+      }
+      EXPECT_TRUE(c.digests_agree);
+
+      // The decode runs produce exactly what a full prefill + greedy decode does.
+      const std::vector<int32_t> ref = plain_greedy(*model, *be, codec, prompt, 6, 16);
+      EXPECT_EQ(token_digest(ref), c.digest);
+      for (const auto& p : c.prefill_results) EXPECT_EQ(p.first_token, ref[0]);
+
+      // Dispatch over the measured runs: per run the re-fed token and 5 decode
+      // steps are single-token calls; no prefill chunk ran in them.
+      ASSERT_TRUE(c.dispatch.counted);
+      EXPECT_EQ(c.dispatch.total_calls(true), uint64_t(3 * 6 * cfg.n_layers));
+      EXPECT_EQ(c.dispatch.total_calls(false), 0u);
+      // Rows 0..L+G-2 are filled, as in the other protocol.
+      const size_t per_head = kv::codec_bytes_per_token_per_head(kv::resolve_codec(codec), cfg.head_dim);
+      EXPECT_EQ(c.kv_bytes, uint64_t(45) * cfg.n_layers * cfg.n_kv_heads * per_head);
+    }
+}
+
+TEST(BenchMeasure, PrefillOnceWithAOneTokenPrompt) {
+  OneThread one;
+  auto be = make_backend("cpu");
+  auto model = open_model("synthetic:tiny", *be);
+  MeasureOptions mo;
+  mo.gen = 4;
+  mo.reps = 2;
+  const std::vector<int32_t> prompt = {7};
+  const CellResult c = measure_cell(*model, {}, prompt, mo);
+  EXPECT_EQ(c.status, "ok") << c.error;
+  EXPECT_EQ(c.prefill_n, 1);
+  EXPECT_EQ(token_digest(plain_greedy(*model, *be, {}, prompt, 4, 512)), c.digest);
+}
+
 TEST(BenchMeasure, OneTokenPrefillChunkCountsAsSingleTokenCall) {
   OneThread one;
   auto be = make_backend("cpu");
@@ -319,6 +436,7 @@ TEST(BenchMeasure, OneTokenPrefillChunkCountsAsSingleTokenCall) {
   mo.gen = 3;
   mo.reps = 1;
   mo.warmup = 0;
+  mo.prefill_every_run = true;
   mo.prefill_chunk = 16;  // 33 tokens: 16 + 16 + 1
   const CellResult c = measure_cell(*model, {}, random_prompt(33, model->config().vocab_size, 1), mo);
   EXPECT_EQ(c.status, "ok") << c.error;  // 2 decode steps + the 1-token chunk = 3 single-token calls expected
@@ -336,6 +454,17 @@ TEST(BenchMeasure, RejectsBadOptions) {
   mo.reps = 0;
   EXPECT_THROW(measure_cell(*model, {}, {1, 2, 3}, mo), Error);
   mo.reps = 1;
+  for (int bad : {0, -1}) {
+    mo.prefill_reps = bad;
+    try {
+      measure_cell(*model, {}, {1, 2, 3}, mo);
+      ADD_FAILURE() << "prefill_reps " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("--prefill-reps must be at least 1"), std::string::npos) << e.what();
+    }
+  }
+  mo.prefill_reps = 1;
   EXPECT_THROW(measure_cell(*model, {}, {}, mo), Error);
   kv::CodecOptions unknown;
   unknown.kv = "nope";

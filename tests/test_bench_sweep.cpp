@@ -14,6 +14,11 @@
 #include "core/error.hpp"
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
+#include "bench/measure.hpp"
+#include "bench/stats.hpp"
+#include "engine/session.hpp"
+#include "model/forward.hpp"
+#include "model/model_spec.hpp"
 
 using namespace kvq;
 using namespace kvq::bench;
@@ -176,6 +181,92 @@ TEST(BenchSweep, StopRequestEndsAfterTheCurrentCell) {
   EXPECT_TRUE(r.plot_paths.empty());
 }
 
+// The prefill-once protocol through the sweep: --prefill-reps 1 and 2 record
+// prefill_n per cell (runs.db, CSV, report); the decode runs agree and
+// generate what a plain prefill + greedy decode of the same prompt does.
+TEST(BenchSweep, PrefillRepsAreRecordedAndDecodeRunsMatchAPlainPrefill) {
+  OneThread one;
+  for (int n : {1, 2}) {
+    SCOPED_TRACE("prefill_reps " + std::to_string(n));
+    TempHome h;
+    SweepConfig cfg = small_sweep(h.p.string());
+    cfg.codecs = {"none", "k8v8"};
+    cfg.contexts = {32, 64};
+    cfg.prefill_reps = n;
+    cfg.plots = false;
+    std::vector<std::string> lines_seen;
+    int prefill_steps = 0;
+    const SweepResult r = run_sweep(cfg, [&](const SweepProgress& p) {
+      EXPECT_EQ(p.prefill_reps, n);
+      if (p.prefill_rep >= 0) {
+        EXPECT_LT(p.prefill_rep, n);
+        ++prefill_steps;
+        EXPECT_NE(format_progress(p).find("prefill " + std::to_string(p.prefill_rep + 1) + "/" + std::to_string(n)),
+                  std::string::npos)
+            << format_progress(p);
+      }
+    });
+    EXPECT_GE(prefill_steps, 4 * n);  // every cell announces each of its prefills
+    ASSERT_EQ(r.cells.size(), 4u);
+
+    auto be = make_backend("cpu");
+    auto model = open_model("synthetic:tiny", *be);
+    RunsDb db(runs_db_path(h.p.string()));
+    const auto cells = db.cells(r.run_id);
+    ASSERT_EQ(cells.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      const CellResult& c = cells[i];
+      EXPECT_EQ(c.status, "ok") << c.error;
+      EXPECT_EQ(c.prefill_n, n);
+      EXPECT_EQ(c.prefill_results.size(), size_t(n));
+      EXPECT_TRUE(c.digests_agree);
+      for (const auto& rep : c.rep_results) EXPECT_EQ(rep.digest, c.digest);
+      // The sweep's prompt for this context, prefilled and decoded plainly.
+      const std::vector<int32_t> prompt = random_prompt(c.ctx, model->config().vocab_size, cfg.seed + uint64_t(c.ctx));
+      kv::CodecOptions codec;
+      codec.kv = c.codec;
+      SessionOptions so;
+      so.ctx = c.ctx + cfg.gen;
+      Session s(*model, be->make_cache(codec, model->cache_shape(so.ctx)), nullptr, so);
+      GenerateOptions g;
+      g.n_predict = cfg.gen;
+      g.stop_at_eog = false;
+      g.sampling.temperature = 0;
+      EXPECT_EQ(token_digest(s.generate(prompt, g).tokens), c.digest) << c.codec << " @ " << c.ctx;
+    }
+    EXPECT_EQ(db.run(r.run_id)->meta.params_json.find("\"protocol\":\"prefill-once\"") != std::string::npos, true);
+    EXPECT_NE(db.run(r.run_id)->meta.params_json.find("\"prefill_reps\":" + std::to_string(n)), std::string::npos);
+    // CSV: a prefill_n column holding n for every cell.
+    std::ifstream csv(r.csv_path);
+    std::string header, row;
+    std::getline(csv, header);
+    EXPECT_EQ(header.rfind("run_id,codec,ctx,gen,reps,prefill_n,status,", 0), 0u) << header;
+    while (std::getline(csv, row))
+      EXPECT_NE(row.find(",4,2," + std::to_string(n) + ",ok,"), std::string::npos) << row;  // gen 4, reps 2
+    std::ifstream rep(r.report_path);
+    const std::string md((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+    EXPECT_NE(md.find(std::to_string(n) + " timed prefill(s) per cell"), std::string::npos) << md;
+  }
+}
+
+TEST(BenchSweep, PrefillEveryRunKeepsTheOldProtocol) {
+  OneThread one;
+  TempHome h;
+  SweepConfig cfg = small_sweep(h.p.string());
+  cfg.codecs = {"k8v8"};
+  cfg.contexts = {32};
+  cfg.prefill_every_run = true;
+  cfg.plots = false;
+  const SweepResult r = run_sweep(cfg, [&](const SweepProgress& p) { EXPECT_LT(p.prefill_rep, 0); });
+  ASSERT_EQ(r.cells.size(), 1u);
+  EXPECT_EQ(r.cells[0].status, "ok") << r.cells[0].error;
+  EXPECT_EQ(r.cells[0].prefill_n, cfg.reps);
+  EXPECT_TRUE(r.cells[0].prefill_results.empty());
+  for (const auto& rep : r.cells[0].rep_results) EXPECT_GT(rep.ttft_s, 0);
+  RunsDb db(runs_db_path(h.p.string()));
+  EXPECT_NE(db.run(r.run_id)->meta.params_json.find("prefill-every-run"), std::string::npos);
+}
+
 TEST(BenchSweep, SetupErrorsComeBeforeAnyRun) {
   OneThread one;
   TempHome h;
@@ -186,6 +277,17 @@ TEST(BenchSweep, SetupErrorsComeBeforeAnyRun) {
   cfg.gen = 1;
   EXPECT_THROW(run_sweep(cfg), Error);
   cfg.gen = 4;
+  for (int bad : {0, -3}) {
+    cfg.prefill_reps = bad;
+    try {
+      run_sweep(cfg);
+      ADD_FAILURE() << "prefill_reps " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("--prefill-reps must be at least 1"), std::string::npos) << e.what();
+    }
+  }
+  cfg.prefill_reps = 1;
   cfg.model = "synthetic:nope";
   EXPECT_THROW(run_sweep(cfg), Error);
   // Nothing was recorded for the refused setups.

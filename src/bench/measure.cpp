@@ -44,10 +44,12 @@ RepResult rep_result(const GenerateResult& r) {
   return x;
 }
 
-// Single-token attention calls per layer that `reps` repetitions must show:
-// the G-1 decode steps, plus a prefill chunk of one token (L mod chunk == 1).
-uint64_t expected_decode_calls(int prompt, int gen, int chunk, int reps) {
-  const int ones = chunk == 1 ? prompt : (prompt % chunk == 1 ? 1 : 0);
+// Single-token attention calls per layer that `reps` measured runs must
+// show: the G-1 decode steps, plus, prefill-every-run, a prefill chunk of
+// one token (L mod chunk == 1), or, prefill-once, the re-fed last prompt
+// token (one single-token step per run).
+uint64_t expected_decode_calls(int prompt, int gen, int chunk, int reps, bool prefill_every_run) {
+  const int ones = !prefill_every_run ? 1 : chunk == 1 ? prompt : (prompt % chunk == 1 ? 1 : 0);
   return uint64_t(reps) * uint64_t(gen - 1 + ones);
 }
 
@@ -63,6 +65,8 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
   KVQ_CHECK(o.gen >= 2, Errc::invalid_argument, "generate at least 2 tokens (decode speed counts tokens 2..G)");
   KVQ_CHECK(o.reps >= 1, Errc::invalid_argument, "measure at least 1 repetition");
   KVQ_CHECK(o.warmup >= 0, Errc::invalid_argument, "the warm-up count cannot be negative");
+  KVQ_CHECK(o.prefill_reps >= 1, Errc::invalid_argument, "--prefill-reps must be at least 1 (got ", o.prefill_reps,
+            "): a cell needs one prefill to decode from");
   KVQ_CHECK(!prompt.empty(), Errc::invalid_argument, "the benchmark prompt is empty");
   Backend& be = model.backend();
   const int L = int(prompt.size());
@@ -94,28 +98,75 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
   c.reps = o.reps;
   std::vector<std::string> digests;
   const int total = o.warmup + o.reps;
-  for (int i = 0; i < total; ++i) {
-    if (o.on_rep) o.on_rep(i, total);
-    if (i == o.warmup) be.reset_dispatch_stats(cache);  // count the measured repetitions only
-    session.truncate(0);  // the same cache, emptied: a full prefill every time
-    const GenerateResult r = session.generate(prompt, g);
-    KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
-              r.tokens.size(), " (", r.stop_reason, ")");
-    const RepResult x = rep_result(r);
-    digests.push_back(x.digest);
-    if (i >= o.warmup) c.rep_results.push_back(x);
+  if (o.prefill_every_run) {
+    c.prefill_n = o.reps;
+    for (int i = 0; i < total; ++i) {
+      if (o.on_rep) o.on_rep(i, total);
+      if (i == o.warmup) be.reset_dispatch_stats(cache);  // count the measured repetitions only
+      session.truncate(0);  // the same cache, emptied: a full prefill every time
+      const GenerateResult r = session.generate(prompt, g);
+      KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
+                r.tokens.size(), " (", r.stop_reason, ")");
+      const RepResult x = rep_result(r);
+      digests.push_back(x.digest);
+      if (i >= o.warmup) c.rep_results.push_back(x);
+    }
+  } else {
+    // The cell's prefills: each into the emptied cache, timed up to the
+    // choice of the first token (the TTFT a user sees).
+    c.prefill_n = o.prefill_reps;
+    GenerateOptions g1 = g;
+    g1.n_predict = 1;
+    for (int j = 0; j < o.prefill_reps; ++j) {
+      if (o.on_prefill_rep) o.on_prefill_rep(j, o.prefill_reps);
+      session.truncate(0);
+      const GenerateResult r = session.generate(prompt, g1);
+      KVQ_CHECK(r.n_prompt == L && r.tokens.size() == 1 && r.token_s.size() == 1, Errc::internal,
+                "bench: a prefill fed ", r.n_prompt, " of ", L, " prompt tokens and chose ", r.tokens.size(),
+                " tokens");
+      PrefillResult p;
+      p.prefill_s = r.prefill_s;
+      p.prefill_tps = r.prefill_tps();
+      p.ttft_s = r.prefill_s + r.token_s[0];
+      p.first_token = r.tokens[0];
+      c.prefill_results.push_back(p);
+    }
+    // The decode runs, each from the cache holding the prompt: drop the last
+    // prompt token (and whatever the previous run generated), so generate()
+    // reuses rows 0..L-2 and feeds only prompt[L-1] at position L-1.
+    for (int i = 0; i < total; ++i) {
+      if (o.on_rep) o.on_rep(i, total);
+      if (i == o.warmup) be.reset_dispatch_stats(cache);  // count the measured runs only
+      session.truncate(L - 1);
+      const GenerateResult r = session.generate(prompt, g);
+      KVQ_CHECK(r.n_prompt == 1, Errc::internal, "bench: a decode run re-fed ", r.n_prompt,
+                " prompt tokens instead of the last one");
+      KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
+                r.tokens.size(), " (", r.stop_reason, ")");
+      RepResult x = rep_result(r);
+      x.ttft_s = 0;  // no prefill in this run: the cell's prefills carry TTFT
+      x.prefill_tps = 0;
+      x.refeed_s = r.prefill_s + r.token_s[0];
+      digests.push_back(x.digest);
+      if (i >= o.warmup) c.rep_results.push_back(x);
+    }
   }
 
-  auto spread_of = [&](double RepResult::*field) {
+  auto spread_of = []<class Run>(const std::vector<Run>& runs, double Run::*field) {
     std::vector<double> v;
-    for (const auto& r : c.rep_results) v.push_back(r.*field);
+    for (const auto& r : runs) v.push_back(r.*field);
     return spread(v);
   };
-  c.decode_tps = spread_of(&RepResult::decode_tps);
-  c.ttft_s = spread_of(&RepResult::ttft_s);
-  c.prefill_tps = spread_of(&RepResult::prefill_tps);
-  c.itl_p50_ms = spread_of(&RepResult::itl_p50_ms);
-  c.itl_p99_ms = spread_of(&RepResult::itl_p99_ms);
+  c.decode_tps = spread_of(c.rep_results, &RepResult::decode_tps);
+  if (o.prefill_every_run) {
+    c.ttft_s = spread_of(c.rep_results, &RepResult::ttft_s);
+    c.prefill_tps = spread_of(c.rep_results, &RepResult::prefill_tps);
+  } else {
+    c.ttft_s = spread_of(c.prefill_results, &PrefillResult::ttft_s);
+    c.prefill_tps = spread_of(c.prefill_results, &PrefillResult::prefill_tps);
+  }
+  c.itl_p50_ms = spread_of(c.rep_results, &RepResult::itl_p50_ms);
+  c.itl_p99_ms = spread_of(c.rep_results, &RepResult::itl_p99_ms);
 
   // KV footprint as the cache counts it.
   const kv::CacheShape& sh = cache.shape();
@@ -137,10 +188,15 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
   c.digest = digests.front();
   c.digests_agree = std::all_of(digests.begin(), digests.end(), [&](const auto& d) { return d == digests[0]; });
   if (!c.digests_agree) add_flag(c, "digest", "the repetitions generated different tokens");
+  for (const auto& p : c.prefill_results)
+    if (p.first_token != c.prefill_results.front().first_token) {
+      add_flag(c, "digest", "the prefills chose different first tokens");
+      break;
+    }
 
   c.dispatch = be.dispatch_stats(cache);
   if (c.dispatch.counted) {
-    const uint64_t want = expected_decode_calls(L, o.gen, chunk, o.reps);
+    const uint64_t want = expected_decode_calls(L, o.gen, chunk, o.reps, o.prefill_every_run);
     std::vector<uint64_t> per_layer(size_t(sh.n_layers), 0);
     for (const auto& k : c.dispatch.attention)
       if (k.decode && k.layer >= 0 && k.layer < sh.n_layers) per_layer[size_t(k.layer)] += k.calls;

@@ -2,11 +2,24 @@
 // is already loaded. Used by the sweep (bench/sweep.hpp) and `kvq run --repeat`.
 //
 // Protocol (docs/bench.md): one KV cache is allocated for the cell (its
-// device memory is read before and after, through the backend), then each
-// repetition empties it and generates G tokens greedily after the L-token
-// prompt, end-of-generation ignored: the first repetition is a warm-up
-// (recorded steps, lazily sized buffers) and is not in the numbers, only in
-// the digest check. Decode tok/s counts tokens 2..G.
+// device memory is read before and after, through the backend).
+//
+// Prefill-once (the default): the cell prefills the L-token prompt
+// `prefill_reps` times into the emptied cache, each timed (TTFT = prefill +
+// choosing the first token; prefill tok/s = L / prefill time). Then every
+// decode run (warm-up runs + reps) starts from the cache holding the prompt:
+// it re-feeds the last prompt token at position L-1 (rewriting that row with
+// the values it already holds) to get token 1, then generates G-1 more,
+// greedily, end-of-generation ignored. The rows a run wrote past L are
+// overwritten by the next run. Re-prefilling an identical prompt for every
+// run cost about 75% of a full sweep's time.
+//
+// Prefill-every-run (prefill_every_run): each decode run empties the cache
+// and prefills the prompt itself, as kvq did before; TTFT is then over the
+// measured runs.
+//
+// Either way the warm-up runs (recorded steps, lazily sized buffers) are not
+// in the numbers, only in the digest check; decode tok/s counts tokens 2..G.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +42,8 @@ struct MeasureOptions {
   int gen = 128;             // G: tokens generated per repetition (>= 2)
   int reps = 3;              // measured repetitions (>= 1)
   int warmup = 1;            // discarded repetitions before them (>= 0)
+  int prefill_reps = 1;      // timed prefills of the prompt per cell (>= 1), prefill-once protocol
+  bool prefill_every_run = false;  // the old protocol: every decode run prefills (prefill_reps unused)
   int prefill_chunk = 0;     // tokens per prefill forward call; 0: the device's default
   double copy_bw = 0;        // measured copy bandwidth in bytes/s; 0: no % of copy bandwidth
   SamplingParams sampling = greedy();  // the bench decodes greedily; `kvq run --repeat` passes its own
@@ -40,9 +55,11 @@ struct MeasureOptions {
   // The cell's KV cache; empty: model.backend().make_cache(codec, shape).
   // (`kvq run --repeat` passes its own, e.g. the fp32 reference cache.)
   std::function<std::unique_ptr<kv::Cache>(const kv::CacheShape&)> make_cache;
-  // Called before each repetition with (index, total), warm-ups included;
-  // and during prefill with (tokens done, total).
+  // Called before each decode run with (index, total), warm-ups included;
+  // before each of the cell's prefills (prefill-once protocol) with (index,
+  // prefill_reps); and during a prefill with (tokens done, total).
   std::function<void(int rep, int total)> on_rep;
+  std::function<void(int index, int total)> on_prefill_rep;
   std::function<void(int done, int total)> on_prefill;
 };
 

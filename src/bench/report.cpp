@@ -123,7 +123,7 @@ std::string plot_script(const std::string& terminal, const std::string& ext, con
 }  // namespace
 
 std::string csv_header() {
-  return "run_id,codec,ctx,gen,reps,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
+  return "run_id,codec,ctx,gen,reps,prefill_n,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
          "ttft_s_max,prefill_tps,prefill_tps_min,prefill_tps_max,itl_p50_ms,itl_p50_ms_min,itl_p50_ms_max,"
          "itl_p99_ms,itl_p99_ms_min,itl_p99_ms_max,kv_seq,kv_bytes,kv_mib,bits_per_value,kv_capacity_bytes,"
          "device_mem_delta,weight_bytes,step_bytes,achieved_gbs,pct_copy_bw,attn_kernels,kv_host_device_bytes,"
@@ -132,7 +132,8 @@ std::string csv_header() {
 
 std::string csv_row(int64_t run_id, const CellResult& c) {
   std::vector<std::string> f = {std::to_string(run_id), csv_field(c.codec), std::to_string(c.ctx),
-                                std::to_string(c.gen), std::to_string(c.reps), c.status,
+                                std::to_string(c.gen), std::to_string(c.reps),
+                                c.measured() ? std::to_string(c.prefill_n) : std::string(), c.status,
                                 csv_field(join(c.flags, ";"))};
   const bool m = c.measured();
   auto val = [&](double v, int decimals) { f.push_back(m ? num(v, decimals) : ""); };
@@ -268,11 +269,20 @@ std::string report_markdown(const RunRow& run, const std::vector<CellResult>& ce
   r << "| host | " << md(m.host) << " |\n";
   r << "| started / finished | " << m.started_at << " / " << (run.finished_at.empty() ? "-" : run.finished_at)
     << " (" << run.status << ") |\n";
-  if (!params.empty())
+  if (!params.empty()) {
+    // Runs recorded before the prefill-once protocol carry no "protocol".
+    const std::string protocol = params.value("protocol", std::string("prefill-every-run"));
     r << "| protocol | prompt of L random tokens, " << params.value("gen", 0) << " generated (greedy), "
-      << params.value("warmup", 0) << " warm-up + " << params.value("reps", 0)
-      << " measured repetitions per cell, prefill chunk " << params.value("prefill_chunk", 0) << ", "
-      << params.value("threads", 0) << " CPU threads |\n";
+      << params.value("warmup", 0) << " warm-up + " << params.value("reps", 0) << " measured decode runs per cell, ";
+    if (protocol == "prefill-once")
+      r << params.value("prefill_reps", 1)
+        << " timed prefill(s) per cell (TTFT, prefill tok/s), every decode run starting from the prefilled cache "
+           "(re-feeding the last prompt token), ";
+    else
+      r << "every run prefilling the prompt (TTFT over the measured runs), ";
+    r << "prefill chunk " << params.value("prefill_chunk", 0) << ", " << params.value("threads", 0)
+      << " CPU threads |\n";
+  }
   if (params.contains("command_line") && !params["command_line"].get<std::string>().empty())
     r << "| command | `" << md(params["command_line"].get<std::string>()) << "` |\n";
   r << "\n";
@@ -312,18 +322,19 @@ std::string report_markdown(const RunRow& run, const std::vector<CellResult>& ce
   r << "\n";
 
   r << "## Every cell\n\n"
-       "| codec | ctx | status | decode tok/s | TTFT s | prefill tok/s | ITL p50 / p99 ms | KV MiB | bits/value | "
-       "device MiB | GB/s | % copy bw | attention kernels | KV host<->device B | digest |\n"
-       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+       "| codec | ctx | status | decode tok/s | TTFT s | prefill tok/s | prefills | ITL p50 / p99 ms | KV MiB | "
+       "bits/value | device MiB | GB/s | % copy bw | attention kernels | KV host<->device B | digest |\n"
+       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& c : cells) {
     r << "| " << md(c.codec) << " | " << c.ctx << " | " << c.status << (c.flags.empty() ? "" : " (" + join(c.flags, ", ") + ")")
       << " |";
     if (!c.measured()) {
-      r << " | | | | | | | | | | | |\n";
+      r << " | | | | | | | | | | | | |\n";
       continue;
     }
     r << " " << sig(c.decode_tps.median) << " (" << sig(c.decode_tps.min) << "-" << sig(c.decode_tps.max) << ") | "
-      << sig(c.ttft_s.median) << " | " << sig(c.prefill_tps.median) << " | " << sig(c.itl_p50_ms.median) << " / "
+      << sig(c.ttft_s.median) << " | " << sig(c.prefill_tps.median) << " | " << c.prefill_n << " | "
+      << sig(c.itl_p50_ms.median) << " / "
       << sig(c.itl_p99_ms.median) << " | " << sig(mib(double(c.kv_bytes))) << " | " << num(c.bits_per_value, 3)
       << " | " << (c.device_mem_delta >= 0 ? sig(mib(double(c.device_mem_delta))) : std::string("n/a")) << " | "
       << sig(c.achieved_gbs) << " | " << (c.pct_copy_bw > 0 ? num(c.pct_copy_bw, 1) : std::string("n/a")) << " | "

@@ -18,15 +18,31 @@ struct Spread {
   double max = 0;
 };
 
-// One measured repetition (warm-up excluded).
+// One measured decode run (warm-up excluded).
 struct RepResult {
   double decode_tps = 0;   // (G-1) / (t_last - t_first): tokens 2..G
+  // Prefill-every-run protocol only (MeasureOptions::prefill_every_run): this
+  // run's own prefill. 0 when the cell prefilled separately (its prefills
+  // are CellResult::prefill_results).
   double ttft_s = 0;       // prefill + first token
   double prefill_tps = 0;  // prompt tokens / prefill time
   double itl_p50_ms = 0;   // inter-token latency percentiles over tokens 2..G
   double itl_p99_ms = 0;
   int n_generated = 0;
   std::string digest;      // 16 hex digits: FNV-1a 64 of the generated token ids
+  // Prefill-once protocol: seconds from the start of the run until token 1
+  // was chosen (re-feeding the last prompt token at position L-1 over the
+  // cached prompt, then picking the token). 0 in the prefill-every-run protocol.
+  double refeed_s = 0;
+};
+
+// One timed prefill of the cell's prompt into an empty cache (prefill-once
+// protocol: the cell does prefill_n of them before its decode runs).
+struct PrefillResult {
+  double ttft_s = 0;       // prefill of the L prompt tokens + choosing the first token
+  double prefill_s = 0;    // the prefill's forward passes alone
+  double prefill_tps = 0;  // L / prefill_s
+  int first_token = -1;    // the token chosen from the prefill's logits
 };
 
 // A cell's outcome.
@@ -43,7 +59,13 @@ struct CellResult {
   std::string error;                // message when status is oom/unsupported/failed
   std::vector<std::string> flags;   // "digest" (reps disagree), "dispatch", "kv_memory"
 
-  int reps = 0;  // measured repetitions (a warm-up ran before them and is not in these numbers)
+  int reps = 0;  // measured decode runs (warm-up runs went before them and are not in these numbers)
+  // How many prefills ttft_s and prefill_tps are the median/min/max of. The
+  // prefill-once protocol (the default): the cell's prefills (--prefill-reps),
+  // after which every decode run starts from the cached prompt. The
+  // prefill-every-run protocol: `reps` (each measured run prefilled).
+  // Cells read from a runs.db written before schema version 2: `reps`.
+  int prefill_n = 0;
   Spread decode_tps, ttft_s, prefill_tps, itl_p50_ms, itl_p99_ms;
 
   // KV footprint, counted by the cache itself.
@@ -64,6 +86,7 @@ struct CellResult {
   bool digests_agree = true;       // every rep (and the warm-up) generated the same tokens
 
   std::vector<RepResult> rep_results;
+  std::vector<PrefillResult> prefill_results;  // prefill-once protocol: each timed prefill
 
   bool measured() const { return status == "ok" || status == "flagged"; }
 };

@@ -117,6 +117,14 @@ CREATE TABLE eval_results(
   created_at TEXT NOT NULL);
 CREATE INDEX eval_results_run ON eval_results(run_id);
 )sql",
+    // 1 -> 2: the prefill-once protocol. prefill_n: how many prefills the
+    // cell's TTFT and prefill tok/s are from (NULL in rows written before:
+    // those came from the `reps` measured runs, each of which prefilled);
+    // prefills_json: each timed prefill ("[]" for those rows).
+    R"sql(
+ALTER TABLE bench_cells ADD COLUMN prefill_n INTEGER;
+ALTER TABLE bench_cells ADD COLUMN prefills_json TEXT NOT NULL DEFAULT '[]';
+)sql",
 };
 constexpr int kNumMigrations = int(sizeof kMigrations / sizeof kMigrations[0]);
 static_assert(kNumMigrations == RunsDb::kSchemaVersion, "one migration per schema version");
@@ -234,8 +242,30 @@ json reps_to_json(const std::vector<RepResult>& reps) {
                  {"itl_p50_ms", r.itl_p50_ms},
                  {"itl_p99_ms", r.itl_p99_ms},
                  {"n_generated", r.n_generated},
-                 {"digest", r.digest}});
+                 {"digest", r.digest},
+                 {"refeed_s", r.refeed_s}});
   return a;
+}
+
+json prefills_to_json(const std::vector<PrefillResult>& prefills) {
+  json a = json::array();
+  for (const auto& p : prefills)
+    a.push_back({{"ttft_s", p.ttft_s}, {"prefill_s", p.prefill_s}, {"prefill_tps", p.prefill_tps},
+                 {"first_token", p.first_token}});
+  return a;
+}
+
+std::vector<PrefillResult> prefills_from_json(const json& a) {
+  std::vector<PrefillResult> out;
+  for (const auto& p : a) {
+    PrefillResult x;
+    x.ttft_s = p.value("ttft_s", 0.0);
+    x.prefill_s = p.value("prefill_s", 0.0);
+    x.prefill_tps = p.value("prefill_tps", 0.0);
+    x.first_token = p.value("first_token", -1);
+    out.push_back(x);
+  }
+  return out;
 }
 
 std::vector<RepResult> reps_from_json(const json& a) {
@@ -249,6 +279,7 @@ std::vector<RepResult> reps_from_json(const json& a) {
     x.itl_p99_ms = r.value("itl_p99_ms", 0.0);
     x.n_generated = r.value("n_generated", 0);
     x.digest = r.value("digest", "");
+    x.refeed_s = r.value("refeed_s", 0.0);
     reps.push_back(x);
   }
   return reps;
@@ -293,6 +324,12 @@ void check_json_object(const std::string& s, const char* what) {
 }
 
 }  // namespace
+
+const char* RunsDb::migration_sql(int from_version) {
+  KVQ_CHECK(from_version >= 0 && from_version < kNumMigrations, Errc::invalid_argument, "runs.db: no migration from ",
+            "schema version ", from_version);
+  return kMigrations[from_version];
+}
 
 RunsDb::RunsDb(const std::string& path) : path_(path) {
   const int rc = sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
@@ -465,8 +502,9 @@ void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
            "prefill_tps, prefill_tps_min, prefill_tps_max, itl_p50_ms, itl_p50_ms_min, itl_p50_ms_max, "
            "itl_p99_ms, itl_p99_ms_min, itl_p99_ms_max, kv_seq, kv_bytes, kv_mib, bits_per_value, "
            "kv_capacity_bytes, device_mem_delta, weight_bytes, step_bytes, achieved_gbs, pct_copy_bw, "
-           "attn_kernels, kv_host_device_bytes, dispatch_json, digest, digests_agree, reps_json) VALUES "
-           "(?,?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?)");
+           "attn_kernels, kv_host_device_bytes, dispatch_json, digest, digests_agree, reps_json, prefill_n, "
+           "prefills_json) VALUES "
+           "(?,?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?)");
     // Columns in the order of the INSERT above; NULL for what an unmeasured cell lacks.
     int i = 0;
     auto put = [&](const auto& v) { q.bind(++i, v); };
@@ -505,6 +543,8 @@ void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
     put(c.digest);
     put(c.digests_agree ? 1 : 0);
     put(reps_to_json(c.rep_results).dump());
+    put_if(m, c.prefill_n);
+    put(prefills_to_json(c.prefill_results).dump());
     q.run();
   });
 }
@@ -516,7 +556,8 @@ std::vector<CellResult> RunsDb::cells(int64_t run_id) const {
          "prefill_tps, prefill_tps_min, prefill_tps_max, itl_p50_ms, itl_p50_ms_min, itl_p50_ms_max, "
          "itl_p99_ms, itl_p99_ms_min, itl_p99_ms_max, kv_seq, kv_bytes, bits_per_value, "
          "kv_capacity_bytes, device_mem_delta, weight_bytes, step_bytes, achieved_gbs, pct_copy_bw, "
-         "dispatch_json, digest, digests_agree, reps_json FROM bench_cells WHERE run_id = ? ORDER BY cell_id");
+         "dispatch_json, digest, digests_agree, reps_json, prefill_n, prefills_json FROM bench_cells "
+         "WHERE run_id = ? ORDER BY cell_id");
   q.bind(1, run_id);
   std::vector<CellResult> out;
   while (q.step()) {
@@ -548,6 +589,11 @@ std::vector<CellResult> RunsDb::cells(int64_t run_id) const {
     c.digest = q.text(i++);
     c.digests_agree = q.integer(i++) != 0;
     c.rep_results = reps_from_json(json::parse(q.text(i++)));
+    // NULL: unmeasured, or written before schema 2, when TTFT came from the
+    // measured runs' own prefills.
+    c.prefill_n = q.is_null(i) ? (c.measured() ? c.reps : 0) : int(q.integer(i));
+    ++i;
+    c.prefill_results = prefills_from_json(json::parse(q.text(i++)));
     out.push_back(std::move(c));
   }
   return out;

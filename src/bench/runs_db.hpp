@@ -15,7 +15,8 @@
 //   runs(run_id, kind, started_at, model, device, git_sha, build_type,
 //        kvq_version, host, gpu_name, driver, clocks, copy_bw_gbs, params_json)
 //   run_ends(run_id, finished_at, status, summary_json)
-//   bench_cells(cell_id, run_id, codec, ctx, gen, reps, status, ..., reps_json)
+//   bench_cells(cell_id, run_id, codec, ctx, gen, reps, status, ..., reps_json,
+//               prefill_n, prefills_json)   (the last two since schema 2)
 //   bench_fits(run_id, codec, a_ms, b_ms_per_1k, residual_ms, n_points, ctx_min, ctx_max)
 //   eval_results(result_id, run_id, codec, metric, ctx, value, detail_json, created_at)
 //
@@ -86,7 +87,12 @@ struct EvalResult {
 class RunsDb {
  public:
   // The schema version this build writes and understands.
-  static constexpr int kSchemaVersion = 1;
+  // 1: the first schema. 2: bench_cells.prefill_n and prefills_json (the
+  // prefill-once protocol, docs/bench.md).
+  static constexpr int kSchemaVersion = 2;
+  // The SQL that takes a database from schema `from_version` to the next
+  // (tests build databases of earlier versions with it).
+  static const char* migration_sql(int from_version);
 
   // Opens (creating if needed) and migrates the database at `path`. Throws
   // Errc::io when it cannot be opened and Errc::format for a database of a

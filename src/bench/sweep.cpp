@@ -88,20 +88,28 @@ std::string classify(const Error& e) {
   return "failed";
 }
 
-// Estimated work of a cell in "decode-step units": every repetition
-// prefills ctx tokens (each costing `prefill_ratio` decode steps) and runs
-// gen decode steps.
-double cell_weight(int ctx, int gen, int reps, double prefill_ratio) {
-  return double(reps) * (ctx * prefill_ratio + gen);
+// Estimated work of a cell in "decode-step units": `prefills` prefills of
+// ctx tokens (each token costing `prefill_ratio` decode steps) and `runs`
+// decode runs of gen single-token steps (prefill-once: the re-fed last
+// prompt token and G-1 decode steps; prefill-every-run: prefills == runs,
+// the first token from the prefill and G-1 steps, about the same).
+double cell_weight(int ctx, int gen, int prefills, int runs, double prefill_ratio) {
+  return double(prefills) * ctx * prefill_ratio + double(runs) * gen;
 }
 
 }  // namespace
 
 std::string format_progress(const SweepProgress& p) {
   std::string s = str("[", p.cell + 1, "/", p.cells, "] ", p.codec, " @ ", p.ctx, ": ");
-  s += p.rep < p.warmup ? str("warm-up ", p.rep + 1, "/", p.warmup)
-                        : str("rep ", p.rep - p.warmup + 1, "/", p.reps - p.warmup);
-  if (p.prefill_total > 0 && p.prefill_done < p.prefill_total) s += str(", prefill ", p.prefill_done, "/", p.prefill_total);
+  if (p.prefill_rep >= 0) {
+    s += str("prefill ", p.prefill_rep + 1, "/", p.prefill_reps);
+    if (p.prefill_total > 0 && p.prefill_done < p.prefill_total) s += str(", ", p.prefill_done, "/", p.prefill_total);
+  } else {
+    s += p.rep < p.warmup ? str("warm-up ", p.rep + 1, "/", p.warmup)
+                          : str("rep ", p.rep - p.warmup + 1, "/", p.reps - p.warmup);
+    if (p.prefill_total > 0 && p.prefill_done < p.prefill_total)
+      s += str(", prefill ", p.prefill_done, "/", p.prefill_total);
+  }
   s += str(" | ", fmt_duration(p.elapsed_s), " elapsed, ETA ", p.eta_s < 0 ? std::string("?") : fmt_duration(p.eta_s));
   return s;
 }
@@ -153,6 +161,8 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   KVQ_CHECK(cfg.gen >= 2, Errc::invalid_argument, "--gen must be at least 2 (decode speed counts tokens 2..G)");
   KVQ_CHECK(cfg.reps >= 1, Errc::invalid_argument, "--reps must be at least 1");
   KVQ_CHECK(cfg.warmup >= 0, Errc::invalid_argument, "--warmup cannot be negative");
+  KVQ_CHECK(cfg.prefill_reps >= 1, Errc::invalid_argument, "--prefill-reps must be at least 1 (got ",
+            cfg.prefill_reps, "): every cell prefills its prompt at least once");
   for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const std::string home = resolve_home(cfg.home);
@@ -174,6 +184,8 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       {"gen", cfg.gen},
       {"reps", cfg.reps},
       {"warmup", cfg.warmup},
+      {"protocol", cfg.prefill_every_run ? "prefill-every-run" : "prefill-once"},
+      {"prefill_reps", cfg.prefill_every_run ? cfg.reps : cfg.prefill_reps},
       {"prefill_chunk", cfg.prefill_chunk > 0 ? cfg.prefill_chunk : default_prefill_chunk(backend->name())},
       {"threads", cfg.threads > 0 ? cfg.threads : omp_get_max_threads()},
       {"seed", cfg.seed},
@@ -211,9 +223,11 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   double prefill_ratio = 0.05, done_weight = 0, measured_time = 0;
   std::vector<double> ratios;
   const int reps_total = cfg.warmup + cfg.reps;
+  const int prefills = cfg.prefill_every_run ? reps_total : cfg.prefill_reps;
+  auto weight_of = [&](int ctx) { return cell_weight(ctx, cfg.gen, prefills, reps_total, prefill_ratio); };
   auto weight_left = [&](size_t from) {
     double w = 0;
-    for (size_t i = from; i < plan.size(); ++i) w += cell_weight(plan[i].ctx, cfg.gen, reps_total, prefill_ratio);
+    for (size_t i = from; i < plan.size(); ++i) w += weight_of(plan[i].ctx);
     return w;
   };
 
@@ -221,6 +235,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   p.cells = int(plan.size());
   p.reps = reps_total;
   p.warmup = cfg.warmup;
+  p.prefill_reps = cfg.prefill_every_run ? 0 : cfg.prefill_reps;
   res.status = "ok";
   for (size_t i = 0; i < plan.size(); ++i) {
     if (cfg.should_stop && cfg.should_stop()) {
@@ -232,6 +247,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     p.codec = cell.codec;
     p.ctx = cell.ctx;
     p.rep = 0;
+    p.prefill_rep = cfg.prefill_every_run ? -1 : 0;
     p.prefill_done = p.prefill_total = 0;
     Timer t_cell;
     auto report = [&] {
@@ -245,9 +261,17 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     mo.gen = cfg.gen;
     mo.reps = cfg.reps;
     mo.warmup = cfg.warmup;
+    mo.prefill_reps = cfg.prefill_reps;
+    mo.prefill_every_run = cfg.prefill_every_run;
     mo.prefill_chunk = cfg.prefill_chunk;
     mo.copy_bw = copy_bw;
+    mo.on_prefill_rep = [&](int j, int) {
+      p.prefill_rep = j;
+      p.prefill_done = p.prefill_total = 0;
+      report();
+    };
     mo.on_rep = [&](int rep, int) {
+      p.prefill_rep = -1;
       p.rep = rep;
       p.prefill_done = p.prefill_total = 0;
       report();
@@ -276,7 +300,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       ratios.push_back(r.decode_tps.median / std::max(r.prefill_tps.median, 1e-9));
       prefill_ratio = spread(ratios).median;
       measured_time += t_cell.seconds();
-      done_weight += cell_weight(cell.ctx, cfg.gen, reps_total, prefill_ratio);
+      done_weight += weight_of(cell.ctx);
     }
     res.cells.push_back(std::move(r));
   }

@@ -28,6 +28,8 @@ struct SweepConfig {
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell
   int warmup = 1;                    // discarded repetitions per cell
+  int prefill_reps = 1;              // timed prefills per cell (>= 1); the decode runs start from the last
+  bool prefill_every_run = false;    // the old protocol: every decode run prefills (prefill_reps unused)
   int prefill_chunk = 0;             // 0: the device's default
   int threads = 0;                   // CPU threads; 0: all cores
   uint64_t seed = 1;                 // prompt token seed
@@ -47,14 +49,18 @@ struct SweepProgress {
   int cells = 0;       // cells in the sweep
   std::string codec;
   int ctx = 0;
-  int rep = 0;         // current repetition (warm-up included), 0-based
-  int reps = 0;        // repetitions per cell, warm-up included
+  int rep = 0;         // current decode run (warm-up included), 0-based
+  int reps = 0;        // decode runs per cell, warm-up included
   int warmup = 0;      // of which warm-up (the first ones)
-  int prefill_done = 0, prefill_total = 0;  // prefill tokens of the current repetition
+  // The cell's prefills (prefill-once protocol): prefill_rep >= 0 while the
+  // cell is in its prefill_rep-th prefill, -1 once it decodes.
+  int prefill_rep = -1, prefill_reps = 0;
+  int prefill_done = 0, prefill_total = 0;  // prefill tokens of the current prefill
   double elapsed_s = 0;
   double eta_s = -1;   // estimated seconds left; < 0 while unknown
 };
-// "[3/10] k8v4 @ 8192: rep 2/3, prefill 4096/8192 | 1m05s elapsed, ETA 2m10s"
+// "[3/10] k8v4 @ 8192: prefill 1/1, 4096/8192 | 1m05s elapsed, ETA 2m10s", then
+// "[3/10] k8v4 @ 8192: rep 2/3 | 1m12s elapsed, ETA 2m01s"
 std::string format_progress(const SweepProgress& p);
 
 struct SweepResult {

@@ -26,6 +26,8 @@ struct BenchArgs {
   int gen = 128;
   int reps = 3;
   int warmup = 1;
+  int prefill_reps = 1;
+  bool prefill_every_run = false;
   uint64_t seed = 1;
   std::string home;
   std::string out;
@@ -70,6 +72,10 @@ int run_bench(const BenchArgs& a) {
   cfg.gen = a.gen;
   cfg.reps = a.reps;
   cfg.warmup = a.warmup;
+  cfg.prefill_reps = a.prefill_reps;
+  cfg.prefill_every_run = a.prefill_every_run;
+  KVQ_CHECK(a.prefill_reps >= 1, Errc::invalid_argument, "--prefill-reps must be at least 1 (got ", a.prefill_reps,
+            "): every cell prefills its prompt at least once");
   cfg.prefill_chunk = a.model.prefill_chunk;
   cfg.threads = a.model.threads;
   cfg.seed = a.seed;
@@ -79,17 +85,19 @@ int run_bench(const BenchArgs& a) {
   cfg.command_line = a.command_line;
   cfg.should_stop = [] { return g_stop.load(); };
 
-  std::fprintf(stderr, "kvq bench: %zu codecs x %zu contexts on %s, model %s, %d warm-up + %d reps of %d tokens\n",
-               cfg.codecs.size(), cfg.contexts.size(), cfg.device.c_str(), cfg.model.c_str(), cfg.warmup, cfg.reps,
-               cfg.gen);
+  std::fprintf(stderr,
+               "kvq bench: %zu codecs x %zu contexts on %s, model %s, %s, %d warm-up + %d decode runs of %d tokens\n",
+               cfg.codecs.size(), cfg.contexts.size(), cfg.device.c_str(), cfg.model.c_str(),
+               cfg.prefill_every_run ? "a prefill per run" : str(cfg.prefill_reps, " prefill(s) per cell").c_str(),
+               cfg.warmup, cfg.reps, cfg.gen);
   const bool tty = ::isatty(2);
   Timer since_print;
-  int last_cell = -1, last_rep = -1;
+  int last_cell = -1, last_rep = -1, last_prefill = -2;
   SigintGuard guard;
   const bench::SweepResult res = bench::run_sweep(cfg, [&](const bench::SweepProgress& p) {
     // A terminal gets one line redrawn a few times a second; a log gets a
     // line per repetition.
-    const bool new_step = p.cell != last_cell || p.rep != last_rep;
+    const bool new_step = p.cell != last_cell || p.rep != last_rep || p.prefill_rep != last_prefill;
     if (tty) {
       if (!new_step && since_print.seconds() < 0.2) return;
       std::fprintf(stderr, "\r%s\033[K", bench::format_progress(p).c_str());
@@ -101,6 +109,7 @@ int run_bench(const BenchArgs& a) {
     since_print.reset();
     last_cell = p.cell;
     last_rep = p.rep;
+    last_prefill = p.prefill_rep;
   });
   if (tty) std::fprintf(stderr, "\r\033[K");
 
@@ -179,15 +188,23 @@ KVQ_REGISTER_COMMAND(
           ->capture_default_str();
       app.add_option("--contexts", a->contexts, "Prompt lengths in tokens, comma list; k = 1024 (e.g. 512,4k,64k)")
           ->capture_default_str();
-      app.add_option("--gen", a->gen, "Tokens generated per repetition (decode tok/s counts tokens 2..gen)")
+      app.add_option("--gen", a->gen, "Tokens generated per decode run (decode tok/s counts tokens 2..gen)")
           ->check(CLI::Range(2, 1 << 20))
           ->capture_default_str();
-      app.add_option("--reps", a->reps, "Measured repetitions per cell (medians, min, max)")
+      app.add_option("--reps", a->reps, "Measured decode runs per cell (medians, min, max)")
           ->check(CLI::PositiveNumber)
           ->capture_default_str();
-      app.add_option("--warmup", a->warmup, "Discarded repetitions before them")
+      app.add_option("--warmup", a->warmup, "Discarded decode runs before them")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
+      app.add_option("--prefill-reps", a->prefill_reps,
+                     "Timed prefills of the prompt per cell (>= 1): TTFT and prefill tok/s are their median, "
+                     "min, max; the decode runs then start from the prefilled cache")
+          ->capture_default_str();
+      app.add_flag("--prefill-every-run", a->prefill_every_run,
+                   "The old protocol: every decode run (warm-up included) empties the cache and prefills the "
+                   "prompt again; TTFT over the measured runs (--prefill-reps is then unused; several times slower at long "
+                   "contexts)");
       app.add_option("--seed", a->seed, "Seed of the random prompt tokens")->capture_default_str();
       auto home_opt = [&](CLI::App& sub) {
         sub.add_option("--home", a->home, "kvq home folder holding runs.db and runs/ (default: $KVQ_HOME or ~/.kvq)");
@@ -215,6 +232,20 @@ KVQ_REGISTER_COMMAND(
       report->add_option("run", a->run_a, "Run id (or latest, latest~N)")->required();
       report->add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
       report->add_flag("--no-plots", a->no_plots, "Skip the gnuplot plots");
+      // After the subcommands: they would inherit it.
+      app.footer(
+          "Protocol per cell (codec x context L), docs/bench.md:\n"
+          "  1. --prefill-reps N times: empty the KV cache, prefill the L-token prompt, choose the first\n"
+          "     token; each is timed: TTFT = prefill + first token, prefill tok/s = L / prefill time.\n"
+          "     Reported: median, min, max over the N (prefill_n in the CSV and runs.db).\n"
+          "  2. --warmup + --reps decode runs, each from the cache holding the prompt: re-feed the last\n"
+          "     prompt token at position L-1 (rewriting that row with the same values) to get token 1,\n"
+          "     then generate G-1 more (--gen G, greedy, end of generation ignored); the next run\n"
+          "     overwrites the rows past L. Decode tok/s = (G-1) / (t_G - t_1) (tokens 2..G), ITL per\n"
+          "     token; median, min, max over the measured runs. Every run (warm-up too) must generate\n"
+          "     the same tokens (digest), else the cell is flagged.\n"
+          "Re-prefilling the identical prompt for every run cost about 75% of a full sweep's time;\n"
+          "--prefill-every-run brings that protocol back.");
       app.require_subcommand(0, 1);
       return [a, list, compare, report] {
         if (list->parsed()) return run_list(*a);

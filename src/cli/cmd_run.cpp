@@ -103,15 +103,17 @@ int run(RunArgs& a) {
   const int wanted = int(ids.size()) + std::max(a.sampling.n_predict, 0) + 1;
   const int ctx = resolve_ctx(a.model, l.model->config(), wanted);
   if (a.repeat > 1) {
-    // The bench protocol (bench/measure.hpp): one warm-up, then R runs on the
-    // same cache emptied each time, exactly n tokens each (end of generation
-    // ignored), text discarded.
+    // The bench measurement (bench/measure.hpp) in its prefill-every-run
+    // protocol: one warm-up, then R runs on the same cache emptied each time,
+    // each with its own prefill (so each run prints its TTFT), exactly n
+    // tokens each (end of generation ignored), text discarded.
     KVQ_CHECK(a.sampling.n_predict >= 2, Errc::invalid_argument,
               "--repeat measures decode speed over tokens 2..n: give -n 2 or more");
     bench::MeasureOptions mo;
     mo.gen = a.sampling.n_predict;
     mo.reps = a.repeat;
     mo.warmup = 1;
+    mo.prefill_every_run = true;
     mo.prefill_chunk = a.model.prefill_chunk;
     mo.sampling = a.sampling.params;
     mo.make_cache = [&](const kv::CacheShape& shape) { return make_cache(a.model, *l.model, shape.max_tokens); };
@@ -198,8 +200,8 @@ KVQ_REGISTER_COMMAND(
       app.add_option("--random-prompt", a->random_prompt,
                      "Use N pseudo-random token ids (seeded by --seed) as the prompt: speed runs at an exact context");
       app.add_option("--repeat", a->repeat,
-                     "Measure R runs after one warm-up, as `kvq bench` does (the same KV cache emptied each "
-                     "time, exactly -n tokens, end of generation ignored), printing each run's speed and the "
+                     "Measure R runs after one warm-up, as `kvq bench --prefill-every-run` does (the same KV cache "
+                     "emptied and the prompt prefilled each time, exactly -n tokens, end of generation ignored), printing each run's speed and the "
                      "medians (text is not printed)");
       // Chat-only options without --chat would be ignored: say so instead.
       for (const char* chat_only : {"--system", "--no-think", "--chat-template"})

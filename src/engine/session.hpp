@@ -84,6 +84,11 @@ class Session {
   void set_logits_sink(LogitsSink sink) { sink_ = std::move(sink); }
 
   // Drops cached tokens after the first n (a later prefix that diverges).
+  // The cache rows past n stay as they are until the next tokens fed
+  // overwrite them at their positions (each row is encoded on its own, so a
+  // row rewritten with the same K/V holds the same codes). kvq bench decodes
+  // repeatedly from one prefilled prompt this way: truncate(L - 1), then
+  // generate(prompt) re-feeds only the last prompt token at position L - 1.
   void truncate(int n);
   // Feeds tokens after the cached ones (chunked); returns the last token's
   // logits. Non-finite logits (a model with NaN weights) are an Errc::format
