@@ -80,6 +80,7 @@
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
 #include "backend/cuda/kv_decode_hooks.cuh"
+#include "backend/cuda/kv_rotation.cuh"
 #include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/lab_trace.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -133,7 +134,8 @@ __host__ __device__ constexpr size_t region0_bytes(int D, int G) {
 // Low-bit formats add their pair tables after region 0 (lut_bytes, a
 // multiple of 16); rotated sides add one [G][2D] float row buffer at the end
 // (the rotated q and, for +qjl, S q_rot; later the merged o before its
-// un-rotation).
+// un-rotation; kv_rotation.cuh's warp_rotate_row does both, bit-identical to
+// the CPU rotations).
 __host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated, int lut_bytes) {
   return region0_bytes(D, G) + size_t(lut_bytes) + 2 * kWarps * kMaxGroup * sizeof(float) +
          size_t(n_splits) * G * sizeof(float) + 16 + (rotated ? size_t(G) * 2 * D * sizeof(float) : 0);
@@ -191,66 +193,6 @@ struct WarpOLayout<D, true> {
 // Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
 // ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
 // and decodes 10-17 % slower (docs/perf.md).
-// One row of D floats rotated (y = R x) or un-rotated (x = R^T y) by one warp,
-// src and dst in shared memory (dst != src), in fp32 (attention's q and o;
-// the bit-exact per-row maps of encoding are kv_codec_hooks.cuh's).
-template <int D>
-__device__ void rotate_row(RotationKind kind, const float* table, const float* src, float* dst, int lane,
-                           bool inverse) {
-  if (kind == RotationKind::hadamard) {
-    float v[D / 32];
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) v[j] = src[lane + 32 * j];
-    warp_hadamard<D / 32>(v, table, lane, inverse);
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) dst[lane + 32 * j] = v[j];
-    return;
-  }
-  for (int d = lane; d < D; d += 32) dst[d] = src[d];  // tails a kind leaves unrotated
-  __syncwarp();
-  if (kind == RotationKind::isoclinic) {  // y = a x b per 4-block; x = conj(a) y conj(b)
-    for (int b = lane; b < D / 4; b += 32) {
-      const float* t = table + 8 * b;
-      const float s = inverse ? -1.0f : 1.0f;
-      const float aw = t[0], ax = s * t[1], ay = s * t[2], az = s * t[3];
-      const float bw = t[4], bx = s * t[5], by = s * t[6], bz = s * t[7];
-      const float* x = src + 4 * b;
-      const float w1 = aw * x[0] - ax * x[1] - ay * x[2] - az * x[3];
-      const float x1 = aw * x[1] + ax * x[0] + ay * x[3] - az * x[2];
-      const float y1 = aw * x[2] - ax * x[3] + ay * x[0] + az * x[1];
-      const float z1 = aw * x[3] + ax * x[2] - ay * x[1] + az * x[0];
-      float* y = dst + 4 * b;
-      y[0] = w1 * bw - x1 * bx - y1 * by - z1 * bz;
-      y[1] = w1 * bx + x1 * bw + y1 * bz - z1 * by;
-      y[2] = w1 * by - x1 * bz + y1 * bw + z1 * bx;
-      y[3] = w1 * bz + x1 * by - y1 * bx + z1 * bw;
-    }
-  } else if (kind == RotationKind::rotor) {  // 3x3 matrix per 3-block (its transpose inverts)
-    for (int b = lane; b < D / 3; b += 32) {
-      const float* m = table + 9 * b;
-      const float* x = src + 3 * b;
-      float* y = dst + 3 * b;
-#pragma unroll
-      for (int r = 0; r < 3; ++r)
-        y[r] = inverse ? m[r] * x[0] + m[3 + r] * x[1] + m[6 + r] * x[2]
-                       : m[3 * r] * x[0] + m[3 * r + 1] * x[1] + m[3 * r + 2] * x[2];
-    }
-    if (D % 3 == 2 && lane == 0) {
-      const int t0 = D / 3 * 3;
-      const float c = table[9 * (D / 3)], sn = inverse ? -table[9 * (D / 3) + 1] : table[9 * (D / 3) + 1];
-      dst[t0] = c * src[t0] - sn * src[t0 + 1];
-      dst[t0 + 1] = sn * src[t0] + c * src[t0 + 1];
-    }
-  } else if (kind == RotationKind::givens) {  // pairs (2i, 2i+1)
-    for (int i = lane; i < D / 2; i += 32) {
-      const float c = table[2 * i], sn = inverse ? -table[2 * i + 1] : table[2 * i + 1];
-      const float a = src[2 * i], b = src[2 * i + 1];
-      dst[2 * i] = c * a - sn * b;
-      dst[2 * i + 1] = sn * a + c * b;
-    }
-  }
-}
-
 template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB>
 __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams p) {
   using KBase = KDecodeHooks<KF, KB, D>;
@@ -350,12 +292,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     for (int row = warp; row < G; row += kWarps) {
       float* dst = rot_rows + row * kQDims;
       if (p.q_rot) {
-        // The unrotated q is staged in the buffer's free half: the row's
-        // second half (+qjl, later S q_rot) or past the G rows.
-        float* stage = KQ ? dst + D : rot_rows + (G + row) * D;
-        for (int d = lane; d < D; d += 32) stage[d] = q_group[size_t(row) * D + d];
-        __syncwarp();
-        rotate_row<D>(rotation_kind(p.k.family), p.q_rot + size_t(kvh) * p.k.rot_stride, stage, dst, lane, false);
+        warp_rotate_row(rotation_kind(p.k.family), p.q_rot + size_t(kvh) * p.k.rot_stride, q_group + size_t(row) * D,
+                        dst, D, lane, false);
       } else {
         for (int d = lane; d < D; d += 32) dst[d] = q_group[size_t(row) * D + d];
       }
@@ -620,8 +558,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   if (p.o_rot) {  // rotated V side: o = R^T o_rot, once per KV head
     __syncthreads();
     for (int row = warp; row < G; row += kWarps)
-      rotate_row<D>(rotation_kind(p.v.family), p.o_rot + size_t(kvh) * p.v.rot_stride, rot_rows + row * D,
-                    p.out + (size_t(kvh) * G + row) * D, lane, true);
+      warp_rotate_row(rotation_kind(p.v.family), p.o_rot + size_t(kvh) * p.v.rot_stride, rot_rows + row * D,
+                      p.out + (size_t(kvh) * G + row) * D, D, lane, true);
   }
   if (p.trace) {
     __syncthreads();

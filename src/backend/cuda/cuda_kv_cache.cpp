@@ -15,7 +15,8 @@ void CudaLayerCache::attend(int pos, int n, const float* q, int n_heads, float s
   flash_attention(store_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
 }
 
-CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed)
+CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed,
+                         bool require_attention)
     : codec_(codec), shape_(shape) {
   const int n_heads = shape.n_heads > 0 ? shape.n_heads : shape.n_kv_heads;
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
@@ -35,6 +36,12 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     c.k_qjl = codec.k.spec.qjl;
     c.decode = decode;
     const AttentionChoice choice = attention_support(c);
+    if (!require_attention) {
+      KVQ_CHECK(kv_encode_supported(c.k, c.v, c.head_dim), Errc::unsupported, "KV codec ", codec.name,
+                " has no GPU encode hooks at head_dim ", c.head_dim);
+      (decode ? decode_kernel_ : prefill_kernel_) = choice.supported ? choice.kernel : "";
+      continue;
+    }
     KVQ_CHECK(choice.supported, Errc::unsupported, "KV codec ", codec.name, " has no GPU kernels (", choice.why,
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
     (decode ? decode_kernel_ : prefill_kernel_) = choice.kernel;
@@ -148,6 +155,11 @@ std::vector<const void*> CudaKvCache::graph_addresses() const {
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
   const kv::ResolvedCodec codec = kv::resolve_codec(opts);  // unknown names: invalid_argument listing the valid ones
   return std::make_unique<CudaKvCache>(kv::describe_codec(codec, shape.head_dim), shape, opts.seed);
+}
+
+std::unique_ptr<kv::Cache> make_cuda_kv_store_for_test(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
+  const kv::ResolvedCodec codec = kv::resolve_codec(opts);
+  return std::make_unique<CudaKvCache>(kv::describe_codec(codec, shape.head_dim), shape, opts.seed, false);
 }
 
 }  // namespace kvq::cuda

@@ -47,7 +47,12 @@ class CudaKvCache final : public kv::Cache {
   // as n_kv_heads). Throws Errc::unsupported when no GPU kernel serves the codec.
   // seed: the codec's rotation seed (kv::CodecOptions::seed): rotated sides
   // upload the same per-(layer, KV head) tables the CPU blocks build from it.
-  CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed);
+  // require_attention = false (tests of the store only: make_cuda_kv_store_for_test)
+  // skips that check: the cache encodes (and prefill dequantizes) every
+  // family with encode hooks, +qjl included, but decode attention over it
+  // may be unsupported and throws when called.
+  CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed,
+              bool require_attention = true);
   const kv::CacheShape& shape() const override { return shape_; }
   std::string codec_name() const override { return codec_.name; }
   kv::LayerCache& layer(int i) override;
@@ -85,5 +90,10 @@ class CudaKvCache final : public kv::Cache {
 // invalid_argument listing the valid ones; a codec with no GPU kernels for
 // this shape: Errc::unsupported naming why (no silent CPU fallback).
 std::unique_ptr<kv::Cache> make_cuda_kv_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape);
+// For GPU tests of the encode kernels / prefill dequantization only: the
+// cache of make_cuda_kv_cache without its attention-support check (still
+// Errc::unsupported when the blocks have no GPU encode hooks for the
+// head_dim). Never used by the engine.
+std::unique_ptr<kv::Cache> make_cuda_kv_store_for_test(const kv::CodecOptions& opts, const kv::CacheShape& shape);
 
 }  // namespace kvq::cuda

@@ -18,8 +18,8 @@
 //                             where each accumulator lands in the output row.
 // Fragment conventions (lane = 4 g + t, mma m16n8k16): attention_decode.cu.
 // Rotations are hoisted out of the decode hooks: q is rotated once before the
-// kernel and o un-rotated once after it (rq8 below; turbo, tcq, iso, rotor,
-// planar to come); only encoding rotates, once per row.
+// kernel and o un-rotated once after it (kv_rotation.cuh: every rotation
+// kind, bit-identical to kv::Rotation); only encoding rotates, once per row.
 //
 // ---- Bit layouts (the same bytes as the CPU blocks in src/kv/blocks/) ----
 // bf16: code row = D bf16 values (2 bytes each, dim i at bytes 2i..2i+1),
@@ -33,27 +33,246 @@
 //       in the rotated basis: the decode kernel (q8's instance) rotates q
 //       once per CTA before building its fragments (q.k = Rq . Rk) and the
 //       merging CTA un-rotates o once (attention_decode.cu, q_signs/o_signs).
+// turbo2/3/4 (TurboQuant-MSE, kv/blocks/turbo.cpp): y = H (s * x) / sqrt(D)
+//       (the rq8 rotation), n = ||y|| (double, sequential), u = y *
+//       float(sqrt(D) / n), code_i = nearest Lloyd-Max centroid index of u_i
+//       (the number of thresholds t with u_i > t). code row: N-bit indices in
+//       bit planes (kv/bitpack.hpp: LSB-first in little-endian 32-bit words,
+//       field i of a b-bit plane at bits [b i, b i + b); N = 2: one 2-bit
+//       plane; N = 4: one 4-bit plane; N = 3: a 2-bit plane of the low bits
+//       (D/4 bytes) then a 1-bit plane of the high bits (D/8 bytes)). side
+//       row: fp16 a = n * g, g = kv::unbiased_row_gain(u, c) (double,
+//       sequential sums), clamped to 65504. Value (rotated basis) =
+//       (a / sqrt(D)) * centroid[code].
+// tcq2/3 (kv/blocks/tcq.cpp, kv/tcq.hpp): the turbo rotation and u; a
+//       32-state (memory 5) Viterbi over the 2^(N+1) union levels (index
+//       4 m + subset), start state 0, free end; ties keep branch 0, the
+//       first minimum level per subset, the first minimum final state. code
+//       row: the branch plane (1 bit per value, D/8 bytes), then the level
+//       plane ((N-1) bits per value). side row: fp16 a = n * g as turbo.
+//       Value = (a / sqrt(D)) * levels[4 m_i + subset(w_i)], w_i = b_i |
+//       b_{i-1} << 1 | ... | b_{i-5} << 5 (b_{<0} = 0), subset(w) =
+//       2 parity(w & g1) + parity(w & g0).
+// iso3/4, rotor3/4, planar3/4 (one "grouped" format, kv/blocks/grouped.cpp;
+//       only the rotation differs: isoclinic 4-blocks, rotor 3-blocks, Givens
+//       pairs, kv_rotation.cuh): per group g of 32 rotated values a fp16
+//       scale s_g (from the group RMS, up to two least-squares refinements,
+//       the lowest squared error kept; the codes chosen again against the
+//       stored fp16 scale); code row: N-bit Lloyd-Max indices in turbo's
+//       planes; side row: D/32 fp16 scales. Value = s_g * centroid[code].
+// fp8:  code row = D OCP e4m3 bytes (value i at byte i; round to nearest
+//       even, saturating to +-448; no NaN codes), no side row.
+// +qjl (K sides, on any base): the base row, then in the base's rotated
+//       basis r = R x - base reconstruction; the code row gets a 1-bit plane
+//       of D sketch bits at GpuKvSide::qjl_code_offset (bit j = 1 when
+//       sum_i S[j][i] r_i >= 0, summed in double in i order), the side row the
+//       fp16 ||r|| at qjl_side_offset. Reconstruction (rotated basis) = base
+//       + sqrt(pi/2)/D ||r|| S^T sign (kv/blocks/qjl.cpp).
+//
+// Bit-exactness: every encode below performs the CPU block's float and
+// double operations in the CPU's order, each product and sum rounded on its
+// own (__fmul_rn / __fadd_rn / __dmul_rn / __dadd_rn: nvcc would otherwise
+// contract a * b + c into an FMA, the baseline x86-64 CPU build has none);
+// CPU loops that sum over a row are summed sequentially here too (every lane
+// walks the row through shuffles), so the GPU writes the CPU's bytes.
 #pragma once
 
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "backend/cuda/kv_rotation.cuh"
 #include "backend/cuda/kv_store.hpp"
 #include "backend/cuda/ptx.cuh"
 #include "core/half.hpp"
+#include "kv/codebook.hpp"
 
 namespace kvq::cuda {
 
 template <kv::Family F>
 inline constexpr bool kAlwaysFalse = false;
 
+constexpr unsigned kFullMask = 0xffffffffu;
+
 __device__ __forceinline__ float sanitize_kv(float x) {  // as kv::sanitize_value
   return x != x ? 0.0f : fminf(fmaxf(x, -65504.0f), 65504.0f);
 }
 
+namespace enc {
+
+// kv::store_f16 (f32_to_f16_clamped) / kv::load_f16.
+__device__ __forceinline__ uint16_t f16_clamped(float x) {
+  if (!(x == x)) x = 0.0f;
+  if (x > 65504.0f) x = 65504.0f;
+  if (x < -65504.0f) x = -65504.0f;
+  return ::kvq::f32_to_f16(x);
+}
+__device__ __forceinline__ void store_f16(uint8_t* p, float x) {
+  const uint16_t h = f16_clamped(x);
+  p[0] = uint8_t(h & 0xff);
+  p[1] = uint8_t(h >> 8);
+}
+__device__ __forceinline__ float load_f16(const uint8_t* p) { return ::kvq::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
+
+// kv::nearest_index (binary search over the ascending thresholds).
+__device__ __forceinline__ int nearest_index(const float* thresholds, int n_levels, float x) {
+  int lo = 0, hi = n_levels - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (x > thresholds[mid]) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// acc + term(lane 0) + term(lane 1) + ... + term(lane 31), in that order (the
+// CPU's sequential sum over 32 consecutive row elements); uniform result.
+__device__ __forceinline__ double seq_add(double acc, double term) {
+#pragma unroll 8
+  for (int l = 0; l < 32; ++l) acc = __dadd_rn(acc, __shfl_sync(kFullMask, term, l));
+  return acc;
+}
+__device__ __forceinline__ double sq(float v) { return __dmul_rn(double(v), double(v)); }
+
+__device__ __forceinline__ size_t plane_bytes(int n, int b) { return (size_t(n) * b + 7) / 8 + 3 & ~size_t(3); }
+
+// The kB-bit fields of elements 32 g + lane (one per lane) into 32-bit words
+// g kB .. g kB + kB - 1 of a plane (kv::pack_plane's bit order).
+template <int kB>
+__device__ __forceinline__ void pack_group(unsigned field, uint8_t* plane, int g, int lane) {
+  uint32_t m[kB];
+#pragma unroll
+  for (int k = 0; k < kB; ++k) m[k] = __ballot_sync(kFullMask, (field >> k) & 1u);
+  if (lane < kB) {
+    constexpr int per = 32 / kB;  // fields per word
+    uint32_t w = 0;
+#pragma unroll
+    for (int t = 0; t < per; ++t)
+#pragma unroll
+      for (int k = 0; k < kB; ++k) w |= ((m[k] >> (lane * per + t)) & 1u) << (t * kB + k);
+    reinterpret_cast<uint32_t*>(plane)[g * kB + lane] = w;
+  }
+}
+// kv::pack_codes for one group of 32 (N = 1..4; N = 3: 2-bit low plane, then
+// the 1-bit high plane).
+__device__ __forceinline__ void pack_codes_group(unsigned idx, int bits, uint8_t* code, int D, int g, int lane) {
+  switch (bits) {
+    case 1: pack_group<1>(idx, code, g, lane); break;
+    case 2: pack_group<2>(idx, code, g, lane); break;
+    case 3:
+      pack_group<2>(idx & 3u, code, g, lane);
+      pack_group<1>(idx >> 2, code + plane_bytes(D, 2), g, lane);
+      break;
+    case 4: pack_group<4>(idx, code, g, lane); break;
+    default: __trap();
+  }
+}
+__device__ __forceinline__ unsigned plane_get(const uint8_t* plane, int i, int b) {
+  const size_t bit = size_t(i) * b;
+  return (plane[bit >> 3] >> (bit & 7)) & ((1u << b) - 1u);
+}
+__device__ __forceinline__ unsigned code_get(const uint8_t* code, int D, int bits, int i) {
+  if (bits != 3) return plane_get(code, i, bits);
+  return plane_get(code, i, 2) | (plane_get(code + plane_bytes(D, 2), i, 1) << 2);
+}
+
+// v[j] = element lane + 32 j of R sanitize(x) (the block's sanitized_rotate).
+template <int kNJ>
+__device__ __forceinline__ void load_rotated(const GpuKvSide& s, int head, const float* x, int lane, float (&v)[kNJ]) {
+  warp_rotate_regs<kNJ>(rotation_kind(s.family), s.rot_of(head), lane, false,
+                        [x](int i) { return sanitize_kv(x[i]); }, v);
+}
+
+// kv::unbiased_row_gain(u, c, D, kGainMaxExcess), u and c held as load_rotated.
+template <int kNJ>
+__device__ __forceinline__ double unbiased_row_gain(const float (&u)[kNJ], const float (&c)[kNJ]) {
+  double uc = 0, cc = 0, uu = 0;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) {
+    const double tuc = __dmul_rn(double(u[j]), double(c[j])), tcc = sq(c[j]), tuu = sq(u[j]);
+#pragma unroll 4
+    for (int l = 0; l < 32; ++l) {
+      uc = __dadd_rn(uc, __shfl_sync(kFullMask, tuc, l));
+      cc = __dadd_rn(cc, __shfl_sync(kFullMask, tcc, l));
+      uu = __dadd_rn(uu, __shfl_sync(kFullMask, tuu, l));
+    }
+  }
+  const double d = double(32 * kNJ);
+  if (!(cc > 0) || !(uc > 0)) return cc > 0 ? __ddiv_rn(uc < 0.0 ? 0.0 : uc, cc) : 0.0;
+  const double g_ls = __ddiv_rn(uc, cc);
+  const double res = __dsub_rn(uu, __dmul_rn(uc, g_ls));
+  const double e_ls = __ddiv_rn(res < 0.0 ? 0.0 : res, d);
+  const double g_u = __ddiv_rn(uu, uc);
+  const double other = __dadd_rn(g_ls, __dsqrt_rn(__ddiv_rn(__dmul_rn(__dmul_rn(kv::kGainMaxExcess, e_ls), d), cc)));
+  return other < g_u ? other : g_u;
+}
+
+// turbo / tcq: n = ||y|| and y *= float(sqrt(D) / n) (the unit-variance row).
+template <int kNJ>
+__device__ __forceinline__ double to_unit_row(float (&v)[kNJ]) {
+  double nn = 0;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) nn = seq_add(nn, sq(v[j]));
+  const double n = __dsqrt_rn(nn);
+  const float to_unit = n > 0 ? float(__ddiv_rn(__dsqrt_rn(double(32 * kNJ)), n)) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) v[j] = __fmul_rn(v[j], to_unit);
+  return n;
+}
+
+// kv OCP e4m3 (fp8.cpp): exact values of the magnitude codes 0..0x7e.
+__device__ __forceinline__ float e4m3_magnitude(int m) {
+  const int exp = (m >> 3) & 15, man = m & 7;
+  return exp == 0 ? ldexpf(float(man), -9) : ldexpf(__fadd_rn(1.0f, __fdiv_rn(float(man), 8.0f)), exp - 7);
+}
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+  const float v = e4m3_magnitude(b & 0x7f);
+  return (b & 0x80) ? -v : v;
+}
+// kv::f32_to_e4m3: nearest magnitude by binary search, ties to the even code.
+__device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  const float a = fminf(fabsf(x), 448.0f);
+  int lo = 0, hi = 0x7e;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (e4m3_magnitude(mid) <= a) lo = mid;
+    else hi = mid;
+  }
+  const float dl = __fsub_rn(a, e4m3_magnitude(lo)), dh = __fsub_rn(e4m3_magnitude(hi), a);
+  const int m = dl < dh ? lo : dh < dl ? hi : ((lo & 1) ? hi : lo);
+  return uint8_t(sign | m);
+}
+
+__device__ __forceinline__ int tcq_subset(uint32_t w, uint32_t g0, uint32_t g1) {
+  return 2 * (__popc(w & g1) & 1) + (__popc(w & g0) & 1);
+}
+__device__ __forceinline__ float pick4(const float (&e)[4], int k) {
+  return k == 0 ? e[0] : k == 1 ? e[1] : k == 2 ? e[2] : e[3];
+}
+// kv::tcq_encode's inner search: the first level m of subset j nearest to x.
+__device__ __forceinline__ int tcq_best_level(const float* levels, int per_subset, int j, float x, float& err) {
+  float be = __int_as_float(0x7f800000);
+  int bm = 0;
+  for (int m = 0; m < per_subset; ++m) {
+    const float d = __fsub_rn(x, levels[4 * m + j]);
+    const float dd = __fmul_rn(d, d);
+    if (dd < be) be = dd, bm = m;
+  }
+  err = be;
+  return bm;
+}
+
+}  // namespace enc
+
 // ---------------------------------------------------------------------------
-// Encode / scalar decode
+// Encode / scalar decode. Every family:
+//   encode_row(side, head, x, D, code, side_row, lane): the whole warp
+//     encodes row x (D floats, any memory every lane may read) into the
+//     row's code / side bytes (the +qjl sketch is added by encode_row_any /
+//     encode_row_with, not here).
+//   decode_value(side, code, side_row, D, d): value d of the row in the
+//     block's rotated basis (the base block only; +qjl adds its sketch).
 // ---------------------------------------------------------------------------
 template <kv::Family F>
 struct EncodeHooks {
@@ -62,13 +281,11 @@ struct EncodeHooks {
 
 template <>
 struct EncodeHooks<kv::Family::bf16> {
-  // x: D floats (any memory); the whole warp calls it.
-  __device__ static void encode_row(const float* x, int D, uint8_t* code, uint8_t* /*side*/, int lane,
-                                    const float* /*rot*/ = nullptr) {
+  __device__ static void encode_row(const GpuKvSide&, int, const float* x, int D, uint8_t* code, uint8_t*, int lane) {
     auto* c = reinterpret_cast<uint16_t*>(code);
     for (int d = lane; d < D; d += 32) c[d] = ::kvq::f32_to_bf16(sanitize_kv(x[d]));
   }
-  __device__ static float decode_value(const uint8_t* code, const uint8_t* /*side*/, int d) {
+  __device__ static float decode_value(const GpuKvSide&, const uint8_t* code, const uint8_t*, int, int d) {
     return ::kvq::bf16_to_f32(reinterpret_cast<const uint16_t*>(code)[d]);
   }
 };
@@ -79,11 +296,11 @@ struct EncodeHooks<kv::Family::bf16> {
 __device__ __forceinline__ void q8_encode_group(float v, int g, uint8_t* code, uint8_t* side, int lane) {
   float amax = fabsf(v);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const uint16_t h = ::kvq::f32_to_f16(amax / 127.0f);  // amax <= 65504 (sanitised): never clamped
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+  const uint16_t h = ::kvq::f32_to_f16(__fdiv_rn(amax, 127.0f));  // amax <= 65504 (sanitised): never clamped
   const float s = ::kvq::f16_to_f32(h);
-  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
-  reinterpret_cast<int8_t*>(code)[32 * g + lane] = int8_t(fminf(fmaxf(rintf(v * inv), -127.0f), 127.0f));
+  const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+  reinterpret_cast<int8_t*>(code)[32 * g + lane] = int8_t(fminf(fmaxf(rintf(__fmul_rn(v, inv)), -127.0f), 127.0f));
   if (lane == 0) {
     side[2 * g] = uint8_t(h & 0xff);
     side[2 * g + 1] = uint8_t(h >> 8);
@@ -93,118 +310,368 @@ __device__ __forceinline__ void q8_encode_group(float v, int g, uint8_t* code, u
 template <>
 struct EncodeHooks<kv::Family::q8> {
   // D a multiple of 32: group g is dims 32g + lane.
-  __device__ static void encode_row(const float* x, int D, uint8_t* code, uint8_t* side, int lane,
-                                    const float* /*rot*/ = nullptr) {
+  __device__ static void encode_row(const GpuKvSide&, int, const float* x, int D, uint8_t* code, uint8_t* side,
+                                    int lane) {
     for (int g = 0; g < D / 32; ++g) q8_encode_group(sanitize_kv(x[32 * g + lane]), g, code, side, lane);
   }
-  __device__ static float decode_value(const uint8_t* code, const uint8_t* side, int d) {
+  __device__ static float decode_value(const GpuKvSide&, const uint8_t* code, const uint8_t* side, int, int d) {
     const int g = d >> 5;
-    const float s = ::kvq::f16_to_f32(uint16_t(side[2 * g] | (side[2 * g + 1] << 8)));
-    return s * float(reinterpret_cast<const int8_t*>(code)[d]);
+    return __fmul_rn(enc::load_f16(side + 2 * g), float(reinterpret_cast<const int8_t*>(code)[d]));
   }
 };
-
-// The normalised Walsh-Hadamard transform of a row held by one warp, value j
-// of a lane = element lane + 32 j (kNJ = D / 32): the stages of
-// kv::fwht_normalized in its order (h = 1, 2, 4, ...; lower element a + b,
-// upper a - b) and its final scale 1/sqrt(D), so results are bit-identical to
-// the CPU rotation. Stages h < 32 pair lanes, the others pair a lane's values.
-template <int kNJ>
-__device__ __forceinline__ void warp_fwht_normalized(float (&v)[kNJ], int lane) {
-#pragma unroll
-  for (int h = 1; h < 32; h <<= 1)
-#pragma unroll
-    for (int j = 0; j < kNJ; ++j) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[j], h);
-      v[j] = (lane & h) ? other - v[j] : v[j] + other;
-    }
-#pragma unroll
-  for (int hj = 1; hj < kNJ; hj <<= 1)
-#pragma unroll
-    for (int j = 0; j < kNJ; ++j)
-      if ((j & hj) == 0) {
-        const float a = v[j], b = v[j + hj];
-        v[j] = a + b;
-        v[j + hj] = a - b;
-      }
-  const float s = 1.0f / sqrtf(float(32 * kNJ));
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) v[j] *= s;
-}
-
-// y = R x (forward: signs, then the transform) or x = R^T y (inverse: the
-// transform, then signs) of one warp-held row, as kv::HadamardRotation.
-template <int kNJ>
-__device__ __forceinline__ void warp_hadamard(float (&v)[kNJ], const float* signs, int lane, bool inverse) {
-  if (!inverse) {
-#pragma unroll
-    for (int j = 0; j < kNJ; ++j) v[j] *= signs[lane + 32 * j];
-  }
-  warp_fwht_normalized<kNJ>(v, lane);
-  if (inverse) {
-#pragma unroll
-    for (int j = 0; j < kNJ; ++j) v[j] *= signs[lane + 32 * j];
-  }
-}
 
 // rq8: q8 of the row after the random-sign Walsh-Hadamard rotation (D = 64,
 // 128 or 256). Layout as q8; the rows are in the rotated basis.
 template <>
 struct EncodeHooks<kv::Family::rq8> {
   template <int kNJ>
-  __device__ static void encode_rotated(const float* x, uint8_t* code, uint8_t* side, int lane, const float* rot) {
+  __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                  int lane) {
     float v[kNJ];
-#pragma unroll
-    for (int j = 0; j < kNJ; ++j) v[j] = sanitize_kv(x[lane + 32 * j]);
-    warp_hadamard<kNJ>(v, rot, lane, false);
+    enc::load_rotated<kNJ>(s, head, x, lane, v);
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) q8_encode_group(v[j], j, code, side, lane);
   }
-  __device__ static void encode_row(const float* x, int D, uint8_t* code, uint8_t* side, int lane, const float* rot) {
+  __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                    uint8_t* side, int lane) {
     switch (D) {
-      case 64: encode_rotated<2>(x, code, side, lane, rot); break;
-      case 128: encode_rotated<4>(x, code, side, lane, rot); break;
-      case 256: encode_rotated<8>(x, code, side, lane, rot); break;
+      case 64: encode_t<2>(s, head, x, code, side, lane); break;
+      case 128: encode_t<4>(s, head, x, code, side, lane); break;
+      case 256: encode_t<8>(s, head, x, code, side, lane); break;
       default: __trap();
     }
   }
-  // The rotated-basis value (prefill dequantization un-rotates whole rows).
-  __device__ static float decode_value(const uint8_t* code, const uint8_t* side, int d) {
-    return EncodeHooks<kv::Family::q8>::decode_value(code, side, d);
+  __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
+    return EncodeHooks<kv::Family::q8>::decode_value(s, code, side, D, d);
   }
 };
 
-}  // namespace kvq::cuda
+template <>
+struct EncodeHooks<kv::Family::turbo> {
+  template <int kNJ>
+  __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                  int lane) {
+    constexpr int D = 32 * kNJ;
+    float v[kNJ];
+    enc::load_rotated<kNJ>(s, head, x, lane, v);
+    const double n = enc::to_unit_row<kNJ>(v);
+    const int levels = 1 << s.bits;
+    const float* centroids = s.codebook;
+    const float* thresholds = s.codebook + levels;
+    float c[kNJ];
+    unsigned idx[kNJ];
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      idx[j] = unsigned(enc::nearest_index(thresholds, levels, v[j]));
+      c[j] = centroids[idx[j]];
+    }
+    const double g = enc::unbiased_row_gain<kNJ>(v, c);
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) enc::pack_codes_group(idx[j], s.bits, code, D, j, lane);
+    if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
+  }
+  __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                    uint8_t* side, int lane) {
+    switch (D) {
+      case 64: encode_t<2>(s, head, x, code, side, lane); break;
+      case 128: encode_t<4>(s, head, x, code, side, lane); break;
+      case 256: encode_t<8>(s, head, x, code, side, lane); break;
+      default: __trap();
+    }
+  }
+  __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
+    const float a = __fdiv_rn(enc::load_f16(side), __fsqrt_rn(float(D)));
+    return __fmul_rn(a, s.codebook[enc::code_get(code, D, s.bits, d)]);
+  }
+};
 
-namespace kvq::cuda {
+template <>
+struct EncodeHooks<kv::Family::tcq> {
+  // Viterbi (kv::tcq_encode) with lane = state (32 states, memory 5): per
+  // position every lane forms the 4 subset errors, takes its two
+  // predecessors' costs by shuffle and adds in the CPU's order; the choice
+  // bits of position 32 j + l are a ballot kept by lane l in bp[j]. The
+  // traceback runs on every lane (uniform), lane l recording position 32 j + l.
+  template <int kNJ>
+  __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                  int lane) {
+    constexpr int D = 32 * kNJ;
+    float v[kNJ];
+    enc::load_rotated<kNJ>(s, head, x, lane, v);
+    const double n = enc::to_unit_row<kNJ>(v);
+    const float* L = s.codebook;
+    const int per_subset = 1 << (s.bits - 1);
+    const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
+    const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1), sub1 = enc::tcq_subset(uint32_t(lane) | 32u, g0, g1);
+    const int p0 = lane >> 1, p1 = p0 | 16;
+    float cur = lane == 0 ? 0.0f : __int_as_float(0x7f800000);
+    uint32_t bp[kNJ];
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      bp[j] = 0;
+      for (int l = 0; l < 32; ++l) {
+        const float xi = __shfl_sync(kFullMask, v[j], l);
+        float err[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) enc::tcq_best_level(L, per_subset, k, xi, err[k]);
+        const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), enc::pick4(err, sub0));
+        const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), enc::pick4(err, sub1));
+        const bool one = c1 < c0;
+        const uint32_t ball = __ballot_sync(kFullMask, one);
+        if (lane == l) bp[j] = ball;
+        cur = one ? c1 : c0;
+      }
+    }
+    int st = 0;
+    float best = __shfl_sync(kFullMask, cur, 0);
+    for (int s2 = 1; s2 < 32; ++s2) {
+      const float c = __shfl_sync(kFullMask, cur, s2);
+      if (c < best) best = c, st = s2;
+    }
+    unsigned br[kNJ], lv[kNJ];
+    float cval[kNJ];
+#pragma unroll
+    for (int j = kNJ - 1; j >= 0; --j) {
+      br[j] = lv[j] = 0;
+      cval[j] = 0.0f;
+      for (int l = 31; l >= 0; --l) {
+        const uint32_t ball = __shfl_sync(kFullMask, bp[j], l);
+        const int h = int(ball >> st) & 1;
+        if (lane == l) {
+          const int k = enc::tcq_subset(uint32_t(st) | (uint32_t(h) << 5), g0, g1);
+          float e;
+          const int m = enc::tcq_best_level(L, per_subset, k, v[j], e);
+          br[j] = unsigned(st & 1);
+          lv[j] = unsigned(m);
+          cval[j] = L[4 * m + k];  // tcq_decode's value: the window of position i is (st, h)
+        }
+        st = (st >> 1) | (h << 4);
+      }
+    }
+    const double g = enc::unbiased_row_gain<kNJ>(v, cval);
+    uint8_t* level_plane = code + enc::plane_bytes(D, 1);
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      enc::pack_group<1>(br[j], code, j, lane);
+      if (s.bits == 2) enc::pack_group<1>(lv[j], level_plane, j, lane);
+      else enc::pack_group<2>(lv[j], level_plane, j, lane);
+    }
+    if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
+  }
+  __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                    uint8_t* side, int lane) {
+    switch (D) {
+      case 64: encode_t<2>(s, head, x, code, side, lane); break;
+      case 128: encode_t<4>(s, head, x, code, side, lane); break;
+      case 256: encode_t<8>(s, head, x, code, side, lane); break;
+      default: __trap();
+    }
+  }
+  __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
+    const float a = __fdiv_rn(enc::load_f16(side), __fsqrt_rn(float(D)));
+    uint32_t w = 0;
+    for (int k = 0; k < 6 && d - k >= 0; ++k) w |= enc::plane_get(code, d - k, 1) << k;
+    const unsigned m = enc::plane_get(code + enc::plane_bytes(D, 1), d, s.bits - 1);
+    return __fmul_rn(a, s.codebook[4 * m + unsigned(enc::tcq_subset(w, s.tcq_g0, s.tcq_g1))]);
+  }
+};
+
+// iso / rotor / planar: the grouped format (one implementation; the rotation
+// comes from rotation_kind(family)). D a multiple of 32, at most 256.
+struct GroupedEncode {
+  // kv GroupedBlock::fit for the group held one value y per lane at scale sc:
+  // the code of this lane's value; err, yc, cc summed in element order.
+  __device__ static unsigned fit(const GpuKvSide& s, float y, float sc, double& err, double& yc, double& cc) {
+    const int levels = 1 << s.bits;
+    const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
+    const unsigned idx = unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
+    const double c = double(s.codebook[idx]);
+    const double d = __dsub_rn(double(y), __dmul_rn(double(sc), c));
+    err = enc::seq_add(0.0, __dmul_rn(d, d));
+    yc = enc::seq_add(0.0, __dmul_rn(double(y), c));
+    cc = enc::seq_add(0.0, __dmul_rn(c, c));
+    return idx;
+  }
+  template <int kNJ>
+  __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                  int lane) {
+    constexpr int D = 32 * kNJ;
+    float v[kNJ];
+    enc::load_rotated<kNJ>(s, head, x, lane, v);
+#pragma unroll
+    for (int g = 0; g < kNJ; ++g) {
+      const double e = enc::seq_add(0.0, enc::sq(v[g]));
+      float best_s = 0;
+      double err, yc, cc;
+      if (e > 0) {
+        float sc = float(__dsqrt_rn(__ddiv_rn(e, 32.0)));
+        double best_err = __longlong_as_double(0x7ff0000000000000ll);
+        for (int step = 0; step < 3; ++step) {
+          fit(s, v[g], sc, err, yc, cc);
+          if (err < best_err) best_err = err, best_s = sc;
+          if (cc <= 0) break;
+          sc = float(__ddiv_rn(yc, cc));
+        }
+      }
+      if (lane == 0) enc::store_f16(side + 2 * g, best_s);
+      const float sc = ::kvq::f16_to_f32(enc::f16_clamped(best_s));
+      const unsigned idx = fit(s, v[g], sc, err, yc, cc);
+      enc::pack_codes_group(idx, s.bits, code, D, g, lane);
+    }
+  }
+  __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                    uint8_t* side, int lane) {
+    switch (D) {
+      case 32: encode_t<1>(s, head, x, code, side, lane); break;
+      case 64: encode_t<2>(s, head, x, code, side, lane); break;
+      case 96: encode_t<3>(s, head, x, code, side, lane); break;
+      case 128: encode_t<4>(s, head, x, code, side, lane); break;
+      case 160: encode_t<5>(s, head, x, code, side, lane); break;
+      case 192: encode_t<6>(s, head, x, code, side, lane); break;
+      case 224: encode_t<7>(s, head, x, code, side, lane); break;
+      case 256: encode_t<8>(s, head, x, code, side, lane); break;
+      default: __trap();
+    }
+  }
+  __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
+    return __fmul_rn(enc::load_f16(side + 2 * (d >> 5)), s.codebook[enc::code_get(code, D, s.bits, d)]);
+  }
+};
+template <>
+struct EncodeHooks<kv::Family::iso> : GroupedEncode {};
+template <>
+struct EncodeHooks<kv::Family::rotor> : GroupedEncode {};
+template <>
+struct EncodeHooks<kv::Family::planar> : GroupedEncode {};
+
+template <>
+struct EncodeHooks<kv::Family::fp8> {
+  __device__ static void encode_row(const GpuKvSide&, int, const float* x, int D, uint8_t* code, uint8_t*, int lane) {
+    for (int d = lane; d < D; d += 32) code[d] = enc::f32_to_e4m3(sanitize_kv(x[d]));
+  }
+  __device__ static float decode_value(const GpuKvSide&, const uint8_t* code, const uint8_t*, int, int d) {
+    return enc::e4m3_to_f32(code[d]);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Runtime dispatch for kernels that serve several families in one instance
+// (the fused RoPE + store, the prefill dequantization). The caller checked
+// kv_encode_supported(); another family or head_dim traps.
+// ---------------------------------------------------------------------------
 
 // Families that have encode hooks (kv_encode_supported() answers from this).
 __host__ __device__ constexpr bool has_encode_hooks(kv::Family f) {
-  return f == kv::Family::bf16 || f == kv::Family::q8 || f == kv::Family::rq8;
+  return f == kv::Family::bf16 || f == kv::Family::q8 || f == kv::Family::rq8 || f == kv::Family::turbo ||
+         f == kv::Family::tcq || f == kv::Family::iso || f == kv::Family::rotor || f == kv::Family::planar ||
+         f == kv::Family::fp8;
 }
 
-
-// Runtime dispatch for kernels that serve several families in one instance
-// (the fused RoPE + store, the prefill dequantization). The caller checked
-// has_encode_hooks(); another family traps.
-// rot: the row's rotation table (GpuKvSide::rot + head * D) or null.
-__device__ __forceinline__ void encode_row_any(kv::Family f, const float* x, int D, uint8_t* code, uint8_t* side,
-                                               int lane, const float* rot) {
-  switch (f) {
-    case kv::Family::bf16: EncodeHooks<kv::Family::bf16>::encode_row(x, D, code, side, lane); break;
-    case kv::Family::q8: EncodeHooks<kv::Family::q8>::encode_row(x, D, code, side, lane); break;
-    case kv::Family::rq8: EncodeHooks<kv::Family::rq8>::encode_row(x, D, code, side, lane, rot); break;
-    default: __trap();
-  }
-}
-__device__ __forceinline__ float decode_value_any(kv::Family f, const uint8_t* code, const uint8_t* side, int d) {
-  switch (f) {
-    case kv::Family::bf16: return EncodeHooks<kv::Family::bf16>::decode_value(code, side, d);
+// Value d of a base row in the block's rotated basis (bit-identical to the
+// CPU block's decode_rotated).
+__device__ __forceinline__ float decode_value_any(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D,
+                                                  int d) {
+  switch (s.family) {
+    case kv::Family::bf16: return EncodeHooks<kv::Family::bf16>::decode_value(s, code, side, D, d);
     case kv::Family::q8:
-    case kv::Family::rq8: return EncodeHooks<kv::Family::q8>::decode_value(code, side, d);
+    case kv::Family::rq8: return EncodeHooks<kv::Family::q8>::decode_value(s, code, side, D, d);
+    case kv::Family::turbo: return EncodeHooks<kv::Family::turbo>::decode_value(s, code, side, D, d);
+    case kv::Family::tcq: return EncodeHooks<kv::Family::tcq>::decode_value(s, code, side, D, d);
+    case kv::Family::iso:
+    case kv::Family::rotor:
+    case kv::Family::planar: return GroupedEncode::decode_value(s, code, side, D, d);
+    case kv::Family::fp8: return EncodeHooks<kv::Family::fp8>::decode_value(s, code, side, D, d);
     default: __trap();
   }
   return 0.0f;
+}
+
+// +qjl: the sketch of the residual of a row whose base code / side bytes this
+// warp has just written (kv QjlBlock::encode after base_->encode). Lane l
+// sums the projections j = l + 32 jj, each sequentially in i.
+template <int kNJ>
+__device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side, int lane) {
+  constexpr int D = 32 * kNJ;
+  __syncwarp();  // the base row's bytes, written by every lane, are visible to all
+  float r[kNJ];
+  enc::load_rotated<kNJ>(s, head, x, lane, r);
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) r[j] = __fsub_rn(r[j], decode_value_any(s, code, side, D, lane + 32 * j));
+  double rn = 0;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) rn = enc::seq_add(rn, enc::sq(r[j]));
+  const float* S = s.qjl + size_t(head) * D * D;
+  double p[kNJ];
+#pragma unroll
+  for (int jj = 0; jj < kNJ; ++jj) p[jj] = 0;
+#pragma unroll
+  for (int jr = 0; jr < kNJ; ++jr)
+    for (int l = 0; l < 32; ++l) {
+      const double ri = double(__shfl_sync(kFullMask, r[jr], l));
+      const int i = 32 * jr + l;
+#pragma unroll
+      for (int jj = 0; jj < kNJ; ++jj)
+        p[jj] = __dadd_rn(p[jj], __dmul_rn(double(S[size_t(lane + 32 * jj) * D + i]), ri));
+    }
+#pragma unroll
+  for (int jj = 0; jj < kNJ; ++jj) enc::pack_group<1>(p[jj] >= 0 ? 1u : 0u, code + s.qjl_code_offset, jj, lane);
+  if (lane == 0) enc::store_f16(side + s.qjl_side_offset, float(__dsqrt_rn(rn)));
+}
+__device__ __forceinline__ void qjl_encode(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                           uint8_t* side, int lane) {
+  switch (D) {
+    case 32: qjl_encode_t<1>(s, head, x, code, side, lane); break;
+    case 64: qjl_encode_t<2>(s, head, x, code, side, lane); break;
+    case 96: qjl_encode_t<3>(s, head, x, code, side, lane); break;
+    case 128: qjl_encode_t<4>(s, head, x, code, side, lane); break;
+    case 160: qjl_encode_t<5>(s, head, x, code, side, lane); break;
+    case 192: qjl_encode_t<6>(s, head, x, code, side, lane); break;
+    case 224: qjl_encode_t<7>(s, head, x, code, side, lane); break;
+    case 256: qjl_encode_t<8>(s, head, x, code, side, lane); break;
+    default: __trap();
+  }
+}
+
+// The whole row of family F: the base encode, then the +qjl sketch if the
+// side has one. head: the KV head (its rotation table and sketch).
+template <kv::Family F>
+__device__ __forceinline__ void encode_row_with(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                                uint8_t* side, int lane) {
+  EncodeHooks<F>::encode_row(s, head, x, D, code, side, lane);
+  if (s.has_qjl) qjl_encode(s, head, x, D, code, side, lane);
+}
+
+__device__ __forceinline__ void encode_row_any(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
+                                               uint8_t* side, int lane) {
+  switch (s.family) {
+    case kv::Family::bf16: EncodeHooks<kv::Family::bf16>::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::q8: EncodeHooks<kv::Family::q8>::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::rq8: EncodeHooks<kv::Family::rq8>::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::turbo: EncodeHooks<kv::Family::turbo>::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::tcq: EncodeHooks<kv::Family::tcq>::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::iso:
+    case kv::Family::rotor:
+    case kv::Family::planar: GroupedEncode::encode_row(s, head, x, D, code, side, lane); break;
+    case kv::Family::fp8: EncodeHooks<kv::Family::fp8>::encode_row(s, head, x, D, code, side, lane); break;
+    default: __trap();
+  }
+  if (s.has_qjl) qjl_encode(s, head, x, D, code, side, lane);
+}
+
+// +qjl: value d of the full reconstruction in the rotated basis (kv
+// QjlBlock::decode_rotated: base + sum_j (+-c) S[j][d], j ascending,
+// c = float(sqrt(pi/2) / D) * ||r||). O(D) per value: prefill only.
+__device__ __forceinline__ float qjl_decode_value(const GpuKvSide& s, int head, const uint8_t* code,
+                                                  const uint8_t* side, int D, int d) {
+  float y = decode_value_any(s, code, side, D, d);
+  const float c = __fmul_rn(float(1.2533141373155002512 / D), enc::load_f16(side + s.qjl_side_offset));
+  const uint8_t* bits = code + s.qjl_code_offset;
+  const float* S = s.qjl + size_t(head) * D * D;
+  for (int j = 0; j < D; ++j) {
+    const float sj = enc::plane_get(bits, j, 1) ? c : -c;
+    y = __fadd_rn(y, __fmul_rn(sj, S[size_t(j) * D + d]));
+  }
+  return y;
 }
 
 }  // namespace kvq::cuda

@@ -13,6 +13,12 @@ namespace kvq::cuda {
 
 namespace {
 
+constexpr bool uses_codebook(kv::Family f) {
+  return f == kv::Family::turbo || f == kv::Family::tcq || f == kv::Family::iso || f == kv::Family::rotor ||
+         f == kv::Family::planar;
+}
+constexpr bool qjl_encode_supported(int D) { return D % 32 == 0 && D >= 32 && D <= 256; }
+
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
@@ -27,8 +33,7 @@ __global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, 
   const int t = row / n_kv, h = row % n_kv;
   uint8_t* code = side.code + side.code_offset(h, pos + t, max_tokens);
   uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, pos + t, max_tokens) : nullptr;
-  const float* rot = side.rot_of(h);
-  EncodeHooks<F>::encode_row(x + size_t(row) * D, D, code, s, lane, rot);
+  encode_row_with<F>(side, h, x + size_t(row) * D, D, code, s, lane);
 }
 
 template <kv::Family F>
@@ -42,19 +47,34 @@ void launch_encode(const GpuKvSide& side, const float* x, int pos, const int* po
 
 void encode_side(const GpuKvSide& side, const float* x, int pos, const int* pos_dev, int n, int n_kv, int D,
                  int max_tokens, cudaStream_t stream) {
+  KVQ_CHECK(!is_rotated(side.family) || side.rot, Errc::internal, kv::family_name(side.family),
+            " store without its rotation table");
+  KVQ_CHECK(!uses_codebook(side.family) || side.codebook, Errc::internal, kv::family_name(side.family),
+            " store without its codebook");
+  KVQ_CHECK(!side.has_qjl || (side.qjl && qjl_encode_supported(D)), Errc::internal,
+            "+qjl store without its sketch, or head_dim ", D, " (the GPU sketch needs a multiple of 32 up to 256)");
+#define KVQ_ENCODE_CASE(fam)                                                         \
+  case kv::Family::fam:                                                              \
+    launch_encode<kv::Family::fam>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); \
+    break;
   switch (side.family) {
-    case kv::Family::bf16: launch_encode<kv::Family::bf16>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); break;
-    case kv::Family::q8: launch_encode<kv::Family::q8>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); break;
-    case kv::Family::rq8:
-      KVQ_CHECK(side.rot, Errc::internal, "rq8 store without its rotation table");
-      launch_encode<kv::Family::rq8>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream);
-      break;
+    KVQ_ENCODE_CASE(bf16)
+    KVQ_ENCODE_CASE(q8)
+    KVQ_ENCODE_CASE(rq8)
+    KVQ_ENCODE_CASE(turbo)
+    KVQ_ENCODE_CASE(tcq)
+    KVQ_ENCODE_CASE(iso)
+    KVQ_ENCODE_CASE(rotor)
+    KVQ_ENCODE_CASE(planar)
+    KVQ_ENCODE_CASE(fp8)
     default:
       fail(Errc::unsupported, "no GPU encode kernel for KV block family ", kv::family_name(side.family));
   }
+#undef KVQ_ENCODE_CASE
 }
 
-// dst [n_kv][dst_stride][D] bf16 <- rows [0, n_tokens) of the side.
+// dst [n_kv][dst_stride][D] bf16 <- rows [0, n_tokens) of the side
+// (unrotated families without a sketch: one thread per value).
 __global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, int max_tokens,
                                   uint16_t* __restrict__ dst, int dst_stride) {
   const size_t total = size_t(n_kv) * n_tokens * D;
@@ -64,41 +84,42 @@ __global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D,
     const int h = int(i / (size_t(D) * n_tokens));
     const uint8_t* code = side.code + side.code_offset(h, t, max_tokens);
     const uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, t, max_tokens) : nullptr;
-    dst[(size_t(h) * dst_stride + t) * D + d] = ::kvq::f32_to_bf16(decode_value_any(side.family, code, s, d));
+    dst[(size_t(h) * dst_stride + t) * D + d] = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
   }
 }
 
-// Rotated stores: one warp per (head, token) row decodes it, un-rotates it
-// (the inverse Walsh-Hadamard with signs) and writes bf16 in the original basis.
-template <int kNJ>
-__global__ void dequantize_rotated_kernel(GpuKvSide side, int n_tokens, int n_kv, int max_tokens,
-                                          uint16_t* __restrict__ dst, int dst_stride) {
-  constexpr int D = 32 * kNJ;
-  const int row = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+// Rotated stores and +qjl sides: one warp per (head, token) row decodes it
+// in the rotated basis into shared memory (the CPU block's decode_rotated,
+// +qjl: plus its sketch term), un-rotates it in place with the side's
+// inverse rotation (kv_rotation.cuh) and writes bf16 in the original basis:
+// bf16 of the CPU block's decode(), exactly. D <= kMaxRowD.
+constexpr int kMaxRowD = 256;
+__global__ void dequantize_rows_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, int max_tokens,
+                                       uint16_t* __restrict__ dst, int dst_stride) {
+  __shared__ float rows[kWarpsPerBlock][kMaxRowD];
+  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int row = int(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= n_kv * n_tokens) return;
   const int h = row / n_tokens, t = row % n_tokens;
   const uint8_t* code = side.code + side.code_offset(h, t, max_tokens);
-  const uint8_t* s = side.side + side.side_offset(h, t, max_tokens);
-  float v[kNJ];
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) v[j] = decode_value_any(side.family, code, s, lane + 32 * j);
-  warp_hadamard<kNJ>(v, side.rot_of(h), lane, true);
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) dst[(size_t(h) * dst_stride + t) * D + lane + 32 * j] = ::kvq::f32_to_bf16(v[j]);
+  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, t, max_tokens) : nullptr;
+  float* y = rows[warp];
+  for (int d = lane; d < D; d += 32)
+    y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
+  const RotationKind kind = rotation_kind(side.family);
+  if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), y, y, D, lane, true);
+  __syncwarp();
+  for (int d = lane; d < D; d += 32) dst[(size_t(h) * dst_stride + t) * D + d] = ::kvq::f32_to_bf16(y[d]);
 }
 
 void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int max_tokens, uint16_t* dst,
                      int dst_stride, cudaStream_t stream) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
-  if (is_rotated(side.family)) {
+  if (is_rotated(side.family) || side.has_qjl) {
+    KVQ_CHECK(D <= kMaxRowD, Errc::internal, "dequantize_kv_bf16: a rotated or +qjl store with head_dim ", D);
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    switch (D) {
-      case 64: dequantize_rotated_kernel<2><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
-      case 128: dequantize_rotated_kernel<4><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
-      case 256: dequantize_rotated_kernel<8><<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, max_tokens, dst, dst_stride); break;
-      default: fail(Errc::internal, "dequantize_kv_bf16: a rotated store with head_dim ", D);
-    }
+    dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
   } else {
     const int grid = int(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 16));
     dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
@@ -108,11 +129,19 @@ void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int m
 
 }  // namespace
 
+// Head dims served: bf16 and fp8 any D; q8 a multiple of 32; the
+// Walsh-Hadamard families (rq8, turbo, tcq) 64, 128, 256; the grouped
+// families (iso, rotor, planar) a multiple of 32 up to 256. A +qjl sketch
+// (checked per store in encode_side; the family alone does not say) needs a
+// multiple of 32 up to 256.
 bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim) {
   const auto ok = [&](kv::Family f) {
     if (!has_encode_hooks(f)) return false;
-    if (is_rotated(f)) return head_dim == 64 || head_dim == 128 || head_dim == 256;  // warp Walsh-Hadamard
-    return f == kv::Family::bf16 || head_dim % 32 == 0;  // q8: whole 32-value scale groups
+    switch (rotation_kind(f)) {
+      case RotationKind::hadamard: return head_dim == 64 || head_dim == 128 || head_dim == 256;
+      case RotationKind::identity: return f != kv::Family::q8 || head_dim % 32 == 0;
+      default: return head_dim % 32 == 0 && head_dim <= 256;
+    }
   };
   return ok(k) && ok(v);
 }

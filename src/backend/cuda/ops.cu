@@ -283,7 +283,7 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
       __syncwarp();
       const float* row = is_k ? k + size_t(head) * D : v + size_t(head) * D;
       uint8_t* s = side.side_bytes ? side.side + side.side_offset(head, pos, kv.max_tokens) : nullptr;
-      encode_row_any(side.family, row, D, code, s, lane, side.rot_of(head));
+      encode_row_any(side, head, row, D, code, s, lane);
     }
   }
 }
