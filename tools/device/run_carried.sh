@@ -3,7 +3,10 @@
 # compiled for sm_90) instead of building on the device: saves minutes of
 # device time per call. The tracked tree plus the carried binaries must stay
 # under the device tool's 64 MiB, so only what the GPU needs travels:
-#   mkdir -p carry && cp build/kvq build/tests/kvq_gpu_tests build/kvq_bench_gemv tests/data/kv/heldout_code.txt carry/
+#   mkdir -p carry && cp tests/data/kv/heldout_code.txt carry/ &&
+#     for b in build/kvq build/tests/kvq_gpu_tests; do strip -o - $b | xz -9 -T2 > carry/$(basename $b).xz; done
+#   (binaries travel stripped and gzipped: with every codec's kernel instances
+#   they are ~28 MB each, 13 MB packed: carry one of them per call if the tree is tight; unpacked below)
 #   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb \
 #     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps-run/
 #   (carry .deps-run and carry; untrack tests/data and models/tokenizers for the call if the tree is too large)
@@ -14,6 +17,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kvq-out}
 mkdir -p "$OUT"
 source .deps-run/debs.sh unpack .deps-run >/dev/null
+for f in carry/*.xz; do [ -e "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"; done
 # The binaries look for the embedded model under the source path they were built in.
 mkdir -p /work
 [ -e /work/main ] || ln -s "$PWD" /work/main
