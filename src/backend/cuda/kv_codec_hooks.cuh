@@ -80,6 +80,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kv_rotation.cuh"
 #include "backend/cuda/kv_store.hpp"
@@ -96,6 +97,32 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float sanitize_kv(float x) {  // as kv::sanitize_value
   return x != x ? 0.0f : fminf(fmaxf(x, -65504.0f), 65504.0f);
+}
+
+// One row of D values held by a warp as kNJ = D / 32 registers per lane:
+// fn(std::integral_constant<int, kNJ>) for the row sizes an encoder serves
+// (Walsh-Hadamard families: D = 64, 128, 256; the others: any multiple of 32
+// up to 256); another D traps (the callers check kv_encode_supported first).
+enum WarpRowSizes { kWarpRowPow2, kWarpRowAny };
+template <WarpRowSizes kSizes, class Fn>
+__device__ __forceinline__ void with_warp_row(int D, Fn&& fn) {
+  switch (D) {
+    case 64: fn(std::integral_constant<int, 2>{}); return;
+    case 128: fn(std::integral_constant<int, 4>{}); return;
+    case 256: fn(std::integral_constant<int, 8>{}); return;
+    default: break;
+  }
+  if constexpr (kSizes == kWarpRowAny) {
+    switch (D) {
+      case 32: fn(std::integral_constant<int, 1>{}); return;
+      case 96: fn(std::integral_constant<int, 3>{}); return;
+      case 160: fn(std::integral_constant<int, 5>{}); return;
+      case 192: fn(std::integral_constant<int, 6>{}); return;
+      case 224: fn(std::integral_constant<int, 7>{}); return;
+      default: break;
+    }
+  }
+  __trap();
 }
 
 namespace enc {
@@ -334,12 +361,7 @@ struct EncodeHooks<kv::Family::rq8> {
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
                                     uint8_t* side, int lane) {
-    switch (D) {
-      case 64: encode_t<2>(s, head, x, code, side, lane); break;
-      case 128: encode_t<4>(s, head, x, code, side, lane); break;
-      case 256: encode_t<8>(s, head, x, code, side, lane); break;
-      default: __trap();
-    }
+    with_warp_row<kWarpRowPow2>(D, [&](auto nj) { encode_t<decltype(nj)::value>(s, head, x, code, side, lane); });
   }
   __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
     return EncodeHooks<kv::Family::q8>::decode_value(s, code, side, D, d);
@@ -372,12 +394,7 @@ struct EncodeHooks<kv::Family::turbo> {
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
                                     uint8_t* side, int lane) {
-    switch (D) {
-      case 64: encode_t<2>(s, head, x, code, side, lane); break;
-      case 128: encode_t<4>(s, head, x, code, side, lane); break;
-      case 256: encode_t<8>(s, head, x, code, side, lane); break;
-      default: __trap();
-    }
+    with_warp_row<kWarpRowPow2>(D, [&](auto nj) { encode_t<decltype(nj)::value>(s, head, x, code, side, lane); });
   }
   __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
     const float a = __fdiv_rn(enc::load_f16(side), __fsqrt_rn(float(D)));
@@ -460,12 +477,7 @@ struct EncodeHooks<kv::Family::tcq> {
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
                                     uint8_t* side, int lane) {
-    switch (D) {
-      case 64: encode_t<2>(s, head, x, code, side, lane); break;
-      case 128: encode_t<4>(s, head, x, code, side, lane); break;
-      case 256: encode_t<8>(s, head, x, code, side, lane); break;
-      default: __trap();
-    }
+    with_warp_row<kWarpRowPow2>(D, [&](auto nj) { encode_t<decltype(nj)::value>(s, head, x, code, side, lane); });
   }
   __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
     const float a = __fdiv_rn(enc::load_f16(side), __fsqrt_rn(float(D)));
@@ -521,17 +533,7 @@ struct GroupedEncode {
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
                                     uint8_t* side, int lane) {
-    switch (D) {
-      case 32: encode_t<1>(s, head, x, code, side, lane); break;
-      case 64: encode_t<2>(s, head, x, code, side, lane); break;
-      case 96: encode_t<3>(s, head, x, code, side, lane); break;
-      case 128: encode_t<4>(s, head, x, code, side, lane); break;
-      case 160: encode_t<5>(s, head, x, code, side, lane); break;
-      case 192: encode_t<6>(s, head, x, code, side, lane); break;
-      case 224: encode_t<7>(s, head, x, code, side, lane); break;
-      case 256: encode_t<8>(s, head, x, code, side, lane); break;
-      default: __trap();
-    }
+    with_warp_row<kWarpRowAny>(D, [&](auto nj) { encode_t<decltype(nj)::value>(s, head, x, code, side, lane); });
   }
   __device__ static float decode_value(const GpuKvSide& s, const uint8_t* code, const uint8_t* side, int D, int d) {
     return __fmul_rn(enc::load_f16(side + 2 * (d >> 5)), s.codebook[enc::code_get(code, D, s.bits, d)]);
@@ -619,17 +621,7 @@ __device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8
 }
 __device__ __forceinline__ void qjl_encode(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
                                            uint8_t* side, int lane) {
-  switch (D) {
-    case 32: qjl_encode_t<1>(s, head, x, code, side, lane); break;
-    case 64: qjl_encode_t<2>(s, head, x, code, side, lane); break;
-    case 96: qjl_encode_t<3>(s, head, x, code, side, lane); break;
-    case 128: qjl_encode_t<4>(s, head, x, code, side, lane); break;
-    case 160: qjl_encode_t<5>(s, head, x, code, side, lane); break;
-    case 192: qjl_encode_t<6>(s, head, x, code, side, lane); break;
-    case 224: qjl_encode_t<7>(s, head, x, code, side, lane); break;
-    case 256: qjl_encode_t<8>(s, head, x, code, side, lane); break;
-    default: __trap();
-  }
+  with_warp_row<kWarpRowAny>(D, [&](auto nj) { qjl_encode_t<decltype(nj)::value>(s, head, x, code, side, lane); });
 }
 
 // The whole row of family F: the base encode, then the +qjl sketch if the

@@ -164,6 +164,43 @@ struct KDecodeHooks<kv::Family::q8, B, D> {
 // 8 nt + 2t + (i & 1)); o[j] is the C fragment of output n-tile j, whose
 // column c maps to a physical dim the hook chooses (dim_of). The o scale
 // (kOutScale) is undone by the kernel when o leaves the registers.
+// o = alpha o for the two rows a lane holds; skipped when no row of the warp
+// needs it (past the first tiles the running max rarely moves).
+template <int D>
+__device__ __forceinline__ void rescale_o(const float (&alpha)[2], float (&o)[D / 8][4]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+  }
+}
+
+// P' = p * sc (sc[slot]: the scale of key slot 2 nt + (i & 1) of C element
+// (nt, i)) as the A fragment of P' V in two exact fp16 parts (hi + lo, 22
+// bits): a0 = (row g, keys 2t, 2t+1), a1 = (row g+8, same keys), a2/a3:
+// keys 2t+8, 2t+9.
+__device__ __forceinline__ void split_scaled_p(const float (&p)[2][4], const float (&sc)[4], uint4& a_hi,
+                                               uint4& a_lo) {
+  uint32_t hi[2][2], lo[2][2];  // [nt][row half]: keys (2t, 2t+1) of n-tile nt, rows g / g+8
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float x0 = p[nt][2 * r] * sc[2 * nt], x1 = p[nt][2 * r + 1] * sc[2 * nt + 1];
+      const __half2 h = __floats2half2_rn(x0, x1);
+      const float2 hf = __half22float2(h);
+      const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+      hi[nt][r] = *reinterpret_cast<const uint32_t*>(&h);
+      lo[nt][r] = *reinterpret_cast<const uint32_t*>(&l);
+    }
+  a_hi = make_uint4(hi[0][0], hi[0][1], hi[1][0], hi[1][1]);
+  a_lo = make_uint4(lo[0][0], lo[0][1], lo[1][0], lo[1][1]);
+}
+
 template <kv::Family F, int B, int D>
 struct VDecodeHooks {
   static_assert(kAlwaysFalse<F>, "no GPU decode hooks (V side) for this KV block family (kv_codec_hooks.cuh)");
@@ -264,36 +301,15 @@ struct VDecodeHooks<kv::Family::q8, B, D> {
                                     float (&o)[D / 8][4], const uint32_t* /*lut*/) {
     // Past the first tiles the running max rarely moves: skip the rescale
     // (64 multiplies at D = 128) when no row of the warp needs it.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][0] *= alpha[0];
-        o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1];
-        o[j][3] *= alpha[1];
-      }
-    }
+    rescale_o<D>(alpha, o);
 #pragma unroll
     for (int a = 0; a < kGroups; ++a) {
       // Scale slot of C element (nt, i): key 8 nt + 2t + (i & 1) = slot 2 nt + (i & 1).
       float sc[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) sc[i] = KDecodeHooks<kv::Family::q8, 8, D>::scale_of(v.side[i], a) * kOutScale;
-      uint32_t hi[2][2], lo[2][2];  // [nt][row half]: keys (2t, 2t+1) of n-tile nt, rows g / g+8
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float x0 = p[nt][2 * r] * sc[2 * nt], x1 = p[nt][2 * r + 1] * sc[2 * nt + 1];
-          const __half2 h = __floats2half2_rn(x0, x1);
-          const float2 hf = __half22float2(h);
-          const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
-          hi[nt][r] = *reinterpret_cast<const uint32_t*>(&h);
-          lo[nt][r] = *reinterpret_cast<const uint32_t*>(&l);
-        }
-      // A fragment: a0 = (row g, keys 2t, 2t+1), a1 = (row g+8, same keys), a2/a3: keys 2t+8, 2t+9.
-      const uint4 a_hi = make_uint4(hi[0][0], hi[0][1], hi[1][0], hi[1][1]);
-      const uint4 a_lo = make_uint4(lo[0][0], lo[0][1], lo[1][0], lo[1][1]);
+      uint4 a_hi, a_lo;
+      split_scaled_p(p, sc, a_hi, a_lo);
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const unsigned sel = unsigned(m) | (unsigned(4 + m) << 8);  // byte m of a -> byte 0, of b -> byte 2
@@ -515,24 +531,29 @@ struct Scales {
   }
 };
 
+// The per-CTA pair table of a format (its K and V hooks build it the same way).
+template <class Fmt>
+struct PairTable {
+  static constexpr int kLutEntries = Fmt::kLutEntries;
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+};
+
 }  // namespace lowbit
 
 // K side of a low-bit format: q in two fp16 parts (pre-scaled, as q8), one
 // mma per part, k-step and key n-tile; the scales after the mma in fp32.
 template <class Fmt, lowbit::Scale S, int D>
-struct KDecodeLowBit {
+struct KDecodeLowBit : lowbit::PairTable<Fmt> {
   static constexpr int kQParts = 2;
   static constexpr bool kF16 = true;
   static constexpr bool kPrescale = true;
   static constexpr int kGroups = D / 32;
-  static constexpr int kLutEntries = Fmt::kLutEntries;
   struct Tile {
     typename Fmt::KRaw raw[2][kGroups];
     lowbit::Scales<S, D> sc;
   };
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
-  }
   __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -593,18 +614,14 @@ struct KDecodeLowBit {
 
 // V side of a low-bit format (q8's n-tile map and P scaling, kOutScale 2^8).
 template <class Fmt, lowbit::Scale S, int D>
-struct VDecodeLowBit {
+struct VDecodeLowBit : lowbit::PairTable<Fmt> {
   static constexpr int kGroups = D / 32;
   static constexpr float kOutScale = 256.0f;
   static constexpr bool kGroupMajorDims = true;
-  static constexpr int kLutEntries = Fmt::kLutEntries;
   struct Tile {
     typename Fmt::VRaw raw[4][kGroups];
     lowbit::Scales<S, D> sc;
   };
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
-  }
   __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -617,34 +634,13 @@ struct VDecodeLowBit {
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
                                     float (&o)[D / 8][4], const uint32_t* lut) {
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][0] *= alpha[0];
-        o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1];
-        o[j][3] *= alpha[1];
-      }
-    }
+    rescale_o<D>(alpha, o);
     uint4 a_hi, a_lo;
     auto split_p = [&](int a) {
       float sc[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) sc[i] = v.sc.get(i, a) * kOutScale;
-      uint32_t hi[2][2], lo[2][2];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float x0 = p[nt][2 * r] * sc[2 * nt], x1 = p[nt][2 * r + 1] * sc[2 * nt + 1];
-          const __half2 h = __floats2half2_rn(x0, x1);
-          const float2 hf = __half22float2(h);
-          const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
-          hi[nt][r] = *reinterpret_cast<const uint32_t*>(&h);
-          lo[nt][r] = *reinterpret_cast<const uint32_t*>(&l);
-        }
-      a_hi = make_uint4(hi[0][0], hi[0][1], hi[1][0], hi[1][1]);
-      a_lo = make_uint4(lo[0][0], lo[0][1], lo[1][0], lo[1][1]);
+      split_scaled_p(p, sc, a_hi, a_lo);
     };
     if constexpr (S != lowbit::Scale::group) split_p(0);  // one scale per key: the same P' for every group
 #pragma unroll
