@@ -159,6 +159,14 @@ __device__ __forceinline__ double seq_add(double acc, double term) {
   for (int l = 0; l < 32; ++l) acc = __dadd_rn(acc, __shfl_sync(kFullMask, term, l));
   return acc;
 }
+// seq_add for several independent sums at once (their chains interleave).
+template <int N>
+__device__ __forceinline__ void seq_add_many(double (&acc)[N], const double (&term)[N]) {
+#pragma unroll 4
+  for (int l = 0; l < 32; ++l)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = __dadd_rn(acc[i], __shfl_sync(kFullMask, term[i], l));
+}
 __device__ __forceinline__ double sq(float v) { return __dmul_rn(double(v), double(v)); }
 
 __device__ __forceinline__ size_t plane_bytes(int n, int b) { return (size_t(n) * b + 7) / 8 + 3 & ~size_t(3); }
@@ -277,17 +285,31 @@ __device__ __forceinline__ int tcq_subset(uint32_t w, uint32_t g0, uint32_t g1) 
 __device__ __forceinline__ float pick4(const float (&e)[4], int k) {
   return k == 0 ? e[0] : k == 1 ? e[1] : k == 2 ? e[2] : e[3];
 }
-// kv::tcq_encode's inner search: the first level m of subset j nearest to x.
-__device__ __forceinline__ int tcq_best_level(const float* levels, int per_subset, int j, float x, float& err) {
+// kv::tcq_encode's inner search: the first level m of subset j nearest to x,
+// over levels held in registers (j a compile-time index after unrolling).
+template <int kPerSubset>
+__device__ __forceinline__ int tcq_best_level(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
   float be = __int_as_float(0x7f800000);
   int bm = 0;
-  for (int m = 0; m < per_subset; ++m) {
+#pragma unroll
+  for (int m = 0; m < kPerSubset; ++m) {
     const float d = __fsub_rn(x, levels[4 * m + j]);
     const float dd = __fmul_rn(d, d);
     if (dd < be) be = dd, bm = m;
   }
   err = be;
   return bm;
+}
+// The same for a subset j known only at run time (the traceback): selects
+// instead of a dynamically indexed register array.
+template <int kPerSubset>
+__device__ __forceinline__ int tcq_best_level_at(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
+  float e[4];
+  int m[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m[k] = tcq_best_level<kPerSubset>(levels, k, x, e[k]);
+  err = pick4(e, j);
+  return j == 0 ? m[0] : j == 1 ? m[1] : j == 2 ? m[2] : m[3];
 }
 
 }  // namespace enc
@@ -409,15 +431,25 @@ struct EncodeHooks<kv::Family::tcq> {
   // predecessors' costs by shuffle and adds in the CPU's order; the choice
   // bits of position 32 j + l are a ballot kept by lane l in bp[j]. The
   // traceback runs on every lane (uniform), lane l recording position 32 j + l.
+  // The union levels are held in registers (kBits: 2 or 3, so 8 or 16) so
+  // that the search of every position reads no memory.
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
+    if (s.bits == 2) encode_bits<kNJ, 2>(s, head, x, code, side, lane);
+    else encode_bits<kNJ, 3>(s, head, x, code, side, lane);
+  }
+  template <int kNJ, int kBits>
+  __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                     int lane) {
     constexpr int D = 32 * kNJ;
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
-    const float* L = s.codebook;
-    const int per_subset = 1 << (s.bits - 1);
+    constexpr int per_subset = 1 << (kBits - 1);
+    float L[4 * per_subset];
+#pragma unroll
+    for (int i = 0; i < 4 * per_subset; ++i) L[i] = s.codebook[i];
     const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
     const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1), sub1 = enc::tcq_subset(uint32_t(lane) | 32u, g0, g1);
     const int p0 = lane >> 1, p1 = p0 | 16;
@@ -430,7 +462,7 @@ struct EncodeHooks<kv::Family::tcq> {
         const float xi = __shfl_sync(kFullMask, v[j], l);
         float err[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) enc::tcq_best_level(L, per_subset, k, xi, err[k]);
+        for (int k = 0; k < 4; ++k) enc::tcq_best_level<per_subset>(L, k, xi, err[k]);
         const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), enc::pick4(err, sub0));
         const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), enc::pick4(err, sub1));
         const bool one = c1 < c0;
@@ -457,10 +489,10 @@ struct EncodeHooks<kv::Family::tcq> {
         if (lane == l) {
           const int k = enc::tcq_subset(uint32_t(st) | (uint32_t(h) << 5), g0, g1);
           float e;
-          const int m = enc::tcq_best_level(L, per_subset, k, v[j], e);
+          const int m = enc::tcq_best_level_at<per_subset>(L, k, v[j], e);
           br[j] = unsigned(st & 1);
           lv[j] = unsigned(m);
-          cval[j] = L[4 * m + k];  // tcq_decode's value: the window of position i is (st, h)
+          cval[j] = s.codebook[4 * m + k];  // tcq_decode's value: the window of position i is (st, h)
         }
         st = (st >> 1) | (h << 4);
       }
@@ -470,8 +502,7 @@ struct EncodeHooks<kv::Family::tcq> {
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) {
       enc::pack_group<1>(br[j], code, j, lane);
-      if (s.bits == 2) enc::pack_group<1>(lv[j], level_plane, j, lane);
-      else enc::pack_group<2>(lv[j], level_plane, j, lane);
+      enc::pack_group<kBits - 1>(lv[j], level_plane, j, lane);
     }
     if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
   }
@@ -491,44 +522,66 @@ struct EncodeHooks<kv::Family::tcq> {
 // iso / rotor / planar: the grouped format (one implementation; the rotation
 // comes from rotation_kind(family)). D a multiple of 32, at most 256.
 struct GroupedEncode {
-  // kv GroupedBlock::fit for the group held one value y per lane at scale sc:
-  // the code of this lane's value; err, yc, cc summed in element order.
-  __device__ static unsigned fit(const GpuKvSide& s, float y, float sc, double& err, double& yc, double& cc) {
+  // kv GroupedBlock::fit's code for the value y of this lane at scale sc.
+  __device__ static unsigned code_of(const GpuKvSide& s, float y, float sc) {
     const int levels = 1 << s.bits;
     const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
-    const unsigned idx = unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
-    const double c = double(s.codebook[idx]);
-    const double d = __dsub_rn(double(y), __dmul_rn(double(sc), c));
-    err = enc::seq_add(0.0, __dmul_rn(d, d));
-    yc = enc::seq_add(0.0, __dmul_rn(double(y), c));
-    cc = enc::seq_add(0.0, __dmul_rn(c, c));
-    return idx;
+    return unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
   }
+  // The groups' scale searches run in lockstep: every sum is still the CPU's
+  // sequential sum over its group's 32 elements, but the kNJ groups' chains
+  // (and err, yc, cc of one fit) interleave instead of running one after the
+  // other, which cuts the latency of this one-warp-per-row encode (it sits on
+  // the decode step's critical path) by about kNJ.
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
     constexpr int D = 32 * kNJ;
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
+    double e[kNJ], t[kNJ];
+#pragma unroll
+    for (int g = 0; g < kNJ; ++g) e[g] = 0.0, t[g] = enc::sq(v[g]);
+    enc::seq_add_many(e, t);
+    // Per group (kv GroupedBlock::encode): s starts at the group RMS, then up
+    // to two least-squares steps s = <y,c>/<c,c>, keeping the best; a group
+    // stops at cc <= 0; an all-zero group stores 0.
+    float sc[kNJ], best_s[kNJ];
+    double best_err[kNJ];
+    bool active[kNJ];
 #pragma unroll
     for (int g = 0; g < kNJ; ++g) {
-      const double e = enc::seq_add(0.0, enc::sq(v[g]));
-      float best_s = 0;
-      double err, yc, cc;
-      if (e > 0) {
-        float sc = float(__dsqrt_rn(__ddiv_rn(e, 32.0)));
-        double best_err = __longlong_as_double(0x7ff0000000000000ll);
-        for (int step = 0; step < 3; ++step) {
-          fit(s, v[g], sc, err, yc, cc);
-          if (err < best_err) best_err = err, best_s = sc;
-          if (cc <= 0) break;
-          sc = float(__ddiv_rn(yc, cc));
-        }
+      active[g] = e[g] > 0;
+      best_s[g] = 0.0f;
+      best_err[g] = __longlong_as_double(0x7ff0000000000000ll);
+      sc[g] = active[g] ? float(__dsqrt_rn(__ddiv_rn(e[g], 32.0))) : 0.0f;
+    }
+    for (int step = 0; step < 3; ++step) {
+      double sums[3 * kNJ], terms[3 * kNJ];  // err, yc, cc of every group
+#pragma unroll
+      for (int g = 0; g < kNJ; ++g) {
+        const double c = double(s.codebook[code_of(s, v[g], sc[g])]);
+        const double d = __dsub_rn(double(v[g]), __dmul_rn(double(sc[g]), c));
+        terms[3 * g] = __dmul_rn(d, d);
+        terms[3 * g + 1] = __dmul_rn(double(v[g]), c);
+        terms[3 * g + 2] = __dmul_rn(c, c);
+        sums[3 * g] = sums[3 * g + 1] = sums[3 * g + 2] = 0.0;
       }
-      if (lane == 0) enc::store_f16(side + 2 * g, best_s);
-      const float sc = ::kvq::f16_to_f32(enc::f16_clamped(best_s));
-      const unsigned idx = fit(s, v[g], sc, err, yc, cc);
-      enc::pack_codes_group(idx, s.bits, code, D, g, lane);
+      enc::seq_add_many(sums, terms);
+#pragma unroll
+      for (int g = 0; g < kNJ; ++g) {
+        if (!active[g]) continue;
+        const double err = sums[3 * g], yc = sums[3 * g + 1], cc = sums[3 * g + 2];
+        if (err < best_err[g]) best_err[g] = err, best_s[g] = sc[g];
+        if (cc <= 0) active[g] = false;
+        else sc[g] = float(__ddiv_rn(yc, cc));
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kNJ; ++g) {
+      if (lane == 0) enc::store_f16(side + 2 * g, best_s[g]);
+      const float stored = ::kvq::f16_to_f32(enc::f16_clamped(best_s[g]));  // codes against the stored scale
+      enc::pack_codes_group(code_of(s, v[g], stored), s.bits, code, D, g, lane);
     }
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
