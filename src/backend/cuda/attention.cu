@@ -298,7 +298,9 @@ AttentionChoice attention_support(const AttentionCase& c) {
       // Rotated sides run their storage format's instance, which rotates q
       // and un-rotates o itself (DecodeParams: q_rot / o_rot).
       r.kernel = (is_rotated(c.k) ? std::string(rotation_name(rotation_kind(c.k))) + "(q)+" : std::string()) +
-                 "flash_decode_tc<" + std::to_string(c.head_dim) + "," + format_name(c.k, c.k_bits) +
+                 (flash_decode_keys_major(c.head_dim, c.k, c.k_bits, c.k_qjl, c.v, c.v_bits, G) ? "flash_decode_km<"
+                                                                                          : "flash_decode_tc<") +
+                 std::to_string(c.head_dim) + "," + format_name(c.k, c.k_bits) +
                  (c.k_qjl ? "+qjl" : "") + "," + format_name(c.v, c.v_bits) + ">" +
                  (is_rotated(c.v) ? std::string("+") + rotation_name(rotation_kind(c.v)) + "^T(o)" : "");
     } else if (bf16) {

@@ -123,28 +123,48 @@ struct DecodeParams {
 };
 
 __host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQFragEntries * 32 * 16; }
+template <class H>
+constexpr int stage_bytes_of() {
+  if constexpr (H::kStaged) return H::kStageBytes;
+  else return 0;
+}
 __host__ __device__ constexpr int merge_row_stride(int D) { return D + 16; }    // floats; = 4 * (D/4 + 4)
 __host__ __device__ constexpr int merge_quarter_stride(int D) { return D / 4 + 4; }
 __host__ __device__ constexpr size_t merge_bytes(int D, int G) {
   return size_t(kWarps) * G * merge_row_stride(D) * sizeof(float);
 }
-__host__ __device__ constexpr size_t region0_bytes(int D, int G) {
-  return qfrag_bytes(D) > merge_bytes(D, G) ? qfrag_bytes(D) : merge_bytes(D, G);
+// (The keys-major form keeps its q fragments in registers: region 0 is the merge's.)
+__host__ __device__ constexpr size_t region0_bytes(int D, int G, bool keys_major = false) {
+  return !keys_major && qfrag_bytes(D) > merge_bytes(D, G) ? qfrag_bytes(D) : merge_bytes(D, G);
 }
-// Low-bit formats add their pair tables after region 0 (lut_bytes, a
-// multiple of 16); rotated sides add one [G][2D] float row buffer at the end
+// Low-bit formats add their pair tables (tcq) and their staging rings after
+// region 0 (extra_bytes, a multiple of 16; kv_decode_hooks.cuh); rotated
+// sides add one [G][2D] float row buffer at the end
 // (the rotated q and, for +qjl, S q_rot; later the merged o before its
 // un-rotation; kv_rotation.cuh's warp_rotate_row does both, bit-identical to
 // the CPU rotations).
-__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated, int lut_bytes) {
-  return region0_bytes(D, G) + size_t(lut_bytes) + 2 * kWarps * kMaxGroup * sizeof(float) +
+__host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated, int extra_bytes,
+                                                bool keys_major) {
+  return region0_bytes(D, G, keys_major) + size_t(extra_bytes) + 2 * kWarps * kMaxGroup * sizeof(float) +
          size_t(n_splits) * G * sizeof(float) + 16 + (rotated ? size_t(G) * 2 * D * sizeof(float) : 0);
 }
-// Bytes of the K and V pair tables of an instance.
-template <class KH, class VH>
-constexpr int lut_bytes_of() {
-  return (4 * (KH::kLutEntries + VH::kLutEntries) + 15) / 16 * 16;
-}
+// The hooks of an instance, and the shared memory they add: the K and V pair
+// tables, then kDecodeStages ring slots per warp for the staged sides.
+// kKM: the keys-major form (below), for staged V sides whose K side is
+// staged too or q8 (which the keys-major form stages as well).
+template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB, bool kKM = false>
+struct InstanceHooks {
+  using V = VDecodeHooks<VF, VB, D>;
+  static constexpr bool kKeysMajorEligible =
+      V::kStaged && (KDecodeHooks<KF, KB, D>::kStaged || KF == kv::Family::q8);
+  using KBase = std::conditional_t<kKM && KF == kv::Family::q8,
+                                   KDecodeLowBit<lowbit::Q8Format<D>, lowbit::Scale::group, D>, KDecodeHooks<KF, KB, D>>;
+  using K = std::conditional_t<KQ, KDecodeQjl<KF, KB, D>, KBase>;
+  static constexpr int kLutBytes = (4 * (K::kLutEntries + V::kLutEntries) + 15) / 16 * 16;
+  static constexpr int kSlotBytes = stage_bytes_of<K>() + stage_bytes_of<V>();
+  static constexpr int kRingBytes = kWarps * kDecodeStages * kSlotBytes;
+  static constexpr int kExtraBytes = kLutBytes + kRingBytes;
+};
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -193,13 +213,26 @@ struct WarpOLayout<D, true> {
 // Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
 // ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
 // and decodes 10-17 % slower (docs/perf.md).
-template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB>
-__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams p) {
-  using KBase = KDecodeHooks<KF, KB, D>;
-  using KH = std::conditional_t<KQ, KDecodeQjl<KBase, D>, KBase>;
-  using VH = VDecodeHooks<VF, VB, D>;
+//
+// Keys-major form (kKM, G <= 8; the staged low-bit sides): the transposes,
+// S^T = K Q^T and O^T = V^T P^T, so that the tile's 16 keys are the M of the
+// mma and the group's heads its N = 8: half the mma of the form above (whose
+// M = 16 rows hold G <= 16 heads), half the accumulators (o^T: D/16 m-tiles,
+// lane (g, t): dims km_dim(mt, g / g + 8) of heads 2t, 2t+1), half the
+// exponentials. Q^T's B fragments (lane (g, t): head g, the K map's dims)
+// stay in registers; P^T's come from S^T's C fragment by movmatrix.
+#ifndef KVQ_KM_MIN_BLOCKS
+#define KVQ_KM_MIN_BLOCKS 3
+#endif
+#define KVQ_KM_MIN_BLOCKS_EXPR (kKM ? KVQ_KM_MIN_BLOCKS : 2)
+template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB, bool kKM>
+__global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode_kernel(DecodeParams p) {
+  using IH = InstanceHooks<D, KF, KB, KQ, VF, VB, kKM>;
+  using KH = typename IH::K;
+  using VH = typename IH::V;
   using OL = WarpOLayout<D, VH::kGroupMajorDims>;
-  constexpr int kLutBytes = lut_bytes_of<KH, VH>();
+  constexpr int kLutBytes = IH::kLutBytes;
+  constexpr bool kKStaged = KH::kStaged, kVStaged = VH::kStaged, kAnyStaged = kKStaged || kVStaged;
   constexpr int kQDims = KQ ? 2 * D : D;  // q_rot, then S q_rot for +qjl
   constexpr int kSteps = kQDims / 16;     // k-steps of S = Q K^T
   constexpr int kDimTiles = D / 8;   // n-tiles of O
@@ -213,9 +246,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
   const int G = p.G;
   uint4* q_frag = reinterpret_cast<uint4*>(smem);
   float* warp_o = reinterpret_cast<float*>(smem);  // after the key loop (aliases q_frag)
-  uint32_t* lut_k = reinterpret_cast<uint32_t*>(smem + region0_bytes(D, G));  // pair tables (low-bit formats)
+  uint32_t* lut_k = reinterpret_cast<uint32_t*>(smem + region0_bytes(D, G, kKM));  // pair tables (low-bit formats)
   uint32_t* lut_v = lut_k + KH::kLutEntries;
-  float* warp_m = reinterpret_cast<float*>(smem + region0_bytes(D, G) + kLutBytes);
+  // This warp's ring of staging slots (staged sides only): slot j holds the
+  // K rows, then the V rows, of one of its tiles.
+  unsigned char* ring = smem + region0_bytes(D, G, kKM) + kLutBytes + (threadIdx.x >> 5) * kDecodeStages * IH::kSlotBytes;
+  float* warp_m = reinterpret_cast<float*>(smem + region0_bytes(D, G, kKM) + IH::kExtraBytes);
   float* warp_l = warp_m + kWarps * kMaxGroup;
   float* split_w = warp_l + kWarps * kMaxGroup;
   int* is_last = reinterpret_cast<int*>(split_w + gridDim.x * G);
@@ -317,6 +353,46 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     q_group = rot_rows;
     q_stride = kQDims;
   }
+  uint32_t qb[kKM ? kSteps : 1][kQParts][2];  // keys-major: Q^T's B fragments
+  if constexpr (kKM) {
+    // Pre-scale over the whole group as below, then lane (g, t) takes head g
+    // at the K map's dims: step 2p + h: b0 = dims 32p + 8t + 4h + {0, 1}, b1 = + {2, 3}.
+    float amax = 0.0f;
+    for (int e = tid; e < G * (kQDims / 4); e += kThreads) {
+      const float4 v = *reinterpret_cast<const float4*>(q_group + size_t(e / (kQDims / 4)) * q_stride + 4 * (e % (kQDims / 4)));
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) warp_m[warp] = amax;
+    __syncthreads();
+    amax = fmaxf(fmaxf(warp_m[0], warp_m[1]), fmaxf(warp_m[2], warp_m[3])) * fabsf(p.q_scale);
+    __syncthreads();
+    int x = 0;
+    frexpf(amax, &x);
+    const int e = amax > 0.0f && isfinite(amax) ? 14 - x : 0;
+    const float factor = ldexpf(p.q_scale, e);
+    score_factor = ldexpf(1.0f, -e);
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int d0 = 32 * (step >> 1) + 8 * t + 4 * (step & 1);
+      const float4 v = g < G ? *reinterpret_cast<const float4*>(q_group + size_t(g) * q_stride + d0)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float rest[4] = {v.x * factor, v.y * factor, v.z * factor, v.w * factor};
+#pragma unroll
+      for (int part = 0; part < kQParts; ++part) {
+        uint32_t bits[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float as_float;
+          bits[i] = ptx::f16_bits(rest[i], as_float);
+          rest[i] -= as_float;  // exact
+        }
+        qb[step][part][0] = ptx::pack2(bits[0], bits[1]);
+        qb[step][part][1] = ptx::pack2(bits[2], bits[3]);
+      }
+    }
+  } else
   {
     constexpr int kEntries = kSteps * 32 / kThreads;
     static_assert(kEntries * kThreads == kSteps * 32, "entries must split evenly over the threads");
@@ -381,18 +457,104 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
       }
     }
   }
+  // Staged sides: the warp's tile i goes to ring slot i % kDecodeStages (K
+  // rows, then V rows); every call commits one cp.async group, empty past the
+  // warp's last tile, so that waiting for all but the newest
+  // kDecodeStages - 1 groups always means "tile i has arrived".
+  auto slot_k = [&](int i) { return ring + (i % kDecodeStages) * IH::kSlotBytes; };
+  auto slot_v = [&](int i) { return slot_k(i) + stage_bytes_of<KH>(); };
+  auto stage = [&](int i) {
+    if constexpr (kAnyStaged) {
+      const int tile = warp + i * kWarps;
+      if (tile < n_tiles) {
+        const int kb = key0 + tile * kTileKeys;
+        const int n_valid = min(kTileKeys, len - kb);
+        if constexpr (kKStaged) KH::stage(p.k, head_row0 + kb, n_valid, slot_k(i), lane);
+        if constexpr (kVStaged) VH::stage(p.v, head_row0 + kb, n_valid, slot_v(i), lane);
+      }
+      ptx::cp_async_commit();
+    }
+  };
+  // The first tiles are requested now, after the q loads: a warp's loads
+  // return in order, so the q loads above do not wait for K and V (from HBM;
+  // their first tile was asked into L2 before the wait).
+  if constexpr (kAnyStaged)
+    for (int i = 0; i < kDecodeStages - 1; ++i) stage(i);
+  if (kPipelined && warp < n_tiles) {
+    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur);
+    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur);
+  }
   if constexpr (KH::kLutEntries > 0) KH::build_lut(p.k, lut_k, tid, kThreads);
   if constexpr (VH::kLutEntries > 0) VH::build_lut(p.v, lut_v, tid, kThreads);
-  // Pipelined: the first tile's K and V are requested now, after the q loads:
-  // a warp's loads return in order, so the q loads above do not wait for
-  // K and V (from HBM; their first tile was asked into L2 before the wait).
-  if (kPipelined && warp < n_tiles) {
-    KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur);
-    VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur);
-  }
   __syncthreads();
+  typename KH::Ctx k_ctx;
+  typename VH::Ctx v_ctx;
+  KH::init_ctx(p.k, lut_k, k_ctx);
+  VH::init_ctx(p.v, lut_v, v_ctx);
   trace_event(p.trace, 2);
 
+  if constexpr (kKM) {
+    // Online softmax per head (columns 2t, 2t+1 of S^T); l is this lane's
+    // share (its keys), summed over the 8 lanes of a column at the end.
+    float o[D / 16][4];
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    for (int i = 0, tile = warp; tile < n_tiles; ++i, tile += kWarps) {
+      const int kb = key0 + tile * kTileKeys;
+      stage(i + kDecodeStages - 1);
+      ptx::cp_async_wait<kDecodeStages - 1>();
+      __syncwarp();
+      KH::bind_km(p.k, head_row0 + kb, slot_k(i), g, k_cur);
+      VH::bind_km(p.v, head_row0 + kb, slot_v(i), g, v_cur);
+      float s[4];  // keys g (0, 1), g + 8 (2, 3); heads 2t (0, 2), 2t + 1 (1, 3)
+      KH::scores_km(qb, k_cur, lane, s, k_ctx);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[j] *= score_factor;  // exact: a power of two
+        if (kb + g + 8 * (j >> 1) > last_key) s[j] = -INFINITY;
+      }
+      float alpha[2], m_use[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float tile_max = fmaxf(s[c], s[c + 2]);
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+        const float m_new = fmaxf(m_run[c], tile_max);
+        m_use[c] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
+        alpha[c] = exp2f(m_run[c] - m_use[c]);
+        m_run[c] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[j] = exp2f(s[j] - m_use[j & 1]);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) l_run[c] = l_run[c] * alpha[c] + (s[c] + s[c + 2]);
+      VH::accumulate_km(s, alpha, v_cur, o, v_ctx);
+      __syncwarp();  // this slot is restaged by the next iteration
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) l_run[c] += __shfl_xor_sync(0xffffffffu, l_run[c], off);
+    __syncthreads();  // every warp is done with the q region, which warp_o overwrites
+    trace_event(p.trace, 3);
+    if (g == 0) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        warp_m[warp * kMaxGroup + 2 * t + c] = m_run[c];
+        warp_l[warp * kMaxGroup + 2 * t + c] = l_run[c];
+      }
+    }
+    constexpr float kInv = 1.0f / VH::kOutScale;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int head = 2 * t + (j & 1);
+        if (head < G) warp_o[(warp * G + head) * merge_row_stride(D) + VH::km_dim(mt, g + 8 * (j >> 1))] = o[mt][j] * kInv;
+      }
+    __syncthreads();
+  } else {
   // Online softmax state of rows g (index 0) and g + 8 (index 1); l is this
   // lane's share (its columns), summed over the quad at the end.
   float o[kDimTiles][4];
@@ -432,28 +594,39 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + row_sum[r];
   };
 
-  if constexpr (kPipelined) {
-    for (int tile = warp; tile < n_tiles; tile += kWarps) {
-      if (tile != warp) VH::load(p.v, head_row0, key0 + tile * kTileKeys, last_key, g, t, v_cur);
-      typename KH::Tile k_next;
-      const bool has_next = tile + kWarps < n_tiles;
-      if (has_next) KH::load(p.k, head_row0, key0 + (tile + kWarps) * kTileKeys, last_key, g, t, k_next);
-      float s[2][4], alpha[2];
-      KH::scores(q_frag, k_cur, lane, s, lut_k);
-      softmax(tile, s, alpha);
-      VH::accumulate(s, alpha, v_cur, o, lut_v);
+  // Direct sides, pipelined (D <= 128): the next tile's K and this tile's V
+  // are in flight while S is computed; not pipelined (D = 256): loaded when
+  // needed, o and V need the registers. Staged sides: the tile kDecodeStages
+  // - 1 ahead is requested, then this one's slot is waited for.
+  for (int i = 0, tile = warp; tile < n_tiles; ++i, tile += kWarps) {
+    const int kb = key0 + tile * kTileKeys;
+    if constexpr (kAnyStaged) {
+      stage(i + kDecodeStages - 1);
+      ptx::cp_async_wait<kDecodeStages - 1>();
+      __syncwarp();  // the other lanes' copies of this slot are visible
+    }
+    typename KH::Tile k_next;
+    bool has_next = false;
+    if constexpr (kPipelined) {
+      if constexpr (!kVStaged)
+        if (tile != warp) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur);
+      if constexpr (!kKStaged) {
+        has_next = tile + kWarps < n_tiles;
+        if (has_next) KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next);
+      }
+    } else {
+      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur);
+    }
+    if constexpr (kKStaged) KH::bind(p.k, head_row0 + kb, slot_k(i), g, t, k_cur);
+    if constexpr (kVStaged) VH::bind(p.v, head_row0 + kb, slot_v(i), g, t, v_cur);
+    float s[2][4], alpha[2];
+    KH::scores(q_frag, k_cur, lane, s, k_ctx);
+    softmax(tile, s, alpha);
+    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur);
+    VH::accumulate(s, alpha, v_cur, o, v_ctx);
+    if constexpr (kPipelined && !kKStaged)
       if (has_next) k_cur = k_next;
-    }
-  } else {
-    for (int tile = warp; tile < n_tiles; tile += kWarps) {
-      // Not carried across iterations: o and V need the registers.
-      KH::load(p.k, head_row0, key0 + tile * kTileKeys, last_key, g, t, k_cur);
-      float s[2][4], alpha[2];
-      KH::scores(q_frag, k_cur, lane, s, lut_k);
-      softmax(tile, s, alpha);
-      VH::load(p.v, head_row0, key0 + tile * kTileKeys, last_key, g, t, v_cur);
-      VH::accumulate(s, alpha, v_cur, o, lut_v);
-    }
+    if constexpr (kAnyStaged) __syncwarp();  // this slot is restaged by the next iteration
   }
 
   // ---- merge the 4 warps in shared memory
@@ -473,6 +646,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(DecodeParams 
     if (row < G) OL::store(warp_o + (warp * G + row) * merge_row_stride(D), o, r, t, 1.0f / VH::kOutScale);
   }
   __syncthreads();
+
+  }
 
   const size_t part_base = (size_t(kvh) * n_splits + split) * G;  // this CTA's first (split, row) record
   const int n_vec = G * (D / 4);
@@ -625,9 +800,18 @@ struct Instance {
   bool k_qjl;
   kv::Family v;
   int v_bits;
-  KernelFn fn;
-  int lut_bytes;
+  KernelFn fn;        // the form above, any G <= 16
+  int extra_bytes;    // its InstanceHooks::kExtraBytes
+  KernelFn fn_km;     // the keys-major form (G <= 8), or null
+  int extra_bytes_km;
 };
+template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB>
+constexpr KernelFn keys_major_fn() {
+  if constexpr (InstanceHooks<D, KF, KB, KQ, VF, VB>::kKeysMajorEligible)
+    return flash_decode_kernel<D, KF, KB, KQ, VF, VB, true>;
+  else
+    return nullptr;
+}
 #define KVQ_DECODE_ENTRY(d, kf, kb, kq, vf, vb)                                                                 \
   {d,                                                                                                       \
    kv::Family::kf,                                                                                          \
@@ -635,8 +819,10 @@ struct Instance {
    kq,                                                                                                      \
    kv::Family::vf,                                                                                          \
    vb,                                                                                                      \
-   flash_decode_kernel<d, kv::Family::kf, kb, kq, kv::Family::vf, vb>,                                     \
-   lut_bytes_of<KDecodeHooks<kv::Family::kf, kb, d>, VDecodeHooks<kv::Family::vf, vb, d>>()},
+   flash_decode_kernel<d, kv::Family::kf, kb, kq, kv::Family::vf, vb, false>,                              \
+   InstanceHooks<d, kv::Family::kf, kb, kq, kv::Family::vf, vb>::kExtraBytes,                              \
+   keys_major_fn<d, kv::Family::kf, kb, kq, kv::Family::vf, vb>(),                                         \
+   InstanceHooks<d, kv::Family::kf, kb, kq, kv::Family::vf, vb, true>::kExtraBytes},
 const Instance kInstances[] = {KVQ_DECODE_INSTANCES(KVQ_DECODE_ENTRY)};
 #undef KVQ_DECODE_ENTRY
 constexpr int kNumInstances = int(sizeof(kInstances) / sizeof(kInstances[0]));
@@ -663,27 +849,42 @@ int find_instance(int D, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int
   return -1;
 }
 
+constexpr int kMaxKeysMajorGroup = 8;  // N of the keys-major mma
+
+// The kernel of an instance for a group size: keys-major where it exists.
+struct Variant {
+  KernelFn fn;
+  int extra_bytes;
+  bool keys_major;
+};
+Variant variant_of(int index, int G) {
+  const Instance& in = kInstances[index];
+  if (in.fn_km && G <= kMaxKeysMajorGroup) return {in.fn_km, in.extra_bytes_km, true};
+  return {in.fn, in.extra_bytes, false};
+}
+
 // Opt in to the most dynamic shared memory any G needs (G = 16, D = 256:
-// ~74 KB), once per instance; then resident CTAs per SM for (instance, G),
+// ~74 KB), once per kernel; then resident CTAs per SM for (instance, G),
 // queried once (with the largest split count's shared memory, which the launch
 // never exceeds).
 int resident_ctas(int index, int G) {
   struct Occupancy {
-    std::atomic<bool> prepared{false};
+    std::atomic<bool> prepared[2] = {};
     std::atomic<int> ctas[kMaxGroup + 1] = {};
   };
   static Occupancy cache[kNumInstances];
-  const Instance& in = kInstances[index];
+  const Variant v = variant_of(index, G);
+  const int D = kInstances[index].D;
   Occupancy& c = cache[index];
-  if (!c.prepared.load(std::memory_order_acquire)) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(in.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_bytes(in.D, kMaxGroup, kMaxDecodeSplits, true, in.lut_bytes))));
-    c.prepared.store(true, std::memory_order_release);
+  if (!c.prepared[v.keys_major].load(std::memory_order_acquire)) {
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem_bytes(D, kMaxGroup, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major))));
+    c.prepared[v.keys_major].store(true, std::memory_order_release);
   }
   int n = c.ctas[G].load(std::memory_order_relaxed);
   if (n == 0) {
-    KVQ_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, in.fn, kThreads, smem_bytes(in.D, G, kMaxDecodeSplits, false, in.lut_bytes)));
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, v.fn, kThreads,
+                                                                 smem_bytes(D, G, kMaxDecodeSplits, false, v.extra_bytes, v.keys_major)));
     n = std::max(n, 1);
     c.ctas[G].store(n, std::memory_order_relaxed);
   }
@@ -705,6 +906,11 @@ bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k
 }
 bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v) {
   return find_instance(head_dim, k.family, k.bits, k.has_qjl, v.family, v.bits) >= 0;
+}
+
+bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits, int G) {
+  const int i = find_instance(head_dim, k, k_bits, k_qjl, v, v_bits);
+  return i >= 0 && variant_of(i, G).keys_major;
 }
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
@@ -743,7 +949,6 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
             " outside the cache capacity of ", layer.max_tokens);
   const int index = instance_for(layer);
-  const Instance& in = kInstances[index];
   const int G = n_heads / n_kv;
   int n_splits = flash_decode_splits(layer, n_heads);
   // A known position needs no more splits than it has key tiles to share
@@ -780,8 +985,9 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
                 (!layer.k.has_qjl || layer.k.qjl),
             Errc::internal, "flash_decode: a rotated or +qjl store without its tables");
   resident_ctas(index, G);  // the shared-memory opt-in
-  launch_dependent(in.fn, dim3(n_splits, n_kv), dim3(kThreads),
-                   smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl, in.lut_bytes), stream, p);
+  const Variant v = variant_of(index, G);
+  launch_dependent(v.fn, dim3(n_splits, n_kv), dim3(kThreads),
+                   smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl, v.extra_bytes, v.keys_major), stream, p);
 }
 
 }  // namespace kvq::cuda

@@ -35,6 +35,10 @@ bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvS
 // True when the tensor-core decode kernel handles this shape: GQA group
 // G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `q` and
 // `out` 16-byte aligned (they are read and written as float4s).
+// True when the instance decodes a GQA group of G heads in its keys-major
+// form (attention_decode.cu): the staged low-bit V sides, G <= 8.
+bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits, int G);
+
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out);
 
 // The number of key splits (gridDim.x) a decode launch of this shape uses when

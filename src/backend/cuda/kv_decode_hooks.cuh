@@ -28,6 +28,10 @@ namespace kvq::cuda {
 // Every K hook uses the same Q fragment map: entry (step, part, lane) holds
 // rows g, g+8 at dims 32(step/2) + 8t + 4(step%2) + {0..3}; q is split
 // exactly into kQParts parts of the hook's element type (bf16 or fp16).
+// Per-lane decode state of a side (register tables, the pair table's
+// address): none for the formats that load straight into registers.
+struct DirectCtx {};
+
 template <kv::Family F, int B, int D>
 struct KDecodeHooks {
   static_assert(kAlwaysFalse<F>, "no GPU decode hooks (K side) for this KV block family (kv_codec_hooks.cuh)");
@@ -36,6 +40,9 @@ struct KDecodeHooks {
 template <int B, int D>
 struct KDecodeHooks<kv::Family::bf16, B, D> {
   static constexpr int kLutEntries = 0;
+  static constexpr bool kStaged = false;  // loaded into registers by the lanes that use them
+  using Ctx = DirectCtx;
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   static constexpr int kQParts = 3;       // bf16 parts: 24 bits, exact
   static constexpr bool kF16 = false;
   static constexpr bool kPrescale = false;
@@ -55,7 +62,7 @@ struct KDecodeHooks<kv::Family::bf16, B, D> {
   // S of one tile; two accumulator sets (even / odd k-steps) halve the
   // dependent mma chain; the small q parts go first.
   __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4],
-                                const uint32_t* /*lut*/) {
+                                const Ctx& /*ctx*/) {
     float acc[2][2][4] = {};
 #pragma unroll
     for (int step = 0; step < D / 16; ++step) {
@@ -83,6 +90,9 @@ struct KDecodeHooks<kv::Family::bf16, B, D> {
 template <int B, int D>
 struct KDecodeHooks<kv::Family::q8, B, D> {
   static constexpr int kLutEntries = 0;
+  static constexpr bool kStaged = false;  // loaded into registers by the lanes that use them
+  using Ctx = DirectCtx;
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   static constexpr int kQParts = 2;
   static constexpr bool kF16 = true;
   static constexpr bool kPrescale = true;
@@ -120,7 +130,7 @@ struct KDecodeHooks<kv::Family::q8, B, D> {
     return __half2float(__ushort_as_half(static_cast<unsigned short>((p & 1) ? word >> 16 : word & 0xffffu)));
   }
   __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4],
-                                const uint32_t* /*lut*/) {
+                                const Ctx& /*ctx*/) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
@@ -212,6 +222,9 @@ struct VDecodeHooks {
 template <int B, int D>
 struct VDecodeHooks<kv::Family::bf16, B, D> {
   static constexpr int kLutEntries = 0;
+  static constexpr bool kStaged = false;  // loaded into registers by the lanes that use them
+  using Ctx = DirectCtx;
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   static constexpr bool kGroupMajorDims = false;  // dim_of: quarters per lane t
   static constexpr int kLoads = D / 64;
   static constexpr int kPParts = 3;
@@ -229,7 +242,7 @@ struct VDecodeHooks<kv::Family::bf16, B, D> {
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
-                                    float (&o)[D / 8][4], const uint32_t* /*lut*/) {
+                                    float (&o)[D / 8][4], const Ctx& /*ctx*/) {
     uint32_t bits[kPParts][2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -278,6 +291,9 @@ struct VDecodeHooks<kv::Family::bf16, B, D> {
 template <int B, int D>
 struct VDecodeHooks<kv::Family::q8, B, D> {
   static constexpr int kLutEntries = 0;
+  static constexpr bool kStaged = false;  // loaded into registers by the lanes that use them
+  using Ctx = DirectCtx;
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   static constexpr bool kGroupMajorDims = true;  // dim_of: 32-dim groups, lane t owns 8t..8t+7
   static constexpr int kGroups = D / 32;
   static constexpr int kSideBytes = D / 16;
@@ -298,7 +314,7 @@ struct VDecodeHooks<kv::Family::q8, B, D> {
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
-                                    float (&o)[D / 8][4], const uint32_t* /*lut*/) {
+                                    float (&o)[D / 8][4], const Ctx& /*ctx*/) {
     // Past the first tiles the running max rarely moves: skip the rescale
     // (64 multiplies at D = 128) when no row of the warp needs it.
     rescale_o<D>(alpha, o);
@@ -324,27 +340,66 @@ struct VDecodeHooks<kv::Family::q8, B, D> {
 };
 
 // ---------------------------------------------------------------------------
-// Low-bit formats (turbo, tcq, iso/rotor/planar, fp8): codes become exact
-// fp16 B fragments through a per-CTA pair table in shared memory (one LDS
-// per two values) or, for fp8, the hardware e4m3x2 -> f16x2 conversion. The
-// fragment maps are q8's: on the K side lane (g, t) reads the 8 dims
-// 32p + 8t .. +7 of group p of its keys g, 8 + g (k-steps 2p, 2p+1); on the V
-// side the 4 dims 32a + 4g .. +3 of keys 2t, 2t+1, 2t+8, 2t+9 (n-tiles
-// 4a..4a+3). A format says how to fetch those bits (K: 8 dims, V: 4 dims)
-// and how two neighbouring dims form a pair-table index.
+// ---------------------------------------------------------------------------
+// Low-bit formats (turbo, tcq, iso/rotor/planar, fp8), +qjl included.
+//
+// Staging: these sides are not loaded into registers by the lanes that use
+// them. Each warp copies the code and side rows of its next tiles (16 keys,
+// contiguous in the store) into a ring of kDecodeStages slots of its own in
+// shared memory with cp.async (16-byte granules, L2 only; rows past the
+// context are zero-filled), so kDecodeStages - 1 tiles are in flight per warp
+// without holding registers, and a few wide requests replace the ~50 one- and
+// two-byte loads per lane and tile that the fragment maps would need.
+// Rows whose size is a multiple of 32 bytes get 16 bytes of padding per row in
+// the slot (4-bit, 2-bit and fp8 rows would otherwise put the 8 keys a warp
+// reads at once into the same banks); other rows (3-bit: 48 bytes) are
+// conflict-free packed, and rows of a size that is not a multiple of 16 (and
+// the side rows) are copied as one packed range from the 16-byte boundary at
+// or below the tile's first row.
+//
+// Decoding: codes become exact fp16 B fragments. Codebook formats (turbo,
+// iso, rotor, planar) keep their 4, 8 or 16 fp16 levels in registers as byte
+// tables (the low bytes of the levels in one or more words, the high bytes in
+// as many) and select four levels at once with byte permutes (PRMT), the codes
+// spread to 4-bit selectors first: no memory access per value. tcq's values
+// depend on a 6-bit branch window, so tcq keeps a per-CTA pair table in
+// shared memory (one LDS per two values); fp8 converts in hardware
+// (e4m3x2 -> f16x2). The fragment maps are q8's: on the K side lane (g, t)
+// reads the 8 dims 32p + 8t .. +7 of group p of its keys g, 8 + g (k-steps
+// 2p, 2p+1); on the V side the 4 dims 32a + 4g .. +3 of keys 2t, 2t+1, 2t+8,
+// 2t+9 (n-tiles 4a..4a+3).
 //
 // The blocks' levels are fp16-exact (kv/codebook.hpp, kv/tcq.cpp), so the
-// table holds them exactly; q and P keep 22 bits (two fp16 parts) as for q8.
+// tables hold them exactly; q and P keep 22 bits (two fp16 parts) as for q8.
 // Scales (row or 32-dim group, fp16 in the side row) are applied in fp32: K
 // after the mma, V inside P (P' = p * scale * 2^8, as q8).
 // ---------------------------------------------------------------------------
+constexpr int kDecodeStages = 4;  // ring slots per warp: tiles in flight = kDecodeStages - 1
+
 namespace lowbit {
 
-__device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return __ldg(p); }
-__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned short*>(p));
+// Reads from a staged slot by 32-bit shared-memory address (volatile: they
+// stay after the cp.async wait and the warp barrier that publish the slot).
+__device__ __forceinline__ uint32_t rd_u8(uint32_t a) {
+  uint32_t r;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(r) : "r"(a));
+  return r;
 }
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+__device__ __forceinline__ uint32_t rd_u16(uint32_t a) {
+  uint32_t r;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=r"(r) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ uint32_t rd_u32(uint32_t a) {
+  uint32_t r;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ uint2 rd_u64(uint32_t a) {
+  uint2 r;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(a));
+  return r;
+}
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -353,69 +408,176 @@ __device__ __forceinline__ float f16_low(uint32_t w) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
 }
 
+// ---- staging geometry (bytes; row sizes are multiples of 2)
+__host__ __device__ constexpr bool rows_aligned(int row_bytes) { return row_bytes % 16 == 0; }
+__host__ __device__ constexpr int slot_row_stride(int row_bytes) {
+  return rows_aligned(row_bytes) && row_bytes % 32 == 0 ? row_bytes + 16 : row_bytes;
+}
+// Granules of a packed copy: 16 rows from any offset within a 16-byte granule.
+__host__ __device__ constexpr int packed_granules(int row_bytes) { return (15 + 16 * row_bytes + 15) / 16; }
+__host__ __device__ constexpr int slot_bytes(int row_bytes) {
+  return row_bytes == 0 ? 0 : rows_aligned(row_bytes) ? 16 * slot_row_stride(row_bytes) : 16 * packed_granules(row_bytes);
+}
+
+// Rows row0 .. row0 + 15 of `base` (row_bytes each) into `slot`; rows from
+// n_valid on are zero. Returns nothing: slot_rows() finds them again.
+__device__ __forceinline__ void stage_rows(unsigned char* slot, const uint8_t* base, int row_bytes, size_t row0,
+                                           int n_valid, int lane) {
+  const uint32_t dst = ptx::smem_u32(slot);
+  if (rows_aligned(row_bytes)) {
+    const int per_row = row_bytes / 16, stride = slot_row_stride(row_bytes);
+    const uint8_t* src = base + row0 * row_bytes;
+    for (int i = lane; i < 16 * per_row; i += 32) {
+      const int r = i / per_row, j = i - r * per_row;
+      ptx::cp_async_16(dst + r * stride + 16 * j, src + 16 * i, r < n_valid ? 16 : 0);
+    }
+  } else {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base + row0 * row_bytes);
+    const uintptr_t end = start + uintptr_t(n_valid) * row_bytes, first = start & ~uintptr_t(15);
+    const int n = int((start + 16 * row_bytes - first + 15) / 16);
+    for (int i = lane; i < n; i += 32) {
+      const uintptr_t gs = first + 16 * uintptr_t(i);
+      const int valid = gs >= end ? 0 : int(min(uintptr_t(16), end - gs));
+      ptx::cp_async_16(dst + 16 * i, reinterpret_cast<const void*>(valid ? gs : first), valid);
+    }
+  }
+}
+// stage_rows for a row size known at compile time (every store at D = 128
+// and 256; D = 64 rows may be padded: the caller checks): no division, no
+// loop bounds, no 64-bit arithmetic per granule.
+template <int kRowBytes>
+__device__ __forceinline__ void stage_rows_fixed(unsigned char* slot, const uint8_t* base, size_t row0, int n_valid,
+                                                 int lane) {
+  const uint32_t dst = ptx::smem_u32(slot);
+  if constexpr (rows_aligned(kRowBytes)) {
+    constexpr int kPerRow = kRowBytes / 16, kStride = slot_row_stride(kRowBytes), kN = 16 * kPerRow;
+    const uint8_t* src = base + row0 * kRowBytes;
+#pragma unroll
+    for (int i0 = 0; i0 < kN; i0 += 32) {
+      const int i = i0 + lane;
+      if (kN % 32 == 0 || i < kN) {
+        const int r = i / kPerRow, j = i - r * kPerRow;
+        ptx::cp_async_16(dst + r * kStride + 16 * j, src + 16 * i, r < n_valid ? 16 : 0);
+      }
+    }
+  } else {
+    constexpr int kN = packed_granules(kRowBytes);
+    const uint8_t* start = base + row0 * kRowBytes;
+    const uint8_t* first = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15));
+    const int end = int(start - first) + n_valid * kRowBytes;  // valid bytes from `first`
+#pragma unroll
+    for (int i0 = 0; i0 < kN; i0 += 32) {
+      const int i = i0 + lane;
+      if (i < kN) {
+        const int valid = min(max(end - 16 * i, 0), 16);
+        ptx::cp_async_16(dst + 16 * i, valid ? first + 16 * i : first, valid);
+      }
+    }
+  }
+}
+
+// Where stage_rows put row 0 of the tile, and the distance between rows.
+struct SlotRows {
+  uint32_t row0;  // shared-memory address
+  int stride;
+  __device__ uint32_t row(int r) const { return row0 + r * stride; }
+};
+__device__ __forceinline__ SlotRows slot_rows(const unsigned char* slot, const uint8_t* base, int row_bytes,
+                                              size_t row0) {
+  if (rows_aligned(row_bytes)) return {ptx::smem_u32(slot), slot_row_stride(row_bytes)};
+  const uintptr_t start = reinterpret_cast<uintptr_t>(base + row0 * row_bytes);
+  return {ptx::smem_u32(slot) + uint32_t(start & 15), row_bytes};
+}
+
 enum class Scale { none, row, group };
 
-// N-bit Lloyd-Max indices (turbo, iso, rotor, planar): bitpack.hpp planes.
-// Raw bits: the first plane's bits of the chunk at bit 0, a 3-bit code's
-// high plane at bit 16. Pair index of dims (2k, 2k+1) of a chunk:
-//   4 bits: byte k (low nibble = dim 2k); 2 bits: nibble k;
-//   3 bits: nibble k of the low plane | high bits 2k, 2k+1 at bits 4, 5.
+// N-bit Lloyd-Max indices (turbo, iso, rotor, planar): bitpack.hpp planes
+// (N = 3: a 2-bit plane of the low bits, then a 1-bit plane of the high bits).
+// Decoding is integer work, and the integer pipes (half the FP32 rate) are
+// what these kernels run out of (ncu: math-pipe throttle), so the codes go
+// through a pair table in shared memory, one LDS per two values (the memory
+// pipe has room), replicated so that random codes do not serialise on
+// banks: entry e of replica r at word kReplicas e + r, lane l reads replica
+// l % kReplicas. 2 and 3 bits: one replica per lane (no conflicts; 2 / 8 KB
+// per side and CTA); 4 bits: 8 replicas (8 KB; lanes l, l + 8, l + 16,
+// l + 24 may meet in a bank). Pair index of dims (2k, 2k+1) of a chunk:
+// 4 bits: byte k; 2 bits: nibble k; 3 bits: nibble k of the low plane | high
+// bits 2k, 2k+1 at bits 4, 5.
 template <int B, int D>
 struct CodebookFormat {
   static_assert(B >= 2 && B <= 4, "codebook blocks have 2, 3 or 4 bits");
-  static constexpr int kLutEntries = 1 << (2 * B);
+  static constexpr int kReplicas = B == 4 ? 8 : 32;
+  static constexpr int kLutEntries = kReplicas << (2 * B);
+  static constexpr int kRowBytes = B * D / 8;
   static constexpr int kHighPlane = D / 4;  // 3 bits: the 1-bit plane after the 2-bit one
+  struct Ctx {
+    uint32_t lut;  // this lane's replica (shared address)
+  };
   __device__ static uint32_t lut_entry(const GpuKvSide& s, int i) {
+    const int e = i / kReplicas;
     int i0, i1;
     if constexpr (B == 3) {
-      i0 = (i & 3) | (((i >> 4) & 1) << 2);
-      i1 = ((i >> 2) & 3) | (((i >> 5) & 1) << 2);
+      i0 = (e & 3) | (((e >> 4) & 1) << 2);
+      i1 = ((e >> 2) & 3) | (((e >> 5) & 1) << 2);
     } else {
-      i0 = i & ((1 << B) - 1);
-      i1 = i >> B;
+      i0 = e & ((1 << B) - 1);
+      i1 = e >> B;
     }
     return half2_bits(s.codebook[i0], s.codebook[i1]);
   }
-  // K: dims d0 .. d0 + 7 (d0 = 32p + 8t).
-  struct KRaw {
-    uint32_t w;
-  };
-  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
-    if constexpr (B == 4) r.w = ld_u32(row + d0 / 2);
-    else if constexpr (B == 2) r.w = ld_u16(row + d0 / 4);
-    else r.w = ld_u16(row + d0 / 4) | (ld_u8(row + kHighPlane + d0 / 8) << 16);
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t* lut, Ctx& c) {
+    c.lut = ptx::smem_u32(lut) + 4u * ((threadIdx.x & 31) % kReplicas);
   }
-  __device__ static uint32_t k_index(const KRaw& r, int k) { return index(r.w, k); }
-  // V: dims d0 .. d0 + 3 (d0 = 32a + 4g).
-  struct VRaw {
-    uint32_t w;
-  };
-  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) {
-    if constexpr (B == 4) r.w = ld_u16(row + d0 / 2);
-    else if constexpr (B == 2) r.w = ld_u8(row + d0 / 4);
-    else r.w = ld_u8(row + d0 / 4) | (((ld_u8(row + kHighPlane + d0 / 8) >> (d0 & 4)) & 0xfu) << 16);
+  __device__ static uint32_t pair(const Ctx& c, uint32_t index) { return rd_u32(c.lut + index * (4 * kReplicas)); }
+  // K: dims d0 .. d0 + 7 (d0 = 32p + 8t) as 4 pairs.
+  __device__ static void k8(uint32_t row, int d0, const Ctx& c, uint32_t (&h)[4]) {
+    if constexpr (B == 4) {
+      const uint32_t w = rd_u32(row + d0 / 2);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = pair(c, (w >> (8 * k)) & 0xffu);
+    } else if constexpr (B == 2) {
+      const uint32_t lo = rd_u16(row + d0 / 4);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = pair(c, (lo >> (4 * k)) & 0xfu);
+    } else {
+      const uint32_t lo = rd_u16(row + d0 / 4), hi = rd_u8(row + kHighPlane + d0 / 8);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = pair(c, ((lo >> (4 * k)) & 0xfu) | (((hi >> (2 * k)) & 3u) << 4));
+    }
   }
-  __device__ static uint32_t v_index(const VRaw& r, int k) { return index(r.w, k); }
-  __device__ static uint32_t index(uint32_t w, int k) {
-    if constexpr (B == 4) return (w >> (8 * k)) & 0xffu;
-    else if constexpr (B == 2) return (w >> (4 * k)) & 0xfu;
-    else return ((w >> (4 * k)) & 0xfu) | (((w >> (16 + 2 * k)) & 3u) << 4);
+  // V: dims d0 .. d0 + 3 (d0 = 32a + 4g) as 2 pairs.
+  __device__ static void v4(uint32_t row, int d0, const Ctx& c, uint32_t (&h)[2]) {
+    if constexpr (B == 4) {
+      const uint32_t w = rd_u16(row + d0 / 2);
+      h[0] = pair(c, w & 0xffu), h[1] = pair(c, w >> 8);
+    } else if constexpr (B == 2) {
+      const uint32_t lo = rd_u8(row + d0 / 4);
+      h[0] = pair(c, lo & 0xfu), h[1] = pair(c, lo >> 4);
+    } else {
+      const uint32_t lo = rd_u8(row + d0 / 4), hi = rd_u8(row + kHighPlane + d0 / 8) >> (d0 & 4);
+      h[0] = pair(c, (lo & 0xfu) | ((hi & 3u) << 4));
+      h[1] = pair(c, (lo >> 4) | (((hi >> 2) & 3u) << 4));
+    }
   }
 };
 
 // tcq (kv/tcq.hpp): a branch plane (1 bit per dim, D/8 bytes) then a level
 // plane (B - 1 bits per dim). The value of dim i is levels[4 m_i + subset(w_i)]
-// with the window w_i = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5. Raw bits:
-// `win` holds the branch bits from dim d0 - 5 upwards (bit m = b_{d0-5+m};
-// bits before dim 0 are 0), `lv` the level bits of the chunk. The 7 branch
-// bits b_{i-5} .. b_{i+1} decide both windows of a pair (2k, 2k+1); pair
-// index = those 7 bits | m_{2k} << 7 | m_{2k+1} << (7 + B - 1).
+// with the window w_i = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5. The 7 branch
+// bits b_{i-5} .. b_{i+1} decide both windows of a pair (2k, 2k+1); pair table
+// index = those 7 bits | m_{2k} << 7 | m_{2k+1} << (7 + B - 1), one table per
+// CTA in shared memory (512 / 2048 entries).
 template <int B, int D>
 struct TcqFormat {
   static_assert(B == 2 || B == 3, "tcq blocks have 2 or 3 bits");
   static constexpr int kLevelBits = B - 1;
   static constexpr int kLutEntries = 1 << (7 + 2 * kLevelBits);
   static constexpr int kLevelPlane = D / 8;
+  static constexpr int kRowBytes = B * D / 8;
+  struct Ctx {
+    const uint32_t* lut;
+  };
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t* lut, Ctx& c) { c.lut = lut; }
   __device__ static uint32_t reverse6(uint32_t e) { return __brev(e) >> 26; }
   __device__ static float value(const GpuKvSide& s, uint32_t e6, uint32_t m) {
     const uint32_t w = reverse6(e6);  // bit k = b_{i-k}
@@ -427,96 +589,96 @@ struct TcqFormat {
     const uint32_t m0 = (uint32_t(i) >> 7) & mask, m1 = (uint32_t(i) >> (7 + kLevelBits)) & mask;
     return half2_bits(value(s, e7 & 63u, m0), value(s, e7 >> 1, m1));
   }
-  // Branch bits from dim d0 - 5: words d0 / 32 and the one before it.
-  __device__ static uint32_t window_bits(const uint8_t* row, int d0) {
+  // Branch bits from dim d0 - 5 (bit m = b_{d0-5+m}; bits before dim 0 are 0).
+  __device__ static uint32_t window_bits(uint32_t row, int d0) {
     const int w = d0 >> 5, off = d0 & 31;
-    const uint32_t cur = ld_u32(row + 4 * w);
+    const uint32_t cur = rd_u32(row + 4 * w);
     if (off >= 5) return cur >> (off - 5);
-    const uint32_t prev = w > 0 ? ld_u32(row + 4 * w - 4) : 0u;
+    const uint32_t prev = w > 0 ? rd_u32(row + 4 * w - 4) : 0u;
     return __funnelshift_r(prev, cur, 27 + off);
   }
-  struct KRaw {
-    uint32_t win, lv;
-  };
-  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
-    r.win = window_bits(row, d0);
-    r.lv = kLevelBits == 1 ? ld_u8(row + kLevelPlane + d0 / 8) : ld_u16(row + kLevelPlane + d0 / 4);
-  }
-  __device__ static uint32_t k_index(const KRaw& r, int k) { return index(r.win, r.lv, k); }
-  struct VRaw {
-    uint32_t win, lv;
-  };
-  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) {
-    r.win = window_bits(row, d0);
-    r.lv = kLevelBits == 1 ? (ld_u8(row + kLevelPlane + d0 / 8) >> (d0 & 4)) & 0xfu : ld_u8(row + kLevelPlane + d0 / 4);
-  }
-  __device__ static uint32_t v_index(const VRaw& r, int k) { return index(r.win, r.lv, k); }
   __device__ static uint32_t index(uint32_t win, uint32_t lv, int k) {
     const uint32_t m = (lv >> (2 * kLevelBits * k)) & ((1u << (2 * kLevelBits)) - 1u);
     return ((win >> (2 * k)) & 127u) | (m << 7);
   }
+  __device__ static void k8(uint32_t row, int d0, const Ctx& c, uint32_t (&h)[4]) {
+    const uint32_t win = window_bits(row, d0);
+    const uint32_t lv = kLevelBits == 1 ? rd_u8(row + kLevelPlane + d0 / 8) : rd_u16(row + kLevelPlane + d0 / 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = c.lut[index(win, lv, k)];
+  }
+  __device__ static void v4(uint32_t row, int d0, const Ctx& c, uint32_t (&h)[2]) {
+    const uint32_t win = window_bits(row, d0);
+    const uint32_t lv = kLevelBits == 1 ? (rd_u8(row + kLevelPlane + d0 / 8) >> (d0 & 4)) & 0xfu
+                                        : rd_u8(row + kLevelPlane + d0 / 4);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) h[k] = c.lut[index(win, lv, k)];
+  }
 };
 
-// fp8 (e4m3, one byte per dim): no table, the hardware converts pairs.
+// fp8 (e4m3, one byte per dim): the hardware converts pairs.
+template <int D>
 struct Fp8Format {
   static constexpr int kLutEntries = 0;
+  static constexpr int kRowBytes = D;
+  struct Ctx {};
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   __device__ static uint32_t lut_entry(const GpuKvSide&, int) { return 0; }
-  struct KRaw {
-    uint2 w;
-  };
-  __device__ static void load_k(const uint8_t* row, int d0, KRaw& r) {
-    r.w = __ldg(reinterpret_cast<const uint2*>(row + d0));
-  }
-  struct VRaw {
-    uint32_t w;
-  };
-  __device__ static void load_v(const uint8_t* row, int d0, VRaw& r) { r.w = ld_u32(row + d0); }
   __device__ static uint32_t convert(uint32_t two_bytes) {
     const __half2_raw h =
         __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
     return uint32_t(h.x) | (uint32_t(h.y) << 16);
   }
-  __device__ static uint32_t k_pair(const KRaw& r, int k, const uint32_t*) {
-    return convert(k < 2 ? r.w.x >> (16 * k) : r.w.y >> (16 * (k - 2)));
+  __device__ static void k8(uint32_t row, int d0, const Ctx&, uint32_t (&h)[4]) {
+    const uint2 w = rd_u64(row + d0);
+    h[0] = convert(w.x), h[1] = convert(w.x >> 16), h[2] = convert(w.y), h[3] = convert(w.y >> 16);
   }
-  __device__ static uint32_t v_pair(const VRaw& r, int k, const uint32_t*) { return convert(r.w >> (16 * k)); }
+  __device__ static void v4(uint32_t row, int d0, const Ctx&, uint32_t (&h)[2]) {
+    const uint32_t w = rd_u32(row + d0);
+    h[0] = convert(w), h[1] = convert(w >> 16);
+  }
 };
 
-// Pair values through the table (formats with kLutEntries > 0).
-template <class Fmt>
-__device__ __forceinline__ uint32_t k_pair(const typename Fmt::KRaw& r, int k, const uint32_t* lut) {
-  if constexpr (Fmt::kLutEntries == 0) return Fmt::k_pair(r, k, lut);
-  else return lut[Fmt::k_index(r, k)];
-}
-template <class Fmt>
-__device__ __forceinline__ uint32_t v_pair(const typename Fmt::VRaw& r, int k, const uint32_t* lut) {
-  if constexpr (Fmt::kLutEntries == 0) return Fmt::v_pair(r, k, lut);
-  else return lut[Fmt::v_index(r, k)];
-}
+// q8 (int8 codes, 32-dim group scales) as a staged format: the keys-major
+// kernel's K side of the k8v* codecs (their V sides are staged formats).
+template <int D>
+struct Q8Format {
+  static constexpr int kLutEntries = 0;
+  static constexpr int kRowBytes = D;
+  struct Ctx {};
+  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
+  __device__ static uint32_t lut_entry(const GpuKvSide&, int) { return 0; }
+  __device__ static void k8(uint32_t row, int d0, const Ctx&, uint32_t (&h)[4]) {
+    const uint2 w = rd_u64(row + d0);
+    h[0] = ptx::int8x2_to_half2(w.x, 0u, 0x0100u), h[1] = ptx::int8x2_to_half2(w.x, 0u, 0x0302u);
+    h[2] = ptx::int8x2_to_half2(w.y, 0u, 0x0100u), h[3] = ptx::int8x2_to_half2(w.y, 0u, 0x0302u);
+  }
+  __device__ static void v4(uint32_t row, int d0, const Ctx&, uint32_t (&h)[2]) {
+    const uint32_t w = rd_u32(row + d0);
+    h[0] = ptx::int8x2_to_half2(w, 0u, 0x0100u), h[1] = ptx::int8x2_to_half2(w, 0u, 0x0302u);
+  }
+};
 
 // The four keys' scales a lane needs (slot i = key 8 (i >> 1) + 2t + (i & 1)
 // of the tile, as the C fragment's columns): none, one fp16 per row (turbo,
 // tcq: the stored a = n * g, times 1 / sqrt(D)), or D/32 fp16 group scales.
 template <Scale S, int D>
 struct Scales {
+  static constexpr int kRowBytes = S == Scale::none ? 0 : S == Scale::row ? 2 : D / 16;
   static constexpr int kWords = S == Scale::group ? (D / 16 + 3) / 4 : 1;
   uint32_t w[4][kWords];
-  __device__ void load(const GpuKvSide& s, size_t head_row0, int i, int key) {
-    const uint8_t* row = s.side + (head_row0 + key) * size_t(s.side_bytes);
+  // From a staged side row of kSideBytes bytes (the base block's scales first).
+  template <int kSideBytes>
+  __device__ void load(int i, uint32_t row) {
     if constexpr (S == Scale::row) {
-      w[i][0] = ld_u16(row);
+      w[i][0] = rd_u16(row);
     } else if constexpr (S == Scale::group) {
-      if (s.side_bytes != D / 16) {  // +qjl rows append a norm: only 2-byte aligned
+      if constexpr (kSideBytes % 4 == 0) {  // slot rows then start at a multiple of 4 (stage_rows' packed offset is the store's)
 #pragma unroll
-        for (int q = 0; q < kWords; ++q) w[i][q] = ld_u16(row + 4 * q) | (ld_u16(row + 4 * q + 2) << 16);
-      } else if constexpr (D / 16 == 16) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
-        w[i][0] = v.x, w[i][1] = v.y, w[i][2] = v.z, w[i][3] = v.w;
-      } else if constexpr (D / 16 == 8) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
-        w[i][0] = v.x, w[i][1] = v.y;
-      } else {
-        w[i][0] = ld_u32(row);
+        for (int q = 0; q < kWords; ++q) w[i][q] = rd_u32(row + 4 * q);
+      } else {  // +qjl rows append a 2-byte norm
+#pragma unroll
+        for (int q = 0; q < kWords; ++q) w[i][q] = rd_u16(row + 4 * q) | (rd_u16(row + 4 * q + 2) << 16);
       }
     }
   }
@@ -531,12 +693,31 @@ struct Scales {
   }
 };
 
-// The per-CTA pair table of a format (its K and V hooks build it the same way).
-template <class Fmt>
-struct PairTable {
-  static constexpr int kLutEntries = Fmt::kLutEntries;
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+// What a staged side keeps per tile: where its rows are in the slot.
+struct StagedTile {
+  SlotRows code, side;
+};
+
+// The staging half of a side's hooks (K or V): code rows of up to
+// kMaxCodeBytes, side rows of up to kMaxSideBytes (the +qjl rows are longer
+// than the base block's; the store's actual sizes are GpuKvSide's).
+template <int kMaxCodeBytes, int kMaxSideBytes>
+struct Staged {
+  static constexpr bool kStaged = true;
+  static constexpr int kCodeSlot = slot_bytes(kMaxCodeBytes), kSideSlot = slot_bytes(kMaxSideBytes);
+  static constexpr int kStageBytes = kCodeSlot + kSideSlot;
+  // The row sizes are kMaxCodeBytes / kMaxSideBytes except for padded D = 64
+  // code rows (kv::block_layout), which take the general copy.
+  __device__ static void stage(const GpuKvSide& s, size_t row0, int n_valid, unsigned char* slot, int lane) {
+    if (s.code_bytes == kMaxCodeBytes) stage_rows_fixed<kMaxCodeBytes>(slot, s.code, row0, n_valid, lane);
+    else stage_rows(slot, s.code, int(s.code_bytes), row0, n_valid, lane);
+    if constexpr (kMaxSideBytes > 0) stage_rows_fixed<kMaxSideBytes>(slot + kCodeSlot, s.side, row0, n_valid, lane);
+  }
+  __device__ static StagedTile rows_of(const GpuKvSide& s, size_t row0, const unsigned char* slot) {
+    StagedTile t;
+    t.code = slot_rows(slot, s.code, int(s.code_bytes), row0);
+    t.side = kMaxSideBytes > 0 ? slot_rows(slot + kCodeSlot, s.side, kMaxSideBytes, row0) : SlotRows{ptx::smem_u32(slot), 0};
+    return t;
   }
 };
 
@@ -544,39 +725,45 @@ struct PairTable {
 
 // K side of a low-bit format: q in two fp16 parts (pre-scaled, as q8), one
 // mma per part, k-step and key n-tile; the scales after the mma in fp32.
-template <class Fmt, lowbit::Scale S, int D>
-struct KDecodeLowBit : lowbit::PairTable<Fmt> {
+// kCodeBytes / kSideBytes: the longest rows this side may have (+qjl's).
+template <class Fmt, lowbit::Scale S, int D, int kCodeBytes = Fmt::kRowBytes,
+          int kSideBytes = lowbit::Scales<S, D>::kRowBytes>
+struct KDecodeLowBit : lowbit::Staged<kCodeBytes, kSideBytes> {
+  using Base = lowbit::Staged<kCodeBytes, kSideBytes>;
+  static constexpr int kLutEntries = Fmt::kLutEntries;
   static constexpr int kQParts = 2;
   static constexpr bool kF16 = true;
   static constexpr bool kPrescale = true;
   static constexpr int kGroups = D / 32;
+  using Ctx = typename Fmt::Ctx;
   struct Tile {
-    typename Fmt::KRaw raw[2][kGroups];
+    lowbit::StagedTile rows;
     lowbit::Scales<S, D> sc;
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(s.code_bytes);
-#pragma unroll
-      for (int p = 0; p < kGroups; ++p) Fmt::load_k(row, 32 * p + 8 * t, k.raw[nt][p]);
-    }
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    if constexpr (kLutEntries > 0)
+      for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+  __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
+  // The tile staged in `slot` (rows row0 .. row0 + 15 of the store).
+  __device__ static void bind(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, int t, Tile& k) {
+    k.rows = Base::rows_of(s, row0, slot);
     if constexpr (S != lowbit::Scale::none) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) k.sc.load(s, head_row0, i, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key));
+      for (int i = 0; i < 4; ++i) k.sc.template load<kSideBytes>(i, k.rows.side.row(8 * (i >> 1) + 2 * t + (i & 1)));
     }
   }
-  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const uint32_t* lut) {
-    float acc[2][4] = {};
+  // Two accumulator sets (even / odd k-steps) halve the dependent mma chain.
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const Ctx& ctx) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][2][4] = {};  // [k-step parity][nt]
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
     for (int p = 0; p < kGroups; ++p) {
       uint32_t h[2][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) h[nt][j] = lowbit::k_pair<Fmt>(k.raw[nt][p], j, lut);
+      for (int nt = 0; nt < 2; ++nt) Fmt::k8(k.rows.code.row(8 * nt + g), 32 * p + 8 * t, ctx, h[nt]);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int step = 2 * p + hh;
@@ -584,18 +771,19 @@ struct KDecodeLowBit : lowbit::PairTable<Fmt> {
         for (int part = kQParts - 1; part >= 0; --part) {
           const uint4 a = ptx::load_shared16(&q_frag[(step * kQParts + part) * 32 + lane]);
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) ptx::mma_f16(acc[nt], a, h[nt][2 * hh], h[nt][2 * hh + 1]);
+          for (int nt = 0; nt < 2; ++nt) ptx::mma_f16(acc[hh][nt], a, h[nt][2 * hh], h[nt][2 * hh + 1]);
         }
       }
       if constexpr (S == lowbit::Scale::group) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const float s0 = k.sc.get(2 * nt, p), s1 = k.sc.get(2 * nt + 1, p);
-          s[nt][0] = fmaf(acc[nt][0], s0, s[nt][0]);
-          s[nt][1] = fmaf(acc[nt][1], s1, s[nt][1]);
-          s[nt][2] = fmaf(acc[nt][2], s0, s[nt][2]);
-          s[nt][3] = fmaf(acc[nt][3], s1, s[nt][3]);
-          acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+          s[nt][0] = fmaf(acc[0][nt][0] + acc[1][nt][0], s0, s[nt][0]);
+          s[nt][1] = fmaf(acc[0][nt][1] + acc[1][nt][1], s1, s[nt][1]);
+          s[nt][2] = fmaf(acc[0][nt][2] + acc[1][nt][2], s0, s[nt][2]);
+          s[nt][3] = fmaf(acc[0][nt][3] + acc[1][nt][3], s1, s[nt][3]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[0][nt][i] = acc[1][nt][i] = 0.0f;
         }
       }
     }
@@ -603,37 +791,94 @@ struct KDecodeLowBit : lowbit::PairTable<Fmt> {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const float s0 = k.sc.get(2 * nt, 0), s1 = k.sc.get(2 * nt + 1, 0);
-        s[nt][0] = acc[nt][0] * s0;
-        s[nt][1] = acc[nt][1] * s1;
-        s[nt][2] = acc[nt][2] * s0;
-        s[nt][3] = acc[nt][3] * s1;
+        s[nt][0] = (acc[0][nt][0] + acc[1][nt][0]) * s0;
+        s[nt][1] = (acc[0][nt][1] + acc[1][nt][1]) * s1;
+        s[nt][2] = (acc[0][nt][2] + acc[1][nt][2]) * s0;
+        s[nt][3] = (acc[0][nt][3] + acc[1][nt][3]) * s1;
       }
+    }
+  }
+
+  // ---- keys-major (attention_decode.cu): S^T = K Q^T with the tile's keys
+  // as the 16 rows of A (lane g: keys g, g + 8; the same 8 dims per group as
+  // above) and the group's query heads as the 8 columns of B; scale slots 0
+  // and 1 are keys g and g + 8.
+  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& k) {
+    k.rows = Base::rows_of(s, row0, slot);
+    if constexpr (S != lowbit::Scale::none) {
+      k.sc.template load<kSideBytes>(0, k.rows.side.row(g));
+      k.sc.template load<kSideBytes>(1, k.rows.side.row(g + 8));
+    }
+  }
+  // s: C fragment (key g: heads 2t, 2t+1; key g + 8: heads 2t, 2t+1).
+  template <int kSteps, int kParts>
+  __device__ static void scores_km(const uint32_t (&qb)[kSteps][kParts][2], const Tile& k, int lane, float (&s)[4],
+                                   const Ctx& ctx) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][4] = {};  // [k-step parity]: two dependent mma chains instead of one
+    s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kGroups; ++p) {
+      uint32_t h0[4], h1[4];  // keys g, g + 8: dims 32p + 8t .. +7 as pairs
+      Fmt::k8(k.rows.code.row(g), 32 * p + 8 * t, ctx, h0);
+      Fmt::k8(k.rows.code.row(g + 8), 32 * p + 8 * t, ctx, h1);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint4 a = make_uint4(h0[2 * hh], h1[2 * hh], h0[2 * hh + 1], h1[2 * hh + 1]);
+#pragma unroll
+        for (int part = kParts - 1; part >= 0; --part)
+          ptx::mma_f16(acc[hh], a, qb[2 * p + hh][part][0], qb[2 * p + hh][part][1]);
+      }
+      if constexpr (S == lowbit::Scale::group) {
+        const float s0 = k.sc.get(0, p), s1 = k.sc.get(1, p);
+        s[0] = fmaf(acc[0][0] + acc[1][0], s0, s[0]);
+        s[1] = fmaf(acc[0][1] + acc[1][1], s0, s[1]);
+        s[2] = fmaf(acc[0][2] + acc[1][2], s1, s[2]);
+        s[3] = fmaf(acc[0][3] + acc[1][3], s1, s[3]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][i] = acc[1][i] = 0.0f;
+      }
+    }
+    if constexpr (S != lowbit::Scale::group) {
+      const float s0 = k.sc.get(0, 0), s1 = k.sc.get(1, 0);
+      s[0] = (acc[0][0] + acc[1][0]) * s0;
+      s[1] = (acc[0][1] + acc[1][1]) * s0;
+      s[2] = (acc[0][2] + acc[1][2]) * s1;
+      s[3] = (acc[0][3] + acc[1][3]) * s1;
     }
   }
 };
 
 // V side of a low-bit format (q8's n-tile map and P scaling, kOutScale 2^8).
 template <class Fmt, lowbit::Scale S, int D>
-struct VDecodeLowBit : lowbit::PairTable<Fmt> {
+struct VDecodeLowBit : lowbit::Staged<Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes> {
+  using Base = lowbit::Staged<Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes>;
+  static constexpr int kSideBytes = lowbit::Scales<S, D>::kRowBytes;
+  static constexpr int kLutEntries = Fmt::kLutEntries;
   static constexpr int kGroups = D / 32;
   static constexpr float kOutScale = 256.0f;
   static constexpr bool kGroupMajorDims = true;
+  using Ctx = typename Fmt::Ctx;
   struct Tile {
-    typename Fmt::VRaw raw[4][kGroups];
+    lowbit::StagedTile rows;
     lowbit::Scales<S, D> sc;
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v) {
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    if constexpr (kLutEntries > 0)
+      for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+  __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
+  // Slot i = key 2t + (i & 1) + 8 (i >> 1) of the tile.
+  __device__ static void bind(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, int t, Tile& v) {
+    v.rows = Base::rows_of(s, row0, slot);
+    if constexpr (S != lowbit::Scale::none) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = min(kb + 2 * t + (i & 1) + 8 * (i >> 1), last_key);
-      const uint8_t* row = s.code + (head_row0 + key) * size_t(s.code_bytes);
-#pragma unroll
-      for (int a = 0; a < kGroups; ++a) Fmt::load_v(row, 32 * a + 4 * g, v.raw[i][a]);
-      if constexpr (S != lowbit::Scale::none) v.sc.load(s, head_row0, i, key);
+      for (int i = 0; i < 4; ++i) v.sc.template load<kSideBytes>(i, v.rows.side.row(2 * t + (i & 1) + 8 * (i >> 1)));
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
-                                    float (&o)[D / 8][4], const uint32_t* lut) {
+                                    float (&o)[D / 8][4], const Ctx& ctx) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     rescale_o<D>(alpha, o);
     uint4 a_hi, a_lo;
     auto split_p = [&](int a) {
@@ -648,9 +893,7 @@ struct VDecodeLowBit : lowbit::PairTable<Fmt> {
       if constexpr (S == lowbit::Scale::group) split_p(a);
       uint32_t d[4][2];  // key slot i, pair k: dims 4g + 2k, 4g + 2k + 1
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) d[i][k] = lowbit::v_pair<Fmt>(v.raw[i][a], k, lut);
+      for (int i = 0; i < 4; ++i) Fmt::v4(v.rows.code.row(2 * t + (i & 1) + 8 * (i >> 1)), 32 * a + 4 * g, ctx, d[i]);
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const unsigned sel = (m & 1) ? 0x7632u : 0x5410u;
@@ -662,6 +905,66 @@ struct VDecodeLowBit : lowbit::PairTable<Fmt> {
     }
   }
   __host__ __device__ static constexpr int dim_of(int j, int c) { return 32 * (j / 4) + 4 * c + (j % 4); }
+
+  // ---- keys-major (attention_decode.cu): O^T += V^T P'^T. A = V^T: rows =
+  // dims, columns = the tile's keys, so lane (g, t) holds keys 2t, 2t+1,
+  // 2t+8, 2t+9 (as above) at 2 dims per m-tile: m-tile 2a + u, row g = dim
+  // 32a + 4g + u, row g + 8 = dim 32a + 4g + 2 + u (km_dim()). B = P'^T: P is
+  // scaled (slots 0, 1 = keys g, g + 8, the rows of S^T), split into two fp16
+  // parts in S^T's layout, and each 8 x 8 half transposed by movmatrix.
+  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& v) {
+    v.rows = Base::rows_of(s, row0, slot);
+    if constexpr (S != lowbit::Scale::none) {
+      v.sc.template load<kSideBytes>(0, v.rows.side.row(g));
+      v.sc.template load<kSideBytes>(1, v.rows.side.row(g + 8));
+    }
+  }
+  __host__ __device__ static constexpr int km_dim(int mt, int row) {
+    return 32 * (mt >> 1) + 4 * (row & 7) + 2 * (row >> 3) + (mt & 1);
+  }
+  // p: S^T's C fragment after the softmax; alpha: the o factors of heads 2t, 2t+1.
+  __device__ static void accumulate_km(const float (&p)[4], const float (&alpha)[2], const Tile& v,
+                                       float (&o)[D / 16][4], const Ctx& ctx) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[1];
+        o[j][2] *= alpha[0];
+        o[j][3] *= alpha[1];
+      }
+    }
+    uint32_t b_hi[2], b_lo[2];
+    auto split_p = [&](int a) {
+      const float s0 = v.sc.get(0, a) * kOutScale, s1 = v.sc.get(1, a) * kOutScale;
+      const float x[4] = {p[0] * s0, p[1] * s0, p[2] * s1, p[3] * s1};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __half2 hi = __floats2half2_rn(x[2 * h], x[2 * h + 1]);
+        const float2 hf = __half22float2(hi);
+        const __half2 lo = __floats2half2_rn(x[2 * h] - hf.x, x[2 * h + 1] - hf.y);
+        b_hi[h] = ptx::movmatrix_trans(*reinterpret_cast<const uint32_t*>(&hi));
+        b_lo[h] = ptx::movmatrix_trans(*reinterpret_cast<const uint32_t*>(&lo));
+      }
+    };
+    if constexpr (S != lowbit::Scale::group) split_p(0);
+#pragma unroll
+    for (int a = 0; a < kGroups; ++a) {
+      if constexpr (S == lowbit::Scale::group) split_p(a);
+      uint32_t d[4][2];  // key slot i (key 2t + (i & 1) + 8 (i >> 1)), pair k: dims 4g + 2k, +1 of group a
+#pragma unroll
+      for (int i = 0; i < 4; ++i) Fmt::v4(v.rows.code.row(2 * t + (i & 1) + 8 * (i >> 1)), 32 * a + 4 * g, ctx, d[i]);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const unsigned sel = u ? 0x7632u : 0x5410u;
+        const uint4 av = make_uint4(__byte_perm(d[0][0], d[1][0], sel), __byte_perm(d[0][1], d[1][1], sel),
+                                    __byte_perm(d[2][0], d[3][0], sel), __byte_perm(d[2][1], d[3][1], sel));
+        ptx::mma_f16(o[2 * a + u], av, b_lo[0], b_lo[1]);
+        ptx::mma_f16(o[2 * a + u], av, b_hi[0], b_hi[1]);
+      }
+    }
+  }
 };
 
 // The families' hooks. iso, rotor and planar share one storage format
@@ -679,68 +982,78 @@ struct KDecodeHooks<kv::Family::tcq, B, D> : KDecodeLowBit<lowbit::TcqFormat<B, 
 template <int B, int D>
 struct VDecodeHooks<kv::Family::tcq, B, D> : VDecodeLowBit<lowbit::TcqFormat<B, D>, lowbit::Scale::row, D> {};
 template <int B, int D>
-struct KDecodeHooks<kv::Family::fp8, B, D> : KDecodeLowBit<lowbit::Fp8Format, lowbit::Scale::none, D> {};
+struct KDecodeHooks<kv::Family::fp8, B, D> : KDecodeLowBit<lowbit::Fp8Format<D>, lowbit::Scale::none, D> {};
 template <int B, int D>
-struct VDecodeHooks<kv::Family::fp8, B, D> : VDecodeLowBit<lowbit::Fp8Format, lowbit::Scale::none, D> {};
+struct VDecodeHooks<kv::Family::fp8, B, D> : VDecodeLowBit<lowbit::Fp8Format<D>, lowbit::Scale::none, D> {};
+
+// The K side of a family with its +qjl rows: the base block's hooks over the
+// longer rows (the sketch follows the base codes, the norm the base scales).
+template <kv::Family F, int B, int D>
+struct KDecodeWithQjlRows;
+template <int B, int D>
+struct KDecodeWithQjlRows<kv::Family::turbo, B, D>
+    : KDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::row, D, B * D / 8 + D / 8, 2 + 2> {};
+template <int B, int D>
+struct KDecodeWithQjlRows<kv::Family::iso, B, D>
+    : KDecodeLowBit<lowbit::CodebookFormat<B, D>, lowbit::Scale::group, D, B * D / 8 + D / 8, D / 16 + 2> {};
+template <int B, int D>
+struct KDecodeWithQjlRows<kv::Family::tcq, B, D>
+    : KDecodeLowBit<lowbit::TcqFormat<B, D>, lowbit::Scale::row, D, B * D / 8 + D / 8, 2 + 2> {};
+template <int B, int D>
+struct KDecodeWithQjlRows<kv::Family::fp8, B, D>
+    : KDecodeLowBit<lowbit::Fp8Format<D>, lowbit::Scale::none, D, D + D / 8, 2> {};
 
 // +qjl K sides (kv/blocks/qjl.cpp): q.k = q.k_base + sqrt(pi/2) / D * ||r|| *
 // sum_j sign_j (S q_rot)_j. The kernel builds the Q fragments over 2D dims,
 // [q_rot | S q_rot] (kQDims), so the sketch is a second K block of D dims
 // whose values are +-1 (exact in fp16) and whose per-key scale is
 // sqrt(pi/2) / D * ||r||: k-steps D/16 .. 2D/16 - 1 run on the sign bits
-// with the same fragment map (lane t: sketch bits 32p + 8t .. +7, one byte).
-template <class Base, int D>
-struct KDecodeQjl {
+// with the same fragment map (lane t: sketch bits 32p + 8t .. +7, one byte),
+// read from the same staged rows as the base codes.
+template <kv::Family F, int B, int D>
+struct KDecodeQjl : KDecodeWithQjlRows<F, B, D> {
+  using Base = KDecodeWithQjlRows<F, B, D>;
   static_assert(Base::kF16 && Base::kQParts == 2, "+qjl extends an fp16 two-part K side");
-  static constexpr int kQParts = 2;
-  static constexpr bool kF16 = true;
-  static constexpr bool kPrescale = true;
   static constexpr int kQDims = 2 * D;
   static constexpr int kGroups = D / 32;
-  static constexpr int kLutEntries = Base::kLutEntries;
+  using Ctx = typename Base::Ctx;
   struct Tile {
     typename Base::Tile base;
-    uint32_t signs[2][kGroups];  // keys g, 8 + g: sketch bits 32p + 8t .. +7
-    uint32_t norm[4];            // slots as the C fragment: fp16 ||r||
+    uint32_t norm[4];  // slots as the C fragment: fp16 ||r||
+    int code_offset;   // of the sketch in a code row
   };
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    if constexpr (kLutEntries > 0) Base::build_lut(s, lut, tid, n_threads);
-  }
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
-    Base::load(s, head_row0, kb, last_key, g, t, k.base);
+  __device__ static void bind(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, int t, Tile& k) {
+    Base::bind(s, row0, slot, g, t, k.base);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint8_t* bits = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(s.code_bytes) +
-                            s.qjl_code_offset;
-#pragma unroll
-      for (int p = 0; p < kGroups; ++p) k.signs[nt][p] = lowbit::ld_u8(bits + 4 * p + t);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key);
-      k.norm[i] = lowbit::ld_u16(s.side + (head_row0 + key) * size_t(s.side_bytes) + s.qjl_side_offset);
-    }
+    for (int i = 0; i < 4; ++i)
+      k.norm[i] = lowbit::rd_u16(k.base.rows.side.row(8 * (i >> 1) + 2 * t + (i & 1)) + s.qjl_side_offset);
+    k.code_offset = int(s.qjl_code_offset);
   }
   // Two sign bits (bit 0: the lower dim) as fp16 +-1 values.
   __device__ static uint32_t sign_pair(uint32_t b) { return 0xBC00BC00u ^ ((b & 1u) << 15) ^ ((b & 2u) << 30); }
-  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const uint32_t* lut) {
-    Base::scores(q_frag, k.base, lane, s, lut);
+  __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const Ctx& ctx) {
+    Base::scores(q_frag, k.base, lane, s, ctx);
+    const int g = lane >> 2, t = lane & 3;
     float acc[2][4] = {};
 #pragma unroll
-    for (int p = 0; p < kGroups; ++p)
+    for (int p = 0; p < kGroups; ++p) {
+      uint32_t signs[2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) signs[nt] = lowbit::rd_u8(k.base.rows.code.row(8 * nt + g) + k.code_offset + 4 * p + t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int step = D / 16 + 2 * p + hh;
 #pragma unroll
-        for (int part = kQParts - 1; part >= 0; --part) {
-          const uint4 a = ptx::load_shared16(&q_frag[(step * kQParts + part) * 32 + lane]);
+        for (int part = Base::kQParts - 1; part >= 0; --part) {
+          const uint4 a = ptx::load_shared16(&q_frag[(step * Base::kQParts + part) * 32 + lane]);
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t nib = k.signs[nt][p] >> (4 * hh);
+            const uint32_t nib = signs[nt] >> (4 * hh);
             ptx::mma_f16(acc[nt], a, sign_pair(nib), sign_pair(nib >> 2));
           }
         }
       }
+    }
     constexpr float kC = 1.2533141373155003f / D;  // sqrt(pi/2) / m, m = D projections
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -750,6 +1063,41 @@ struct KDecodeQjl {
       s[nt][2] = fmaf(acc[nt][2], r0, s[nt][2]);
       s[nt][3] = fmaf(acc[nt][3], r1, s[nt][3]);
     }
+  }
+
+  // ---- keys-major: norm slots 0, 1 = keys g, g + 8.
+  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& k) {
+    Base::bind_km(s, row0, slot, g, k.base);
+    k.norm[0] = lowbit::rd_u16(k.base.rows.side.row(g) + s.qjl_side_offset);
+    k.norm[1] = lowbit::rd_u16(k.base.rows.side.row(g + 8) + s.qjl_side_offset);
+    k.code_offset = int(s.qjl_code_offset);
+  }
+  template <int kSteps, int kParts>
+  __device__ static void scores_km(const uint32_t (&qb)[kSteps][kParts][2], const Tile& k, int lane, float (&s)[4],
+                                   const Ctx& ctx) {
+    static_assert(kSteps == 2 * D / 16, "+qjl: q fragments over [q_rot | S q_rot]");
+    Base::scores_km(qb, k.base, lane, s, ctx);
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][4] = {};
+#pragma unroll
+    for (int p = 0; p < kGroups; ++p) {
+      const uint32_t s0 = lowbit::rd_u8(k.base.rows.code.row(g) + k.code_offset + 4 * p + t);
+      const uint32_t s1 = lowbit::rd_u8(k.base.rows.code.row(g + 8) + k.code_offset + 4 * p + t);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t n0 = s0 >> (4 * hh), n1 = s1 >> (4 * hh);
+        const uint4 a = make_uint4(sign_pair(n0), sign_pair(n1), sign_pair(n0 >> 2), sign_pair(n1 >> 2));
+#pragma unroll
+        for (int part = kParts - 1; part >= 0; --part)
+          ptx::mma_f16(acc[hh], a, qb[D / 16 + 2 * p + hh][part][0], qb[D / 16 + 2 * p + hh][part][1]);
+      }
+    }
+    constexpr float kC = 1.2533141373155003f / D;
+    const float r0 = lowbit::f16_low(k.norm[0]) * kC, r1 = lowbit::f16_low(k.norm[1]) * kC;
+    s[0] = fmaf(acc[0][0] + acc[1][0], r0, s[0]);
+    s[1] = fmaf(acc[0][1] + acc[1][1], r0, s[1]);
+    s[2] = fmaf(acc[0][2] + acc[1][2], r1, s[2]);
+    s[3] = fmaf(acc[0][3] + acc[1][3], r1, s[3]);
   }
 };
 

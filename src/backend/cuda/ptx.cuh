@@ -98,6 +98,15 @@ __device__ __forceinline__ uint32_t f16_bits(float x, float& as_float) {
   return __half_as_ushort(h);
 }
 
+// The transpose of an 8x8 b16 matrix held as an mma fragment (lane 4 g + t:
+// row g, columns 2t, 2t+1): afterwards the lane holds rows 2t, 2t+1 of
+// column g, i.e. row g, columns 2t, 2t+1 of the transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // Two int8 codes as an exact half2. sel is a byte-permute selector over the
 // 8 bytes {b, a} (a = bytes 0-3, b = bytes 4-7) that puts the low code in
 // byte 0 and the high code in byte 2 (bytes 1 and 3 are don't-cares). fp16
