@@ -34,15 +34,15 @@
 //       once per CTA before building its fragments (q.k = Rq . Rk) and the
 //       merging CTA un-rotates o once (attention_decode.cu, q_signs/o_signs).
 // turbo2/3/4 (TurboQuant-MSE, kv/blocks/turbo.cpp): y = H (s * x) / sqrt(D)
-//       (the rq8 rotation), n = ||y|| (double, sequential), u = y *
+//       (the rq8 rotation), n = ||y|| (double, warp order), u = y *
 //       float(sqrt(D) / n), code_i = nearest Lloyd-Max centroid index of u_i
 //       (the number of thresholds t with u_i > t). code row: N-bit indices in
 //       bit planes (kv/bitpack.hpp: LSB-first in little-endian 32-bit words,
 //       field i of a b-bit plane at bits [b i, b i + b); N = 2: one 2-bit
 //       plane; N = 4: one 4-bit plane; N = 3: a 2-bit plane of the low bits
 //       (D/4 bytes) then a 1-bit plane of the high bits (D/8 bytes)). side
-//       row: fp16 a = n * g, g = kv::unbiased_row_gain(u, c) (double,
-//       sequential sums), clamped to 65504. Value (rotated basis) =
+//       row: fp16 a = n * g, g = kv::unbiased_row_gain(u, c) (double
+//       sums in warp order), clamped to 65504. Value (rotated basis) =
 //       (a / sqrt(D)) * centroid[code].
 // tcq2/3 (kv/blocks/tcq.cpp, kv/tcq.hpp): the turbo rotation and u; a
 //       32-state (memory 5) Viterbi over the 2^(N+1) union levels (index
@@ -57,7 +57,8 @@
 //       only the rotation differs: isoclinic 4-blocks, rotor 3-blocks, Givens
 //       pairs, kv_rotation.cuh): per group g of 32 rotated values a fp16
 //       scale s_g (from the group RMS, up to two least-squares refinements,
-//       the lowest squared error kept; the codes chosen again against the
+//       the lowest squared error kept; every group sum in double in warp
+//       order over its 32 values; the codes chosen again against the
 //       stored fp16 scale); code row: N-bit Lloyd-Max indices in turbo's
 //       planes; side row: D/32 fp16 scales. Value = s_g * centroid[code].
 // fp8:  code row = D OCP e4m3 bytes (value i at byte i; round to nearest
@@ -66,15 +67,18 @@
 //       basis r = R x - base reconstruction; the code row gets a 1-bit plane
 //       of D sketch bits at GpuKvSide::qjl_code_offset (bit j = 1 when
 //       sum_i S[j][i] r_i >= 0, summed in double in i order), the side row the
-//       fp16 ||r|| at qjl_side_offset. Reconstruction (rotated basis) = base
+//       fp16 ||r|| (|r|^2 in double, warp order) at qjl_side_offset.
+//       Reconstruction (rotated basis) = base
 //       + sqrt(pi/2)/D ||r|| S^T sign (kv/blocks/qjl.cpp).
 //
 // Bit-exactness: every encode below performs the CPU block's float and
 // double operations in the CPU's order, each product and sum rounded on its
 // own (__fmul_rn / __fadd_rn / __dmul_rn / __dadd_rn: nvcc would otherwise
-// contract a * b + c into an FMA, the baseline x86-64 CPU build has none);
-// CPU loops that sum over a row are summed sequentially here too (every lane
-// walks the row through shuffles), so the GPU writes the CPU's bytes.
+// contract a * b + c into an FMA, the baseline x86-64 CPU build has none).
+// Double sums over a row or a 32-value group are defined in "warp order" on
+// both sides (kv::warp_order_sum, src/kv/warp_sum.hpp: per-lane sequential
+// partials over element lane + 32 j, then an xor butterfly over the lanes;
+// enc::warp_row_sum / warp_butterfly here), so the GPU writes the CPU's bytes.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -152,22 +156,39 @@ __device__ __forceinline__ int nearest_index(const float* thresholds, int n_leve
   return lo;
 }
 
-// acc + term(lane 0) + term(lane 1) + ... + term(lane 31), in that order (the
-// CPU's sequential sum over 32 consecutive row elements); uniform result.
-__device__ __forceinline__ double seq_add(double acc, double term) {
-#pragma unroll 8
-  for (int l = 0; l < 32; ++l) acc = __dadd_rn(acc, __shfl_sync(kFullMask, term, l));
-  return acc;
-}
-// seq_add for several independent sums at once (their chains interleave).
-template <int N>
-__device__ __forceinline__ void seq_add_many(double (&acc)[N], const double (&term)[N]) {
-#pragma unroll 4
-  for (int l = 0; l < 32; ++l)
+// ---- Warp-order double sums: kv::warp_order_sum (src/kv/warp_sum.hpp) ----
+// The CPU defines every encoder sum over a row (or a 32-value group) in warp
+// order: element i belongs to lane i % 32, slot i / 32; every lane sums its
+// slots in slot order starting from +0.0; then p[l] = p[l] + p[l ^ k] for
+// k = 16, 8, 4, 2, 1. A row held as load_rotated holds element lane + 32 j in
+// register j of lane `lane`, so lane = i % 32 and j = i / 32: the lane's
+// partial is 0.0 + t[0] + t[1] + ... + t[kNJ - 1] (lane_partial) and the
+// butterfly below is the CPU's step 2 (IEEE addition is commutative, so both
+// lanes of a pair get the same bits and every lane ends with the sum). A
+// 32-value group g of such a row (elements [32 g, 32 g + 32)) is slot g of
+// every lane: its sum is the butterfly of 0.0 + t[g].
+__device__ __forceinline__ double warp_butterfly(double x) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = __dadd_rn(acc[i], __shfl_sync(kFullMask, term[i], l));
+  for (int o = 16; o > 0; o >>= 1) x = __dadd_rn(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+// N independent butterflies in lockstep (their shuffles and adds interleave).
+template <int N>
+__device__ __forceinline__ void warp_butterfly_many(double (&x)[N]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __dadd_rn(x[i], __shfl_xor_sync(kFullMask, x[i], o));
 }
 __device__ __forceinline__ double sq(float v) { return __dmul_rn(double(v), double(v)); }
+// The warp-order sum of a row: term(j) is this lane's term of element lane + 32 j.
+template <int kNJ, class Term>
+__device__ __forceinline__ double warp_row_sum(Term&& term) {
+  double acc = 0.0;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) acc = __dadd_rn(acc, term(j));
+  return warp_butterfly(acc);
+}
 
 __device__ __forceinline__ size_t plane_bytes(int n, int b) { return (size_t(n) * b + 7) / 8 + 3 & ~size_t(3); }
 
@@ -218,20 +239,19 @@ __device__ __forceinline__ void load_rotated(const GpuKvSide& s, int head, const
                         [x](int i) { return sanitize_kv(x[i]); }, v);
 }
 
-// kv::unbiased_row_gain(u, c, D, kGainMaxExcess), u and c held as load_rotated.
+// kv::unbiased_row_gain(u, c, D, kGainMaxExcess), u and c held as load_rotated;
+// <u,c>, |c|^2 and |u|^2 in warp order (lane partials, three butterflies in lockstep).
 template <int kNJ>
 __device__ __forceinline__ double unbiased_row_gain(const float (&u)[kNJ], const float (&c)[kNJ]) {
-  double uc = 0, cc = 0, uu = 0;
+  double sums[3] = {0.0, 0.0, 0.0};  // uc, cc, uu
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) {
-    const double tuc = __dmul_rn(double(u[j]), double(c[j])), tcc = sq(c[j]), tuu = sq(u[j]);
-#pragma unroll 4
-    for (int l = 0; l < 32; ++l) {
-      uc = __dadd_rn(uc, __shfl_sync(kFullMask, tuc, l));
-      cc = __dadd_rn(cc, __shfl_sync(kFullMask, tcc, l));
-      uu = __dadd_rn(uu, __shfl_sync(kFullMask, tuu, l));
-    }
+    sums[0] = __dadd_rn(sums[0], __dmul_rn(double(u[j]), double(c[j])));
+    sums[1] = __dadd_rn(sums[1], sq(c[j]));
+    sums[2] = __dadd_rn(sums[2], sq(u[j]));
   }
+  warp_butterfly_many(sums);
+  const double uc = sums[0], cc = sums[1], uu = sums[2];
   const double d = double(32 * kNJ);
   if (!(cc > 0) || !(uc > 0)) return cc > 0 ? __ddiv_rn(uc < 0.0 ? 0.0 : uc, cc) : 0.0;
   const double g_ls = __ddiv_rn(uc, cc);
@@ -245,9 +265,7 @@ __device__ __forceinline__ double unbiased_row_gain(const float (&u)[kNJ], const
 // turbo / tcq: n = ||y|| and y *= float(sqrt(D) / n) (the unit-variance row).
 template <int kNJ>
 __device__ __forceinline__ double to_unit_row(float (&v)[kNJ]) {
-  double nn = 0;
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) nn = seq_add(nn, sq(v[j]));
+  const double nn = warp_row_sum<kNJ>([&](int j) { return sq(v[j]); });  // warp order
   const double n = __dsqrt_rn(nn);
   const float to_unit = n > 0 ? float(__ddiv_rn(__dsqrt_rn(double(32 * kNJ)), n)) : 0.0f;
 #pragma unroll
@@ -528,21 +546,22 @@ struct GroupedEncode {
     const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
     return unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
   }
-  // The groups' scale searches run in lockstep: every sum is still the CPU's
-  // sequential sum over its group's 32 elements, but the kNJ groups' chains
-  // (and err, yc, cc of one fit) interleave instead of running one after the
-  // other, which cuts the latency of this one-warp-per-row encode (it sits on
-  // the decode step's critical path) by about kNJ.
+  // The groups' scale searches run in lockstep: every sum is the warp-order
+  // sum over its group's 32 elements (group g is slot g of every lane: the
+  // butterfly of 0.0 + term, as kv GroupedBlock's warp_order_sum with one
+  // term per lane), and the kNJ groups' butterflies (and err, yc, cc of one
+  // fit) interleave, which keeps the latency of this one-warp-per-row encode
+  // (it sits on the decode step's critical path) at one group's.
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
     constexpr int D = 32 * kNJ;
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
-    double e[kNJ], t[kNJ];
+    double e[kNJ];
 #pragma unroll
-    for (int g = 0; g < kNJ; ++g) e[g] = 0.0, t[g] = enc::sq(v[g]);
-    enc::seq_add_many(e, t);
+    for (int g = 0; g < kNJ; ++g) e[g] = __dadd_rn(0.0, enc::sq(v[g]));
+    enc::warp_butterfly_many(e);
     // Per group (kv GroupedBlock::encode): s starts at the group RMS, then up
     // to two least-squares steps s = <y,c>/<c,c>, keeping the best; a group
     // stops at cc <= 0; an all-zero group stores 0.
@@ -557,17 +576,16 @@ struct GroupedEncode {
       sc[g] = active[g] ? float(__dsqrt_rn(__ddiv_rn(e[g], 32.0))) : 0.0f;
     }
     for (int step = 0; step < 3; ++step) {
-      double sums[3 * kNJ], terms[3 * kNJ];  // err, yc, cc of every group
+      double sums[3 * kNJ];  // err, yc, cc of every group: this lane's partial (0.0 + its one term), then the butterfly
 #pragma unroll
       for (int g = 0; g < kNJ; ++g) {
         const double c = double(s.codebook[code_of(s, v[g], sc[g])]);
         const double d = __dsub_rn(double(v[g]), __dmul_rn(double(sc[g]), c));
-        terms[3 * g] = __dmul_rn(d, d);
-        terms[3 * g + 1] = __dmul_rn(double(v[g]), c);
-        terms[3 * g + 2] = __dmul_rn(c, c);
-        sums[3 * g] = sums[3 * g + 1] = sums[3 * g + 2] = 0.0;
+        sums[3 * g] = __dadd_rn(0.0, __dmul_rn(d, d));
+        sums[3 * g + 1] = __dadd_rn(0.0, __dmul_rn(double(v[g]), c));
+        sums[3 * g + 2] = __dadd_rn(0.0, __dmul_rn(c, c));
       }
-      enc::seq_add_many(sums, terms);
+      enc::warp_butterfly_many(sums);
 #pragma unroll
       for (int g = 0; g < kNJ; ++g) {
         if (!active[g]) continue;
@@ -652,9 +670,7 @@ __device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8
   enc::load_rotated<kNJ>(s, head, x, lane, r);
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) r[j] = __fsub_rn(r[j], decode_value_any(s, code, side, D, lane + 32 * j));
-  double rn = 0;
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) rn = enc::seq_add(rn, enc::sq(r[j]));
+  const double rn = enc::warp_row_sum<kNJ>([&](int j) { return enc::sq(r[j]); });  // warp order, as QjlBlock
   const float* S = s.qjl + size_t(head) * D * D;
   double p[kNJ];
 #pragma unroll
