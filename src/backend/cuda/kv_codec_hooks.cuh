@@ -145,16 +145,38 @@ __device__ __forceinline__ void store_f16(uint8_t* p, float x) {
 }
 __device__ __forceinline__ float load_f16(const uint8_t* p) { return ::kvq::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
 
-// kv::nearest_index (binary search over the ascending thresholds).
-__device__ __forceinline__ int nearest_index(const float* thresholds, int n_levels, float x) {
-  int lo = 0, hi = n_levels - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (x > thresholds[mid]) lo = mid + 1;
-    else hi = mid;
+// A Lloyd-Max codebook of 2^kBits levels held in registers (loaded once per
+// row from GpuKvSide::codebook: the centroids, then the thresholds).
+// index(x) = kv::nearest_index(thresholds, kLevels, x): that binary search
+// returns the first i in [0, kLevels - 1) with !(x > t[i]), else kLevels - 1;
+// the thresholds ascend, so x > t[i] holds for a prefix of i (for every
+// finite x and +-inf; for NaN it never holds), and the answer is the number
+// of thresholds below x: a branch-free count here, with the centroid of the
+// index selected alongside (it moves from c[i] to c[i + 1] exactly when
+// x > t[i]). NaN -> 0, -inf -> 0, +inf -> kLevels - 1, as the CPU.
+template <int kBits>
+struct RegCodebook {
+  static constexpr int kLevels = 1 << kBits;
+  float c[kLevels], t[kLevels - 1];
+  __device__ __forceinline__ explicit RegCodebook(const float* codebook) {
+#pragma unroll
+    for (int i = 0; i < kLevels; ++i) c[i] = codebook[i];
+#pragma unroll
+    for (int i = 0; i + 1 < kLevels; ++i) t[i] = codebook[kLevels + i];
   }
-  return lo;
-}
+  __device__ __forceinline__ unsigned index(float x, float& centroid) const {
+    unsigned idx = 0;
+    float cv = c[0];
+#pragma unroll
+    for (int i = 0; i + 1 < kLevels; ++i) {
+      const bool above = x > t[i];
+      idx += above ? 1u : 0u;
+      cv = above ? c[i + 1] : cv;
+    }
+    centroid = cv;
+    return idx;
+  }
+};
 
 // ---- Warp-order double sums: kv::warp_order_sum (src/kv/warp_sum.hpp) ----
 // The CPU defines every encoder sum over a row (or a 32-value group) in warp
@@ -211,16 +233,14 @@ __device__ __forceinline__ void pack_group(unsigned field, uint8_t* plane, int g
 }
 // kv::pack_codes for one group of 32 (N = 1..4; N = 3: 2-bit low plane, then
 // the 1-bit high plane).
-__device__ __forceinline__ void pack_codes_group(unsigned idx, int bits, uint8_t* code, int D, int g, int lane) {
-  switch (bits) {
-    case 1: pack_group<1>(idx, code, g, lane); break;
-    case 2: pack_group<2>(idx, code, g, lane); break;
-    case 3:
-      pack_group<2>(idx & 3u, code, g, lane);
-      pack_group<1>(idx >> 2, code + plane_bytes(D, 2), g, lane);
-      break;
-    case 4: pack_group<4>(idx, code, g, lane); break;
-    default: __trap();
+template <int kBits>
+__device__ __forceinline__ void pack_codes_group(unsigned idx, uint8_t* code, int D, int g, int lane) {
+  static_assert(kBits >= 1 && kBits <= 4, "codes of 1..4 bits");
+  if constexpr (kBits == 3) {
+    pack_group<2>(idx & 3u, code, g, lane);
+    pack_group<1>(idx >> 2, code + plane_bytes(D, 2), g, lane);
+  } else {
+    pack_group<kBits>(idx, code, g, lane);
   }
 }
 __device__ __forceinline__ unsigned plane_get(const uint8_t* plane, int i, int b) {
@@ -413,23 +433,28 @@ struct EncodeHooks<kv::Family::turbo> {
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
+    switch (s.bits) {
+      case 2: encode_bits<kNJ, 2>(s, head, x, code, side, lane); break;
+      case 3: encode_bits<kNJ, 3>(s, head, x, code, side, lane); break;
+      case 4: encode_bits<kNJ, 4>(s, head, x, code, side, lane); break;
+      default: __trap();
+    }
+  }
+  template <int kNJ, int kBits>
+  __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                     int lane) {
     constexpr int D = 32 * kNJ;
+    const enc::RegCodebook<kBits> cb(s.codebook);
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
-    const int levels = 1 << s.bits;
-    const float* centroids = s.codebook;
-    const float* thresholds = s.codebook + levels;
     float c[kNJ];
     unsigned idx[kNJ];
 #pragma unroll
-    for (int j = 0; j < kNJ; ++j) {
-      idx[j] = unsigned(enc::nearest_index(thresholds, levels, v[j]));
-      c[j] = centroids[idx[j]];
-    }
+    for (int j = 0; j < kNJ; ++j) idx[j] = cb.index(v[j], c[j]);
     const double g = enc::unbiased_row_gain<kNJ>(v, c);
 #pragma unroll
-    for (int j = 0; j < kNJ; ++j) enc::pack_codes_group(idx[j], s.bits, code, D, j, lane);
+    for (int j = 0; j < kNJ; ++j) enc::pack_codes_group<kBits>(idx[j], code, D, j, lane);
     if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
@@ -540,11 +565,11 @@ struct EncodeHooks<kv::Family::tcq> {
 // iso / rotor / planar: the grouped format (one implementation; the rotation
 // comes from rotation_kind(family)). D a multiple of 32, at most 256.
 struct GroupedEncode {
-  // kv GroupedBlock::fit's code for the value y of this lane at scale sc.
-  __device__ static unsigned code_of(const GpuKvSide& s, float y, float sc) {
-    const int levels = 1 << s.bits;
+  // kv GroupedBlock::fit's code (and its centroid c) for the value y of this lane at scale sc.
+  template <int kBits>
+  __device__ static unsigned code_of(const enc::RegCodebook<kBits>& cb, float y, float sc, float& c) {
     const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
-    return unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
+    return cb.index(__fmul_rn(y, inv), c);
   }
   // The groups' scale searches run in lockstep: every sum is the warp-order
   // sum over its group's 32 elements (group g is slot g of every lane: the
@@ -555,7 +580,15 @@ struct GroupedEncode {
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
+    if (s.bits == 3) encode_bits<kNJ, 3>(s, head, x, code, side, lane);
+    else if (s.bits == 4) encode_bits<kNJ, 4>(s, head, x, code, side, lane);
+    else __trap();  // the grouped blocks are iso3/4, rotor3/4, planar3/4
+  }
+  template <int kNJ, int kBits>
+  __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                     int lane) {
     constexpr int D = 32 * kNJ;
+    const enc::RegCodebook<kBits> cb(s.codebook);
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     double e[kNJ];
@@ -579,7 +612,9 @@ struct GroupedEncode {
       double sums[3 * kNJ];  // err, yc, cc of every group: this lane's partial (0.0 + its one term), then the butterfly
 #pragma unroll
       for (int g = 0; g < kNJ; ++g) {
-        const double c = double(s.codebook[code_of(s, v[g], sc[g])]);
+        float cf;
+        code_of(cb, v[g], sc[g], cf);
+        const double c = double(cf);
         const double d = __dsub_rn(double(v[g]), __dmul_rn(double(sc[g]), c));
         sums[3 * g] = __dadd_rn(0.0, __dmul_rn(d, d));
         sums[3 * g + 1] = __dadd_rn(0.0, __dmul_rn(double(v[g]), c));
@@ -599,7 +634,8 @@ struct GroupedEncode {
     for (int g = 0; g < kNJ; ++g) {
       if (lane == 0) enc::store_f16(side + 2 * g, best_s[g]);
       const float stored = ::kvq::f16_to_f32(enc::f16_clamped(best_s[g]));  // codes against the stored scale
-      enc::pack_codes_group(code_of(s, v[g], stored), s.bits, code, D, g, lane);
+      float cf;
+      enc::pack_codes_group<kBits>(code_of(cb, v[g], stored, cf), code, D, g, lane);
     }
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
