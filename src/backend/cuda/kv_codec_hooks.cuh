@@ -320,34 +320,41 @@ __device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
 __device__ __forceinline__ int tcq_subset(uint32_t w, uint32_t g0, uint32_t g1) {
   return 2 * (__popc(w & g1) & 1) + (__popc(w & g0) & 1);
 }
-__device__ __forceinline__ float pick4(const float (&e)[4], int k) {
-  return k == 0 ? e[0] : k == 1 ? e[1] : k == 2 ? e[2] : e[3];
-}
-// kv::tcq_encode's inner search: the first level m of subset j nearest to x,
-// over levels held in registers (j a compile-time index after unrolling).
+// kv::tcq_encode's inner search: the first level m of subset j nearest to x
+// (squared error in float, strict <, m ascending), over levels held in
+// registers (j a compile-time index after unrolling); its error and level.
 template <int kPerSubset>
-__device__ __forceinline__ int tcq_best_level(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
-  float be = __int_as_float(0x7f800000);
+__device__ __forceinline__ int tcq_best_level(const float (&levels)[4 * kPerSubset], int j, float x, float& err,
+                                              float& level) {
+  float be = __int_as_float(0x7f800000), bl = levels[j];
   int bm = 0;
 #pragma unroll
   for (int m = 0; m < kPerSubset; ++m) {
     const float d = __fsub_rn(x, levels[4 * m + j]);
     const float dd = __fmul_rn(d, d);
-    if (dd < be) be = dd, bm = m;
+    if (dd < be) be = dd, bm = m, bl = levels[4 * m + j];
   }
   err = be;
+  level = bl;
   return bm;
 }
-// The same for a subset j known only at run time (the traceback): selects
-// instead of a dynamically indexed register array.
+// The same search for a subset k known only at run time (after the
+// traceback): the candidate levels picked by selects (the same floats, the
+// same order), not a dynamically indexed register array.
 template <int kPerSubset>
-__device__ __forceinline__ int tcq_best_level_at(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
-  float e[4];
-  int m[4];
+__device__ __forceinline__ int tcq_best_level_at(const float (&levels)[4 * kPerSubset], int k, float x, float& level) {
+  float be = __int_as_float(0x7f800000), bl = 0.0f;
+  int bm = 0;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) m[k] = tcq_best_level<kPerSubset>(levels, k, x, e[k]);
-  err = pick4(e, j);
-  return j == 0 ? m[0] : j == 1 ? m[1] : j == 2 ? m[2] : m[3];
+  for (int m = 0; m < kPerSubset; ++m) {
+    const float lm = k == 0 ? levels[4 * m] : k == 1 ? levels[4 * m + 1] : k == 2 ? levels[4 * m + 2] : levels[4 * m + 3];
+    if (m == 0) bl = lm;
+    const float d = __fsub_rn(x, lm);
+    const float dd = __fmul_rn(d, d);
+    if (dd < be) be = dd, bm = m, bl = lm;
+  }
+  level = bl;
+  return bm;
 }
 
 }  // namespace enc
@@ -444,10 +451,10 @@ struct EncodeHooks<kv::Family::turbo> {
   __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                      int lane) {
     constexpr int D = 32 * kNJ;
-    const enc::RegCodebook<kBits> cb(s.codebook);
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
+    const enc::RegCodebook<kBits> cb(s.codebook);
     float c[kNJ];
     unsigned idx[kNJ];
 #pragma unroll
@@ -469,13 +476,34 @@ struct EncodeHooks<kv::Family::turbo> {
 
 template <>
 struct EncodeHooks<kv::Family::tcq> {
-  // Viterbi (kv::tcq_encode) with lane = state (32 states, memory 5): per
-  // position every lane forms the 4 subset errors, takes its two
-  // predecessors' costs by shuffle and adds in the CPU's order; the choice
-  // bits of position 32 j + l are a ballot kept by lane l in bp[j]. The
-  // traceback runs on every lane (uniform), lane l recording position 32 j + l.
-  // The union levels are held in registers (kBits: 2 or 3, so 8 or 16) so
-  // that the search of every position reads no memory.
+  // kv::tcq_encode on one warp, lane = state (32 states, memory 5); row
+  // element / position i = 32 j + l is v[j] of lane l (load_rotated). The
+  // union levels (kBits 2 or 3: 8 or 16) are held in registers.
+  //  1. Branch errors, before the trellis (they do not depend on the costs):
+  //     lane l forms E_k = min_m (x_i - levels[4 m + k])^2 of its own values
+  //     for the 4 subsets k. State s's two branches use the subsets
+  //     sub0 = subset(s) and sub1 = subset(s | 32) = sub0 ^ 2 (bit 5 is in g1,
+  //     not in g0: checked), i.e. E_f and E_{f+2} of its family f = sub0 & 1.
+  //     One xor-16 exchange per pair of errors stores them so that one
+  //     shuffle fetches a lane's own family: for position 32 j + 16 h + m,
+  //     lane 16 f + m holds E_f in A[h][j] and E_{f+2} in B[h][j].
+  //  2. Forward: per position two error shuffles (off the cost chain), the
+  //     two predecessors' costs by shuffle, the CPU's float adds, c1 < c0
+  //     (ties keep branch 0); the choice bits of position 32 j + l are a
+  //     ballot kept by lane l in bp[j].
+  //  3. Traceback (state S_i after position i: bit 0 = b_i ... bit 4 =
+  //     b_{i-4}; S_{i-1} = (S_i >> 1) | (bit S_i of bp[i]) << 4, and that bit
+  //     is b_{i-5}). Every lane follows all kNJ chunks of 32 positions at
+  //     once, lane s starting from S_{32 j + 31} = s: it records the chunk's
+  //     branch bits W[j] (bit l = b_{32 j + l}) and the state F[j] = S_{32 j - 1}
+  //     it ends in. The final state (first minimum cost: an xor-butterfly
+  //     argmin, ties to the lower state) then selects, chunk by chunk from
+  //     the last, W[j] and the next chunk's exit state: kNJ dependent shuffles.
+  //  4. Each lane codes its own positions from the branch bits: the window
+  //     w_i = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5 (b_{<0} = 0: the
+  //     survivor path starts in state 0), subset k = subset(w_i), the level
+  //     m_i = the first nearest level of subset k (kv::tcq_encode's best_m),
+  //     the value levels[4 m_i + k] (kv::tcq_decode's).
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
@@ -486,65 +514,113 @@ struct EncodeHooks<kv::Family::tcq> {
   __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                      int lane) {
     constexpr int D = 32 * kNJ;
+    constexpr int kPer = 1 << (kBits - 1);  // levels per subset
+    float L[4 * kPer];
+#pragma unroll
+    for (int i = 0; i < 4 * kPer; ++i) L[i] = s.codebook[i];
+    const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
+    if ((g0 & 32u) != 0u || (g1 & 32u) == 0u) __trap();  // step 1 needs subset(w | 32) = subset(w) ^ 2
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
-    constexpr int per_subset = 1 << (kBits - 1);
-    float L[4 * per_subset];
+
+    // 1. Branch errors. Lanes l < 16 keep E_0 / E_2 of their own position
+    // (h = 0) and take E_0 / E_2 of position l + 16 (h = 1) from lane l ^ 16;
+    // lanes l >= 16 keep E_1 / E_3 of their own (h = 1) and take E_1 / E_3 of
+    // position l - 16 (h = 0) from lane l ^ 16.
+    const bool lo = lane < 16;
+    float A[2][kNJ], B[2][kNJ];
 #pragma unroll
-    for (int i = 0; i < 4 * per_subset; ++i) L[i] = s.codebook[i];
-    const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
-    const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1), sub1 = enc::tcq_subset(uint32_t(lane) | 32u, g0, g1);
+    for (int j = 0; j < kNJ; ++j) {
+      float e[4], level;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) enc::tcq_best_level<kPer>(L, k, v[j], e[k], level);
+      const float ra = __shfl_xor_sync(kFullMask, lo ? e[1] : e[0], 16);
+      const float rb = __shfl_xor_sync(kFullMask, lo ? e[3] : e[2], 16);
+      A[0][j] = lo ? e[0] : ra;
+      A[1][j] = lo ? ra : e[1];
+      B[0][j] = lo ? e[2] : rb;
+      B[1][j] = lo ? rb : e[3];
+    }
+
+    // 2. Forward. State s2 = lane; predecessors p0 = s2 >> 1 (window s2,
+    // subset sub0) and p1 = p0 | 16 (window s2 | 32, subset sub0 ^ 2).
+    const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1);
+    const int fam_lanes = (sub0 & 1) << 4;  // lanes 16 f .. 16 f + 15 hold family f's errors
+    const bool swap = (sub0 & 2) != 0;      // sub0 = f + 2: c0 takes E_{f+2}, c1 E_f
     const int p0 = lane >> 1, p1 = p0 | 16;
     float cur = lane == 0 ? 0.0f : __int_as_float(0x7f800000);
     uint32_t bp[kNJ];
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) {
       bp[j] = 0;
-      for (int l = 0; l < 32; ++l) {
-        const float xi = __shfl_sync(kFullMask, v[j], l);
-        float err[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) enc::tcq_best_level<per_subset>(L, k, xi, err[k]);
-        const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), enc::pick4(err, sub0));
-        const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), enc::pick4(err, sub1));
-        const bool one = c1 < c0;
-        const uint32_t ball = __ballot_sync(kFullMask, one);
-        if (lane == l) bp[j] = ball;
-        cur = one ? c1 : c0;
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll 4
+        for (int m = 0; m < 16; ++m) {
+          const float ef = __shfl_sync(kFullMask, A[h][j], fam_lanes | m);
+          const float eg = __shfl_sync(kFullMask, B[h][j], fam_lanes | m);
+          const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), swap ? eg : ef);
+          const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), swap ? ef : eg);
+          const bool one = c1 < c0;
+          const uint32_t ball = __ballot_sync(kFullMask, one);
+          if (lane == 16 * h + m) bp[j] = ball;
+          cur = one ? c1 : c0;
+        }
       }
     }
-    int st = 0;
-    float best = __shfl_sync(kFullMask, cur, 0);
-    for (int s2 = 1; s2 < 32; ++s2) {
-      const float c = __shfl_sync(kFullMask, cur, s2);
-      if (c < best) best = c, st = s2;
+
+    // 3. Traceback, every chunk from every exit state at once.
+    uint32_t W[kNJ];
+    int F[kNJ];
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) W[j] = 0, F[j] = lane;
+#pragma unroll 4
+    for (int l = 31; l >= 0; --l)
+#pragma unroll
+      for (int j = 0; j < kNJ; ++j) {
+        const uint32_t ball = __shfl_sync(kFullMask, bp[j], l);
+        W[j] |= uint32_t(F[j] & 1) << l;
+        F[j] = (F[j] >> 1) | int((ball >> F[j]) & 1u) << 4;
+      }
+    // The final state: kv::tcq_encode's first minimum (costs are never NaN:
+    // finite levels and rows, and +inf only before every state is reached).
+    float best = cur;
+    int st = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float oc = __shfl_xor_sync(kFullMask, best, o);
+      const int os = __shfl_xor_sync(kFullMask, st, o);
+      if (oc < best || (oc == best && os < st)) best = oc, st = os;
     }
-    unsigned br[kNJ], lv[kNJ];
-    float cval[kNJ];
+    uint32_t Wb[kNJ];  // the branch plane: bit l of word j = b_{32 j + l} (uniform)
 #pragma unroll
     for (int j = kNJ - 1; j >= 0; --j) {
-      br[j] = lv[j] = 0;
-      cval[j] = 0.0f;
-      for (int l = 31; l >= 0; --l) {
-        const uint32_t ball = __shfl_sync(kFullMask, bp[j], l);
-        const int h = int(ball >> st) & 1;
-        if (lane == l) {
-          const int k = enc::tcq_subset(uint32_t(st) | (uint32_t(h) << 5), g0, g1);
-          float e;
-          const int m = enc::tcq_best_level_at<per_subset>(L, k, v[j], e);
-          br[j] = unsigned(st & 1);
-          lv[j] = unsigned(m);
-          cval[j] = s.codebook[4 * m + k];  // tcq_decode's value: the window of position i is (st, h)
-        }
-        st = (st >> 1) | (h << 4);
-      }
+      Wb[j] = __shfl_sync(kFullMask, W[j], st);
+      if (j > 0) st = __shfl_sync(kFullMask, F[j], st);
+    }
+
+    // 4. Levels and values of this lane's positions i = 32 j + lane: window
+    // bit t = b_{i-t} is bit 32 + lane - t of Wb[j]:Wb[j-1], i.e. bit
+    // 31 - lane + t of its bit reversal.
+    // The levels again from memory (L is dead through steps 2-3: fewer registers).
+#pragma unroll
+    for (int i = 0; i < 4 * kPer; ++i) L[i] = s.codebook[i];
+    unsigned lv[kNJ];
+    float cval[kNJ];
+    uint32_t prev = 0;  // Wb[j - 1]; 0 before the row
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      const uint64_t both = (uint64_t(Wb[j]) << 32) | prev;
+      const uint32_t w = uint32_t(__brevll(both) >> (31 - lane)) & 63u;
+      lv[j] = unsigned(enc::tcq_best_level_at<kPer>(L, enc::tcq_subset(w, g0, g1), v[j], cval[j]));
+      prev = Wb[j];
     }
     const double g = enc::unbiased_row_gain<kNJ>(v, cval);
     uint8_t* level_plane = code + enc::plane_bytes(D, 1);
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) {
-      enc::pack_group<1>(br[j], code, j, lane);
+      if (lane == j) reinterpret_cast<uint32_t*>(code)[j] = Wb[j];  // kv::pack_plane's word j of the branch plane
       enc::pack_group<kBits - 1>(lv[j], level_plane, j, lane);
     }
     if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
@@ -588,13 +664,13 @@ struct GroupedEncode {
   __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                      int lane) {
     constexpr int D = 32 * kNJ;
-    const enc::RegCodebook<kBits> cb(s.codebook);
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     double e[kNJ];
 #pragma unroll
     for (int g = 0; g < kNJ; ++g) e[g] = __dadd_rn(0.0, enc::sq(v[g]));
     enc::warp_butterfly_many(e);
+    const enc::RegCodebook<kBits> cb(s.codebook);
     // Per group (kv GroupedBlock::encode): s starts at the group RMS, then up
     // to two least-squares steps s = <y,c>/<c,c>, keeping the best; a group
     // stops at cc <= 0; an all-zero group stores 0.
