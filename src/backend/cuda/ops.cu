@@ -427,10 +427,10 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
             "qk_rope_store: no encode hooks for this store");
   const int warps = n_heads + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
-  // No store, or bf16 on both sides (the kernel writes bf16 straight from its
-  // registers; +qjl on a bf16 side is not encoded here, as in the generic
-  // instance): the lean instance.
-  const bool lean = !kv.k.code || (kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16);
+  // No store, or plain bf16 on both sides (the kernel writes bf16 straight
+  // from its registers): the lean instance.
+  const bool lean = !kv.k.code || (kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 &&
+                                   !kv.k.has_qjl && !kv.v.has_qjl);
   const auto launch = [&](auto kernel) {
     launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos,
                      pos_dev, inv_freq, neox, pos_scale, kv);
