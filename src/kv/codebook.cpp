@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "kv/warp_sum.hpp"
 
 namespace kvq::kv {
 
@@ -59,12 +60,10 @@ static LloydMax compute_lloyd_max(int bits) {
 }
 
 double unbiased_row_gain(const float* u, const float* c, int d, double max_excess) {
-  double uc = 0, cc = 0, uu = 0;
-  for (int i = 0; i < d; ++i) {
-    uc += double(u[i]) * c[i];
-    cc += double(c[i]) * c[i];
-    uu += double(u[i]) * u[i];
-  }
+  // Each sum in warp order (kv/warp_sum.hpp): the GPU encoder's butterfly.
+  const double uc = warp_order_sum(d, [&](int i) { return double(u[i]) * c[i]; });
+  const double cc = warp_order_sum(d, [&](int i) { return double(c[i]) * c[i]; });
+  const double uu = warp_order_sum(d, [&](int i) { return double(u[i]) * u[i]; });
   if (!(cc > 0) || !(uc > 0)) return cc > 0 ? std::max(uc, 0.0) / cc : 0.0;
   const double g_ls = uc / cc, e_ls = std::max(uu - uc * g_ls, 0.0) / d;  // per value
   const double g_u = uu / uc;

@@ -51,7 +51,8 @@ inline int nearest_index(const float* thresholds, int n_levels, float x) {
 // gain returned is g_u, capped where it would cost more than `max_excess`
 // (relative) squared error over the row's least-squares gain g* = <u,c>/|c|^2:
 //   e(g) = e* + |c|^2 (g - g*)^2 / d,  so  g = min(g_u, g* + sqrt(max_excess e* d) / |c|).
-// 0 for an all-zero code row.
+// 0 for an all-zero code row. <u,c>, |c|^2 and |u|^2 are each summed in
+// double in warp order (kv/warp_sum.hpp), the order the GPU encoder uses.
 double unbiased_row_gain(const float* u, const float* c, int d, double max_excess);
 // max_excess used by turbo and tcq: 0.2 dB (10^0.02 - 1).
 constexpr double kGainMaxExcess = 0.047128548050899534;

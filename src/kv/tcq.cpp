@@ -126,6 +126,10 @@ TcqDesignResult design_tcq(TcqTrellis t, int n_rows, int row_len, int iterations
 // seed 0x7463712d64657369). Training SQNR: 10.758 dB (N=2), 16.365 dB (N=3);
 // on fresh rows 10.761 / 16.387 dB (Lloyd-Max: 9.300 / 14.616 dB).
 // Regenerate with `kvq codecs --design-tcq`.
+// Both tables tap the oldest window bit (bit 5) in g1 and not in g0, so the
+// two branches into a state use subsets j and j ^ 2 (one family); the GPU
+// encoder's error exchange (kv_codec_hooks.cuh, EncodeHooks<tcq>) relies on it.
+static_assert((0x3b & 0x20) && !(0x0a & 0x20) && (0x3d & 0x20) && !(0x12 & 0x20));
 static TcqTrellis rounded(TcqTrellis t) {
   for (auto& l : t.levels) l = round_to_f16(l);
   return t;

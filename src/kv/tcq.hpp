@@ -34,7 +34,9 @@ struct TcqTrellis {
   int states() const { return 1 << memory; }
 };
 
-// The tabulated trellis for tcq2 / tcq3.
+// The tabulated trellis for tcq2 / tcq3. In both, bit 5 of the window is a
+// tap of g1 and not of g0: subset(w | 32) = subset(w) ^ 2 for w < 32 (the GPU
+// encoder relies on it and traps otherwise).
 const TcqTrellis& tcq_trellis(int bits);
 
 // Viterbi encode of x[n] (unit-variance scale). branch[i] in {0,1}, level[i]

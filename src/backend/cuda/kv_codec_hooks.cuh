@@ -34,15 +34,15 @@
 //       once per CTA before building its fragments (q.k = Rq . Rk) and the
 //       merging CTA un-rotates o once (attention_decode.cu, q_signs/o_signs).
 // turbo2/3/4 (TurboQuant-MSE, kv/blocks/turbo.cpp): y = H (s * x) / sqrt(D)
-//       (the rq8 rotation), n = ||y|| (double, sequential), u = y *
+//       (the rq8 rotation), n = ||y|| (double, warp order), u = y *
 //       float(sqrt(D) / n), code_i = nearest Lloyd-Max centroid index of u_i
 //       (the number of thresholds t with u_i > t). code row: N-bit indices in
 //       bit planes (kv/bitpack.hpp: LSB-first in little-endian 32-bit words,
 //       field i of a b-bit plane at bits [b i, b i + b); N = 2: one 2-bit
 //       plane; N = 4: one 4-bit plane; N = 3: a 2-bit plane of the low bits
 //       (D/4 bytes) then a 1-bit plane of the high bits (D/8 bytes)). side
-//       row: fp16 a = n * g, g = kv::unbiased_row_gain(u, c) (double,
-//       sequential sums), clamped to 65504. Value (rotated basis) =
+//       row: fp16 a = n * g, g = kv::unbiased_row_gain(u, c) (double
+//       sums in warp order), clamped to 65504. Value (rotated basis) =
 //       (a / sqrt(D)) * centroid[code].
 // tcq2/3 (kv/blocks/tcq.cpp, kv/tcq.hpp): the turbo rotation and u; a
 //       32-state (memory 5) Viterbi over the 2^(N+1) union levels (index
@@ -57,7 +57,8 @@
 //       only the rotation differs: isoclinic 4-blocks, rotor 3-blocks, Givens
 //       pairs, kv_rotation.cuh): per group g of 32 rotated values a fp16
 //       scale s_g (from the group RMS, up to two least-squares refinements,
-//       the lowest squared error kept; the codes chosen again against the
+//       the lowest squared error kept; every group sum in double in warp
+//       order over its 32 values; the codes chosen again against the
 //       stored fp16 scale); code row: N-bit Lloyd-Max indices in turbo's
 //       planes; side row: D/32 fp16 scales. Value = s_g * centroid[code].
 // fp8:  code row = D OCP e4m3 bytes (value i at byte i; round to nearest
@@ -66,15 +67,18 @@
 //       basis r = R x - base reconstruction; the code row gets a 1-bit plane
 //       of D sketch bits at GpuKvSide::qjl_code_offset (bit j = 1 when
 //       sum_i S[j][i] r_i >= 0, summed in double in i order), the side row the
-//       fp16 ||r|| at qjl_side_offset. Reconstruction (rotated basis) = base
+//       fp16 ||r|| (|r|^2 in double, warp order) at qjl_side_offset.
+//       Reconstruction (rotated basis) = base
 //       + sqrt(pi/2)/D ||r|| S^T sign (kv/blocks/qjl.cpp).
 //
 // Bit-exactness: every encode below performs the CPU block's float and
 // double operations in the CPU's order, each product and sum rounded on its
 // own (__fmul_rn / __fadd_rn / __dmul_rn / __dadd_rn: nvcc would otherwise
-// contract a * b + c into an FMA, the baseline x86-64 CPU build has none);
-// CPU loops that sum over a row are summed sequentially here too (every lane
-// walks the row through shuffles), so the GPU writes the CPU's bytes.
+// contract a * b + c into an FMA, the baseline x86-64 CPU build has none).
+// Double sums over a row or a 32-value group are defined in "warp order" on
+// both sides (kv::warp_order_sum, src/kv/warp_sum.hpp: per-lane sequential
+// partials over element lane + 32 j, then an xor butterfly over the lanes;
+// enc::warp_row_sum / warp_butterfly here), so the GPU writes the CPU's bytes.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -141,33 +145,72 @@ __device__ __forceinline__ void store_f16(uint8_t* p, float x) {
 }
 __device__ __forceinline__ float load_f16(const uint8_t* p) { return ::kvq::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
 
-// kv::nearest_index (binary search over the ascending thresholds).
-__device__ __forceinline__ int nearest_index(const float* thresholds, int n_levels, float x) {
-  int lo = 0, hi = n_levels - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (x > thresholds[mid]) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-// acc + term(lane 0) + term(lane 1) + ... + term(lane 31), in that order (the
-// CPU's sequential sum over 32 consecutive row elements); uniform result.
-__device__ __forceinline__ double seq_add(double acc, double term) {
-#pragma unroll 8
-  for (int l = 0; l < 32; ++l) acc = __dadd_rn(acc, __shfl_sync(kFullMask, term, l));
-  return acc;
-}
-// seq_add for several independent sums at once (their chains interleave).
-template <int N>
-__device__ __forceinline__ void seq_add_many(double (&acc)[N], const double (&term)[N]) {
-#pragma unroll 4
-  for (int l = 0; l < 32; ++l)
+// A Lloyd-Max codebook of 2^kBits levels held in registers (loaded once per
+// row from GpuKvSide::codebook: the centroids, then the thresholds).
+// index(x) = kv::nearest_index(thresholds, kLevels, x): that binary search
+// returns the first i in [0, kLevels - 1) with !(x > t[i]), else kLevels - 1;
+// the thresholds ascend, so x > t[i] holds for a prefix of i (for every
+// finite x and +-inf; for NaN it never holds), and the answer is the number
+// of thresholds below x: a branch-free count here, with the centroid of the
+// index selected alongside (it moves from c[i] to c[i + 1] exactly when
+// x > t[i]). NaN -> 0, -inf -> 0, +inf -> kLevels - 1, as the CPU.
+template <int kBits>
+struct RegCodebook {
+  static constexpr int kLevels = 1 << kBits;
+  float c[kLevels], t[kLevels - 1];
+  __device__ __forceinline__ explicit RegCodebook(const float* codebook) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = __dadd_rn(acc[i], __shfl_sync(kFullMask, term[i], l));
+    for (int i = 0; i < kLevels; ++i) c[i] = codebook[i];
+#pragma unroll
+    for (int i = 0; i + 1 < kLevels; ++i) t[i] = codebook[kLevels + i];
+  }
+  __device__ __forceinline__ unsigned index(float x, float& centroid) const {
+    unsigned idx = 0;
+    float cv = c[0];
+#pragma unroll
+    for (int i = 0; i + 1 < kLevels; ++i) {
+      const bool above = x > t[i];
+      idx += above ? 1u : 0u;
+      cv = above ? c[i + 1] : cv;
+    }
+    centroid = cv;
+    return idx;
+  }
+};
+
+// ---- Warp-order double sums: kv::warp_order_sum (src/kv/warp_sum.hpp) ----
+// The CPU defines every encoder sum over a row (or a 32-value group) in warp
+// order: element i belongs to lane i % 32, slot i / 32; every lane sums its
+// slots in slot order starting from +0.0; then p[l] = p[l] + p[l ^ k] for
+// k = 16, 8, 4, 2, 1. A row held as load_rotated holds element lane + 32 j in
+// register j of lane `lane`, so lane = i % 32 and j = i / 32: the lane's
+// partial is 0.0 + t[0] + t[1] + ... + t[kNJ - 1] (lane_partial) and the
+// butterfly below is the CPU's step 2 (IEEE addition is commutative, so both
+// lanes of a pair get the same bits and every lane ends with the sum). A
+// 32-value group g of such a row (elements [32 g, 32 g + 32)) is slot g of
+// every lane: its sum is the butterfly of 0.0 + t[g].
+__device__ __forceinline__ double warp_butterfly(double x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = __dadd_rn(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+// N independent butterflies in lockstep (their shuffles and adds interleave).
+template <int N>
+__device__ __forceinline__ void warp_butterfly_many(double (&x)[N]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __dadd_rn(x[i], __shfl_xor_sync(kFullMask, x[i], o));
 }
 __device__ __forceinline__ double sq(float v) { return __dmul_rn(double(v), double(v)); }
+// The warp-order sum of a row: term(j) is this lane's term of element lane + 32 j.
+template <int kNJ, class Term>
+__device__ __forceinline__ double warp_row_sum(Term&& term) {
+  double acc = 0.0;
+#pragma unroll
+  for (int j = 0; j < kNJ; ++j) acc = __dadd_rn(acc, term(j));
+  return warp_butterfly(acc);
+}
 
 __device__ __forceinline__ size_t plane_bytes(int n, int b) { return (size_t(n) * b + 7) / 8 + 3 & ~size_t(3); }
 
@@ -190,16 +233,14 @@ __device__ __forceinline__ void pack_group(unsigned field, uint8_t* plane, int g
 }
 // kv::pack_codes for one group of 32 (N = 1..4; N = 3: 2-bit low plane, then
 // the 1-bit high plane).
-__device__ __forceinline__ void pack_codes_group(unsigned idx, int bits, uint8_t* code, int D, int g, int lane) {
-  switch (bits) {
-    case 1: pack_group<1>(idx, code, g, lane); break;
-    case 2: pack_group<2>(idx, code, g, lane); break;
-    case 3:
-      pack_group<2>(idx & 3u, code, g, lane);
-      pack_group<1>(idx >> 2, code + plane_bytes(D, 2), g, lane);
-      break;
-    case 4: pack_group<4>(idx, code, g, lane); break;
-    default: __trap();
+template <int kBits>
+__device__ __forceinline__ void pack_codes_group(unsigned idx, uint8_t* code, int D, int g, int lane) {
+  static_assert(kBits >= 1 && kBits <= 4, "codes of 1..4 bits");
+  if constexpr (kBits == 3) {
+    pack_group<2>(idx & 3u, code, g, lane);
+    pack_group<1>(idx >> 2, code + plane_bytes(D, 2), g, lane);
+  } else {
+    pack_group<kBits>(idx, code, g, lane);
   }
 }
 __device__ __forceinline__ unsigned plane_get(const uint8_t* plane, int i, int b) {
@@ -218,20 +259,19 @@ __device__ __forceinline__ void load_rotated(const GpuKvSide& s, int head, const
                         [x](int i) { return sanitize_kv(x[i]); }, v);
 }
 
-// kv::unbiased_row_gain(u, c, D, kGainMaxExcess), u and c held as load_rotated.
+// kv::unbiased_row_gain(u, c, D, kGainMaxExcess), u and c held as load_rotated;
+// <u,c>, |c|^2 and |u|^2 in warp order (lane partials, three butterflies in lockstep).
 template <int kNJ>
 __device__ __forceinline__ double unbiased_row_gain(const float (&u)[kNJ], const float (&c)[kNJ]) {
-  double uc = 0, cc = 0, uu = 0;
+  double sums[3] = {0.0, 0.0, 0.0};  // uc, cc, uu
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) {
-    const double tuc = __dmul_rn(double(u[j]), double(c[j])), tcc = sq(c[j]), tuu = sq(u[j]);
-#pragma unroll 4
-    for (int l = 0; l < 32; ++l) {
-      uc = __dadd_rn(uc, __shfl_sync(kFullMask, tuc, l));
-      cc = __dadd_rn(cc, __shfl_sync(kFullMask, tcc, l));
-      uu = __dadd_rn(uu, __shfl_sync(kFullMask, tuu, l));
-    }
+    sums[0] = __dadd_rn(sums[0], __dmul_rn(double(u[j]), double(c[j])));
+    sums[1] = __dadd_rn(sums[1], sq(c[j]));
+    sums[2] = __dadd_rn(sums[2], sq(u[j]));
   }
+  warp_butterfly_many(sums);
+  const double uc = sums[0], cc = sums[1], uu = sums[2];
   const double d = double(32 * kNJ);
   if (!(cc > 0) || !(uc > 0)) return cc > 0 ? __ddiv_rn(uc < 0.0 ? 0.0 : uc, cc) : 0.0;
   const double g_ls = __ddiv_rn(uc, cc);
@@ -245,9 +285,7 @@ __device__ __forceinline__ double unbiased_row_gain(const float (&u)[kNJ], const
 // turbo / tcq: n = ||y|| and y *= float(sqrt(D) / n) (the unit-variance row).
 template <int kNJ>
 __device__ __forceinline__ double to_unit_row(float (&v)[kNJ]) {
-  double nn = 0;
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) nn = seq_add(nn, sq(v[j]));
+  const double nn = warp_row_sum<kNJ>([&](int j) { return sq(v[j]); });  // warp order
   const double n = __dsqrt_rn(nn);
   const float to_unit = n > 0 ? float(__ddiv_rn(__dsqrt_rn(double(32 * kNJ)), n)) : 0.0f;
 #pragma unroll
@@ -282,34 +320,41 @@ __device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
 __device__ __forceinline__ int tcq_subset(uint32_t w, uint32_t g0, uint32_t g1) {
   return 2 * (__popc(w & g1) & 1) + (__popc(w & g0) & 1);
 }
-__device__ __forceinline__ float pick4(const float (&e)[4], int k) {
-  return k == 0 ? e[0] : k == 1 ? e[1] : k == 2 ? e[2] : e[3];
-}
-// kv::tcq_encode's inner search: the first level m of subset j nearest to x,
-// over levels held in registers (j a compile-time index after unrolling).
+// kv::tcq_encode's inner search: the first level m of subset j nearest to x
+// (squared error in float, strict <, m ascending), over levels held in
+// registers (j a compile-time index after unrolling); its error and level.
 template <int kPerSubset>
-__device__ __forceinline__ int tcq_best_level(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
-  float be = __int_as_float(0x7f800000);
+__device__ __forceinline__ int tcq_best_level(const float (&levels)[4 * kPerSubset], int j, float x, float& err,
+                                              float& level) {
+  float be = __int_as_float(0x7f800000), bl = levels[j];
   int bm = 0;
 #pragma unroll
   for (int m = 0; m < kPerSubset; ++m) {
     const float d = __fsub_rn(x, levels[4 * m + j]);
     const float dd = __fmul_rn(d, d);
-    if (dd < be) be = dd, bm = m;
+    if (dd < be) be = dd, bm = m, bl = levels[4 * m + j];
   }
   err = be;
+  level = bl;
   return bm;
 }
-// The same for a subset j known only at run time (the traceback): selects
-// instead of a dynamically indexed register array.
+// The same search for a subset k known only at run time (after the
+// traceback): the candidate levels picked by selects (the same floats, the
+// same order), not a dynamically indexed register array.
 template <int kPerSubset>
-__device__ __forceinline__ int tcq_best_level_at(const float (&levels)[4 * kPerSubset], int j, float x, float& err) {
-  float e[4];
-  int m[4];
+__device__ __forceinline__ int tcq_best_level_at(const float (&levels)[4 * kPerSubset], int k, float x, float& level) {
+  float be = __int_as_float(0x7f800000), bl = 0.0f;
+  int bm = 0;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) m[k] = tcq_best_level<kPerSubset>(levels, k, x, e[k]);
-  err = pick4(e, j);
-  return j == 0 ? m[0] : j == 1 ? m[1] : j == 2 ? m[2] : m[3];
+  for (int m = 0; m < kPerSubset; ++m) {
+    const float lm = k == 0 ? levels[4 * m] : k == 1 ? levels[4 * m + 1] : k == 2 ? levels[4 * m + 2] : levels[4 * m + 3];
+    if (m == 0) bl = lm;
+    const float d = __fsub_rn(x, lm);
+    const float dd = __fmul_rn(d, d);
+    if (dd < be) be = dd, bm = m, bl = lm;
+  }
+  level = bl;
+  return bm;
 }
 
 }  // namespace enc
@@ -395,23 +440,28 @@ struct EncodeHooks<kv::Family::turbo> {
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
+    switch (s.bits) {
+      case 2: encode_bits<kNJ, 2>(s, head, x, code, side, lane); break;
+      case 3: encode_bits<kNJ, 3>(s, head, x, code, side, lane); break;
+      case 4: encode_bits<kNJ, 4>(s, head, x, code, side, lane); break;
+      default: __trap();
+    }
+  }
+  template <int kNJ, int kBits>
+  __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                     int lane) {
     constexpr int D = 32 * kNJ;
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
-    const int levels = 1 << s.bits;
-    const float* centroids = s.codebook;
-    const float* thresholds = s.codebook + levels;
+    const enc::RegCodebook<kBits> cb(s.codebook);
     float c[kNJ];
     unsigned idx[kNJ];
 #pragma unroll
-    for (int j = 0; j < kNJ; ++j) {
-      idx[j] = unsigned(enc::nearest_index(thresholds, levels, v[j]));
-      c[j] = centroids[idx[j]];
-    }
+    for (int j = 0; j < kNJ; ++j) idx[j] = cb.index(v[j], c[j]);
     const double g = enc::unbiased_row_gain<kNJ>(v, c);
 #pragma unroll
-    for (int j = 0; j < kNJ; ++j) enc::pack_codes_group(idx[j], s.bits, code, D, j, lane);
+    for (int j = 0; j < kNJ; ++j) enc::pack_codes_group<kBits>(idx[j], code, D, j, lane);
     if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
@@ -426,13 +476,34 @@ struct EncodeHooks<kv::Family::turbo> {
 
 template <>
 struct EncodeHooks<kv::Family::tcq> {
-  // Viterbi (kv::tcq_encode) with lane = state (32 states, memory 5): per
-  // position every lane forms the 4 subset errors, takes its two
-  // predecessors' costs by shuffle and adds in the CPU's order; the choice
-  // bits of position 32 j + l are a ballot kept by lane l in bp[j]. The
-  // traceback runs on every lane (uniform), lane l recording position 32 j + l.
-  // The union levels are held in registers (kBits: 2 or 3, so 8 or 16) so
-  // that the search of every position reads no memory.
+  // kv::tcq_encode on one warp, lane = state (32 states, memory 5); row
+  // element / position i = 32 j + l is v[j] of lane l (load_rotated). The
+  // union levels (kBits 2 or 3: 8 or 16) are held in registers.
+  //  1. Branch errors, before the trellis (they do not depend on the costs):
+  //     lane l forms E_k = min_m (x_i - levels[4 m + k])^2 of its own values
+  //     for the 4 subsets k. State s's two branches use the subsets
+  //     sub0 = subset(s) and sub1 = subset(s | 32) = sub0 ^ 2 (bit 5 is in g1,
+  //     not in g0: checked), i.e. E_f and E_{f+2} of its family f = sub0 & 1.
+  //     One xor-16 exchange per pair of errors stores them so that one
+  //     shuffle fetches a lane's own family: for position 32 j + 16 h + m,
+  //     lane 16 f + m holds E_f in A[h][j] and E_{f+2} in B[h][j].
+  //  2. Forward: per position two error shuffles (off the cost chain), the
+  //     two predecessors' costs by shuffle, the CPU's float adds, c1 < c0
+  //     (ties keep branch 0); the choice bits of position 32 j + l are a
+  //     ballot kept by lane l in bp[j].
+  //  3. Traceback (state S_i after position i: bit 0 = b_i ... bit 4 =
+  //     b_{i-4}; S_{i-1} = (S_i >> 1) | (bit S_i of bp[i]) << 4, and that bit
+  //     is b_{i-5}). Every lane follows all kNJ chunks of 32 positions at
+  //     once, lane s starting from S_{32 j + 31} = s: it records the chunk's
+  //     branch bits W[j] (bit l = b_{32 j + l}) and the state F[j] = S_{32 j - 1}
+  //     it ends in. The final state (first minimum cost: an xor-butterfly
+  //     argmin, ties to the lower state) then selects, chunk by chunk from
+  //     the last, W[j] and the next chunk's exit state: kNJ dependent shuffles.
+  //  4. Each lane codes its own positions from the branch bits: the window
+  //     w_i = b_i | b_{i-1} << 1 | ... | b_{i-5} << 5 (b_{<0} = 0: the
+  //     survivor path starts in state 0), subset k = subset(w_i), the level
+  //     m_i = the first nearest level of subset k (kv::tcq_encode's best_m),
+  //     the value levels[4 m_i + k] (kv::tcq_decode's).
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
@@ -443,65 +514,113 @@ struct EncodeHooks<kv::Family::tcq> {
   __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                      int lane) {
     constexpr int D = 32 * kNJ;
+    constexpr int kPer = 1 << (kBits - 1);  // levels per subset
+    float L[4 * kPer];
+#pragma unroll
+    for (int i = 0; i < 4 * kPer; ++i) L[i] = s.codebook[i];
+    const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
+    if ((g0 & 32u) != 0u || (g1 & 32u) == 0u) __trap();  // step 1 needs subset(w | 32) = subset(w) ^ 2
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
     const double n = enc::to_unit_row<kNJ>(v);
-    constexpr int per_subset = 1 << (kBits - 1);
-    float L[4 * per_subset];
+
+    // 1. Branch errors. Lanes l < 16 keep E_0 / E_2 of their own position
+    // (h = 0) and take E_0 / E_2 of position l + 16 (h = 1) from lane l ^ 16;
+    // lanes l >= 16 keep E_1 / E_3 of their own (h = 1) and take E_1 / E_3 of
+    // position l - 16 (h = 0) from lane l ^ 16.
+    const bool lo = lane < 16;
+    float A[2][kNJ], B[2][kNJ];
 #pragma unroll
-    for (int i = 0; i < 4 * per_subset; ++i) L[i] = s.codebook[i];
-    const uint32_t g0 = s.tcq_g0, g1 = s.tcq_g1;
-    const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1), sub1 = enc::tcq_subset(uint32_t(lane) | 32u, g0, g1);
+    for (int j = 0; j < kNJ; ++j) {
+      float e[4], level;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) enc::tcq_best_level<kPer>(L, k, v[j], e[k], level);
+      const float ra = __shfl_xor_sync(kFullMask, lo ? e[1] : e[0], 16);
+      const float rb = __shfl_xor_sync(kFullMask, lo ? e[3] : e[2], 16);
+      A[0][j] = lo ? e[0] : ra;
+      A[1][j] = lo ? ra : e[1];
+      B[0][j] = lo ? e[2] : rb;
+      B[1][j] = lo ? rb : e[3];
+    }
+
+    // 2. Forward. State s2 = lane; predecessors p0 = s2 >> 1 (window s2,
+    // subset sub0) and p1 = p0 | 16 (window s2 | 32, subset sub0 ^ 2).
+    const int sub0 = enc::tcq_subset(uint32_t(lane), g0, g1);
+    const int fam_lanes = (sub0 & 1) << 4;  // lanes 16 f .. 16 f + 15 hold family f's errors
+    const bool swap = (sub0 & 2) != 0;      // sub0 = f + 2: c0 takes E_{f+2}, c1 E_f
     const int p0 = lane >> 1, p1 = p0 | 16;
     float cur = lane == 0 ? 0.0f : __int_as_float(0x7f800000);
     uint32_t bp[kNJ];
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) {
       bp[j] = 0;
-      for (int l = 0; l < 32; ++l) {
-        const float xi = __shfl_sync(kFullMask, v[j], l);
-        float err[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) enc::tcq_best_level<per_subset>(L, k, xi, err[k]);
-        const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), enc::pick4(err, sub0));
-        const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), enc::pick4(err, sub1));
-        const bool one = c1 < c0;
-        const uint32_t ball = __ballot_sync(kFullMask, one);
-        if (lane == l) bp[j] = ball;
-        cur = one ? c1 : c0;
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll 4
+        for (int m = 0; m < 16; ++m) {
+          const float ef = __shfl_sync(kFullMask, A[h][j], fam_lanes | m);
+          const float eg = __shfl_sync(kFullMask, B[h][j], fam_lanes | m);
+          const float c0 = __fadd_rn(__shfl_sync(kFullMask, cur, p0), swap ? eg : ef);
+          const float c1 = __fadd_rn(__shfl_sync(kFullMask, cur, p1), swap ? ef : eg);
+          const bool one = c1 < c0;
+          const uint32_t ball = __ballot_sync(kFullMask, one);
+          if (lane == 16 * h + m) bp[j] = ball;
+          cur = one ? c1 : c0;
+        }
       }
     }
-    int st = 0;
-    float best = __shfl_sync(kFullMask, cur, 0);
-    for (int s2 = 1; s2 < 32; ++s2) {
-      const float c = __shfl_sync(kFullMask, cur, s2);
-      if (c < best) best = c, st = s2;
+
+    // 3. Traceback, every chunk from every exit state at once.
+    uint32_t W[kNJ];
+    int F[kNJ];
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) W[j] = 0, F[j] = lane;
+#pragma unroll 4
+    for (int l = 31; l >= 0; --l)
+#pragma unroll
+      for (int j = 0; j < kNJ; ++j) {
+        const uint32_t ball = __shfl_sync(kFullMask, bp[j], l);
+        W[j] |= uint32_t(F[j] & 1) << l;
+        F[j] = (F[j] >> 1) | int((ball >> F[j]) & 1u) << 4;
+      }
+    // The final state: kv::tcq_encode's first minimum (costs are never NaN:
+    // finite levels and rows, and +inf only before every state is reached).
+    float best = cur;
+    int st = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float oc = __shfl_xor_sync(kFullMask, best, o);
+      const int os = __shfl_xor_sync(kFullMask, st, o);
+      if (oc < best || (oc == best && os < st)) best = oc, st = os;
     }
-    unsigned br[kNJ], lv[kNJ];
-    float cval[kNJ];
+    uint32_t Wb[kNJ];  // the branch plane: bit l of word j = b_{32 j + l} (uniform)
 #pragma unroll
     for (int j = kNJ - 1; j >= 0; --j) {
-      br[j] = lv[j] = 0;
-      cval[j] = 0.0f;
-      for (int l = 31; l >= 0; --l) {
-        const uint32_t ball = __shfl_sync(kFullMask, bp[j], l);
-        const int h = int(ball >> st) & 1;
-        if (lane == l) {
-          const int k = enc::tcq_subset(uint32_t(st) | (uint32_t(h) << 5), g0, g1);
-          float e;
-          const int m = enc::tcq_best_level_at<per_subset>(L, k, v[j], e);
-          br[j] = unsigned(st & 1);
-          lv[j] = unsigned(m);
-          cval[j] = s.codebook[4 * m + k];  // tcq_decode's value: the window of position i is (st, h)
-        }
-        st = (st >> 1) | (h << 4);
-      }
+      Wb[j] = __shfl_sync(kFullMask, W[j], st);
+      if (j > 0) st = __shfl_sync(kFullMask, F[j], st);
+    }
+
+    // 4. Levels and values of this lane's positions i = 32 j + lane: window
+    // bit t = b_{i-t} is bit 32 + lane - t of Wb[j]:Wb[j-1], i.e. bit
+    // 31 - lane + t of its bit reversal.
+    // The levels again from memory (L is dead through steps 2-3: fewer registers).
+#pragma unroll
+    for (int i = 0; i < 4 * kPer; ++i) L[i] = s.codebook[i];
+    unsigned lv[kNJ];
+    float cval[kNJ];
+    uint32_t prev = 0;  // Wb[j - 1]; 0 before the row
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      const uint64_t both = (uint64_t(Wb[j]) << 32) | prev;
+      const uint32_t w = uint32_t(__brevll(both) >> (31 - lane)) & 63u;
+      lv[j] = unsigned(enc::tcq_best_level_at<kPer>(L, enc::tcq_subset(w, g0, g1), v[j], cval[j]));
+      prev = Wb[j];
     }
     const double g = enc::unbiased_row_gain<kNJ>(v, cval);
     uint8_t* level_plane = code + enc::plane_bytes(D, 1);
 #pragma unroll
     for (int j = 0; j < kNJ; ++j) {
-      enc::pack_group<1>(br[j], code, j, lane);
+      if (lane == j) reinterpret_cast<uint32_t*>(code)[j] = Wb[j];  // kv::pack_plane's word j of the branch plane
       enc::pack_group<kBits - 1>(lv[j], level_plane, j, lane);
     }
     if (lane == 0) enc::store_f16(side, float(__dmul_rn(n, g)));
@@ -522,27 +641,36 @@ struct EncodeHooks<kv::Family::tcq> {
 // iso / rotor / planar: the grouped format (one implementation; the rotation
 // comes from rotation_kind(family)). D a multiple of 32, at most 256.
 struct GroupedEncode {
-  // kv GroupedBlock::fit's code for the value y of this lane at scale sc.
-  __device__ static unsigned code_of(const GpuKvSide& s, float y, float sc) {
-    const int levels = 1 << s.bits;
+  // kv GroupedBlock::fit's code (and its centroid c) for the value y of this lane at scale sc.
+  template <int kBits>
+  __device__ static unsigned code_of(const enc::RegCodebook<kBits>& cb, float y, float sc, float& c) {
     const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
-    return unsigned(enc::nearest_index(s.codebook + levels, levels, __fmul_rn(y, inv)));
+    return cb.index(__fmul_rn(y, inv), c);
   }
-  // The groups' scale searches run in lockstep: every sum is still the CPU's
-  // sequential sum over its group's 32 elements, but the kNJ groups' chains
-  // (and err, yc, cc of one fit) interleave instead of running one after the
-  // other, which cuts the latency of this one-warp-per-row encode (it sits on
-  // the decode step's critical path) by about kNJ.
+  // The groups' scale searches run in lockstep: every sum is the warp-order
+  // sum over its group's 32 elements (group g is slot g of every lane: the
+  // butterfly of 0.0 + term, as kv GroupedBlock's warp_order_sum with one
+  // term per lane), and the kNJ groups' butterflies (and err, yc, cc of one
+  // fit) interleave, which keeps the latency of this one-warp-per-row encode
+  // (it sits on the decode step's critical path) at one group's.
   template <int kNJ>
   __device__ static void encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
                                   int lane) {
+    if (s.bits == 3) encode_bits<kNJ, 3>(s, head, x, code, side, lane);
+    else if (s.bits == 4) encode_bits<kNJ, 4>(s, head, x, code, side, lane);
+    else __trap();  // the grouped blocks are iso3/4, rotor3/4, planar3/4
+  }
+  template <int kNJ, int kBits>
+  __device__ static void encode_bits(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side,
+                                     int lane) {
     constexpr int D = 32 * kNJ;
     float v[kNJ];
     enc::load_rotated<kNJ>(s, head, x, lane, v);
-    double e[kNJ], t[kNJ];
+    double e[kNJ];
 #pragma unroll
-    for (int g = 0; g < kNJ; ++g) e[g] = 0.0, t[g] = enc::sq(v[g]);
-    enc::seq_add_many(e, t);
+    for (int g = 0; g < kNJ; ++g) e[g] = __dadd_rn(0.0, enc::sq(v[g]));
+    enc::warp_butterfly_many(e);
+    const enc::RegCodebook<kBits> cb(s.codebook);
     // Per group (kv GroupedBlock::encode): s starts at the group RMS, then up
     // to two least-squares steps s = <y,c>/<c,c>, keeping the best; a group
     // stops at cc <= 0; an all-zero group stores 0.
@@ -557,17 +685,18 @@ struct GroupedEncode {
       sc[g] = active[g] ? float(__dsqrt_rn(__ddiv_rn(e[g], 32.0))) : 0.0f;
     }
     for (int step = 0; step < 3; ++step) {
-      double sums[3 * kNJ], terms[3 * kNJ];  // err, yc, cc of every group
+      double sums[3 * kNJ];  // err, yc, cc of every group: this lane's partial (0.0 + its one term), then the butterfly
 #pragma unroll
       for (int g = 0; g < kNJ; ++g) {
-        const double c = double(s.codebook[code_of(s, v[g], sc[g])]);
+        float cf;
+        code_of(cb, v[g], sc[g], cf);
+        const double c = double(cf);
         const double d = __dsub_rn(double(v[g]), __dmul_rn(double(sc[g]), c));
-        terms[3 * g] = __dmul_rn(d, d);
-        terms[3 * g + 1] = __dmul_rn(double(v[g]), c);
-        terms[3 * g + 2] = __dmul_rn(c, c);
-        sums[3 * g] = sums[3 * g + 1] = sums[3 * g + 2] = 0.0;
+        sums[3 * g] = __dadd_rn(0.0, __dmul_rn(d, d));
+        sums[3 * g + 1] = __dadd_rn(0.0, __dmul_rn(double(v[g]), c));
+        sums[3 * g + 2] = __dadd_rn(0.0, __dmul_rn(c, c));
       }
-      enc::seq_add_many(sums, terms);
+      enc::warp_butterfly_many(sums);
 #pragma unroll
       for (int g = 0; g < kNJ; ++g) {
         if (!active[g]) continue;
@@ -581,7 +710,8 @@ struct GroupedEncode {
     for (int g = 0; g < kNJ; ++g) {
       if (lane == 0) enc::store_f16(side + 2 * g, best_s[g]);
       const float stored = ::kvq::f16_to_f32(enc::f16_clamped(best_s[g]));  // codes against the stored scale
-      enc::pack_codes_group(code_of(s, v[g], stored), s.bits, code, D, g, lane);
+      float cf;
+      enc::pack_codes_group<kBits>(code_of(cb, v[g], stored, cf), code, D, g, lane);
     }
   }
   __device__ static void encode_row(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,
@@ -652,9 +782,7 @@ __device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8
   enc::load_rotated<kNJ>(s, head, x, lane, r);
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) r[j] = __fsub_rn(r[j], decode_value_any(s, code, side, D, lane + 32 * j));
-  double rn = 0;
-#pragma unroll
-  for (int j = 0; j < kNJ; ++j) rn = enc::seq_add(rn, enc::sq(r[j]));
+  const double rn = enc::warp_row_sum<kNJ>([&](int j) { return enc::sq(r[j]); });  // warp order, as QjlBlock
   const float* S = s.qjl + size_t(head) * D * D;
   double p[kNJ];
 #pragma unroll

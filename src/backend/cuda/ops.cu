@@ -220,7 +220,10 @@ __global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, i
 // NEOX pairs (i, i + D/2): lane holds dims lane + 32 j; adjacent pairs
 // (2i, 2i+1): lane holds dims lane * kPer + j. Same arithmetic as the
 // separate rms_norm / rope kernels (sum of squares and angles in double).
-template <int kPer>
+// kGeneric: the instance that can encode any family (encode_row_any); the
+// lean one (false) serves only bf16 stores (both sides bf16) and no store,
+// without the encoders' registers and stack.
+template <int kPer, bool kGeneric>
 __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                      int nh, int nkv, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
@@ -253,18 +256,22 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
 #pragma unroll
       for (int j = 0; j < kPer; ++j) x[j] = x[j] * inv * w[dim[j]];
     }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      // j indexes the pair's first member: NEOX j < kPer/2 pairs with j + kPer/2, adjacent even j with j + 1.
-      const bool first = neox ? j < kPer / 2 : (j % 2) == 0;
-      if (!first) continue;
-      const int partner = neox ? j + kPer / 2 : j + 1;
-      const int i = neox ? dim[j] : dim[j] / 2;
+    // Pair (j, partner), frequency i. The two layouts get their own unrolled
+    // loops so that j and partner are compile-time: x stays in registers
+    // (a partner chosen at run time put x in local memory).
+    const auto rotate_pair = [&](const int j, const int partner, const int i) {
       const double a = double(pos) * pos_scale * double(inv_freq[i]);
       const float c = float(cos(a)), s = float(sin(a));
       const float x0 = x[j], x1 = x[partner];
       x[j] = x0 * c - x1 * s;
       x[partner] = x0 * s + x1 * c;
+    };
+    if (neox) {  // j < kPer/2 pairs with j + kPer/2
+#pragma unroll
+      for (int j = 0; j < kPer / 2; ++j) rotate_pair(j, j + kPer / 2, dim[j]);
+    } else {  // even j pairs with j + 1
+#pragma unroll
+      for (int j = 0; j < kPer; j += 2) rotate_pair(j, j + 1, dim[j] / 2);
     }
     float* dst = is_q ? q + size_t(head) * D : k + size_t(head) * D;
 #pragma unroll
@@ -273,11 +280,11 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
   if (!is_q && kv.k.code) {
     const GpuKvSide& side = is_k ? kv.k : kv.v;
     uint8_t* code = side.code + side.code_offset(head, pos, kv.max_tokens);
-    if (side.family == kv::Family::bf16) {  // straight from the registers
+    if (!kGeneric || side.family == kv::Family::bf16) {  // straight from the registers
       uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) cache[dim[j]] = ::kvq::f32_to_bf16(sanitize_kv(x[j]));  // as the CPU `none` block
-    } else {
+    } else if constexpr (kGeneric) {
       // The row is complete in global memory (k: written above; v: the
       // input) once every lane's stores are visible to the warp.
       __syncwarp();
@@ -420,19 +427,18 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
             "qk_rope_store: no encode hooks for this store");
   const int warps = n_heads + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
+  // No store, or plain bf16 on both sides (the kernel writes bf16 straight
+  // from its registers): the lean instance.
+  const bool lean = !kv.k.code || (kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 &&
+                                   !kv.k.has_qjl && !kv.v.has_qjl);
+  const auto launch = [&](auto kernel) {
+    launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos,
+                     pos_dev, inv_freq, neox, pos_scale, kv);
+  };
   switch (head_dim) {
-    case 64:
-      launch_dependent(qk_rope_store_kernel<2>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
-                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
-      break;
-    case 128:
-      launch_dependent(qk_rope_store_kernel<4>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
-                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
-      break;
-    default:
-      launch_dependent(qk_rope_store_kernel<8>, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
-                       q_norm, k_norm, eps, pos, pos_dev, inv_freq, neox, pos_scale, kv);
-      break;
+    case 64: lean ? launch(qk_rope_store_kernel<2, false>) : launch(qk_rope_store_kernel<2, true>); break;
+    case 128: lean ? launch(qk_rope_store_kernel<4, false>) : launch(qk_rope_store_kernel<4, true>); break;
+    default: lean ? launch(qk_rope_store_kernel<8, false>) : launch(qk_rope_store_kernel<8, true>); break;
   }
   KVQ_CUDA_CHECK_LAUNCH();
 }

@@ -8,6 +8,9 @@
 // (s = <y, c> / <c, c> over the chosen centroids c), keeping the best; it is
 // rounded to fp16 and the codes are chosen again against the stored scale.
 // Decode: y_i = s_g * centroid[code_i]. An all-zero group stores s_g = 0.
+// Every double sum over a group (its energy; the fit's squared error, <y, c>
+// and <c, c>) is in warp order (kv/warp_sum.hpp: term i of the group is lane
+// i's, the 32 lanes combined by an xor butterfly), the GPU encoder's order.
 //
 // Layout per row:
 //   code: N-bit indices as for turbo (N=3: 2-bit low plane, then 1-bit high
@@ -21,6 +24,7 @@
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
 #include "kv/codebook.hpp"
+#include "kv/warp_sum.hpp"
 
 namespace kvq::kv {
 namespace {
@@ -36,8 +40,7 @@ class GroupedBlock final : public RotatedBlock {
     uint8_t idx[kMaxHeadDim];
     for (int g0 = 0, g = 0; g0 < dim_; g0 += kScaleGroup, ++g) {
       const int g1 = std::min(dim_, g0 + kScaleGroup);
-      double e = 0;
-      for (int i = g0; i < g1; ++i) e += double(y[i]) * y[i];
+      const double e = warp_order_sum(g1 - g0, [&](int i) { return double(y[g0 + i]) * y[g0 + i]; });
       float best_s = 0;
       if (e > 0) {
         float s = float(std::sqrt(e / (g1 - g0)));
@@ -71,20 +74,23 @@ class GroupedBlock final : public RotatedBlock {
 
  private:
   // Codes of y[g0, g1) at scale s; returns the squared error; yc = <y, c>, cc = <c, c>.
+  // The three sums run over the group's (at most 32) terms in warp order
+  // (kv/warp_sum.hpp): term i of the group is lane i's, then the butterfly.
   double fit(const float* y, int g0, int g1, float s, uint8_t* idx, double& yc, double& cc) const {
     const int levels = 1 << spec_.bits;
     const float inv = s > 0 ? 1.0f / s : 0.0f;
-    double err = 0;
-    yc = cc = 0;
+    double t_err[kScaleGroup], t_yc[kScaleGroup], t_cc[kScaleGroup];
     for (int i = g0; i < g1; ++i) {
       idx[i] = uint8_t(nearest_index(cb_.thresholds_f.data(), levels, y[i] * inv));
       const double c = cb_.centroids_f[idx[i]];
       const double d = y[i] - s * c;
-      err += d * d;
-      yc += y[i] * c;
-      cc += c * c;
+      t_err[i - g0] = d * d;
+      t_yc[i - g0] = y[i] * c;
+      t_cc[i - g0] = c * c;
     }
-    return err;
+    yc = warp_order_sum(t_yc, g1 - g0);
+    cc = warp_order_sum(t_cc, g1 - g0);
+    return warp_order_sum(t_err, g1 - g0);
   }
   const LloydMax& cb_;
 };

@@ -12,7 +12,8 @@
 // Layout per row (appended to the base block's row):
 //   code: the base code bytes, then a 1-bit plane of m = D sign bits (bit i = 1
 //         when (S r)_i >= 0), LSB-first in little-endian 32-bit words (D/8 bytes).
-//   side: the base side bytes, then the fp16 residual norm ||r|| (2 bytes).
+//   side: the base side bytes, then the fp16 residual norm ||r|| (2 bytes;
+//         |r|^2 summed in double in warp order, kv/warp_sum.hpp, as the GPU).
 // Adds 1 + 16/D bits per value (1.125 at D = 128, 1.25 at D = 64).
 // decode_rotated() returns y_hat + sqrt(pi/2)/m ||r|| S^T sign(S r): exactly the
 // vector whose dot product with q_rot the estimator computes.
@@ -22,6 +23,7 @@
 #include "core/rng.hpp"
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
+#include "kv/warp_sum.hpp"
 
 namespace kvq::kv {
 namespace {
@@ -47,11 +49,8 @@ class QjlBlock final : public Block {
     for (int i = 0; i < dim_; ++i) xs[i] = sanitize_value(x[i]);
     base_->rotate(xs, xr);
     base_->decode_rotated(code, side, yh);
-    double rn = 0;
-    for (int i = 0; i < dim_; ++i) {
-      xr[i] -= yh[i];
-      rn += double(xr[i]) * xr[i];
-    }
+    for (int i = 0; i < dim_; ++i) xr[i] -= yh[i];
+    const double rn = warp_order_sum(dim_, [&](int i) { return double(xr[i]) * xr[i]; });  // kv/warp_sum.hpp
     uint8_t bits[kMaxHeadDim];
     for (int j = 0; j < m_; ++j) {
       const float* s = &proj_[size_t(j) * dim_];

@@ -1,5 +1,6 @@
 // Blocks tcq2 / tcq3: trellis-coded quantization (kv/tcq.hpp) of the same
-// rotated unit-row coordinates as turbo: n = ||x||, y = H(s * x)/sqrt(D),
+// rotated unit-row coordinates as turbo: n = ||x|| (double, warp order as
+// turbo: kv/warp_sum.hpp), y = H(s * x)/sqrt(D),
 // the trellis codes u = sqrt(D) * y / n (~N(0,1)) as levels c; the stored
 // scale is a = n * g with g = unbiased_row_gain(u, c) (kv/codebook.hpp, as
 // turbo: the reconstruction's projection on the row is the row, capped at
@@ -22,6 +23,7 @@
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
 #include "kv/codebook.hpp"
+#include "kv/warp_sum.hpp"
 #include "kv/tcq.hpp"
 
 namespace kvq::kv {
@@ -35,8 +37,7 @@ class TcqBlock final : public RotatedBlock {
   void encode(const float* x, uint8_t* code, uint8_t* side) const override {
     float y[kMaxHeadDim];
     sanitized_rotate(x, y);
-    double nn = 0;
-    for (int i = 0; i < dim_; ++i) nn += double(y[i]) * y[i];
+    const double nn = warp_order_sum(dim_, [&](int i) { return double(y[i]) * y[i]; });  // kv/warp_sum.hpp
     const double n = std::sqrt(nn);
     const float to_unit = n > 0 ? float(std::sqrt(double(dim_)) / n) : 0.0f;
     for (int i = 0; i < dim_; ++i) y[i] *= to_unit;

@@ -1,6 +1,7 @@
 // Blocks turbo2 / turbo3 / turbo4 (TurboQuant-MSE).
 //
-// Encode: n = ||x||; y = H(s * x)/sqrt(D) (random-sign normalised
+// Encode: n = ||x|| (the sum of squares in double, in warp order:
+// kv/warp_sum.hpp, the GPU encoder's order); y = H(s * x)/sqrt(D) (random-sign normalised
 // Walsh-Hadamard, so every coordinate of u = sqrt(D) y / n is ~N(0, 1));
 // code_i = the nearest centroid c_i of
 // the N-bit Lloyd-Max codebook for N(0,1) to u_i; stored scale
@@ -23,6 +24,7 @@
 #include "kv/bitpack.hpp"
 #include "kv/blocks/rotated_block.hpp"
 #include "kv/codebook.hpp"
+#include "kv/warp_sum.hpp"
 
 namespace kvq::kv {
 namespace {
@@ -35,8 +37,7 @@ class TurboBlock final : public RotatedBlock {
   void encode(const float* x, uint8_t* code, uint8_t* side) const override {
     float y[kMaxHeadDim];
     sanitized_rotate(x, y);  // rotating first is the same as normalising first: R is orthogonal
-    double nn = 0;
-    for (int i = 0; i < dim_; ++i) nn += double(y[i]) * y[i];
+    const double nn = warp_order_sum(dim_, [&](int i) { return double(y[i]) * y[i]; });  // kv/warp_sum.hpp
     const double n = std::sqrt(nn);
     const float to_unit = n > 0 ? float(std::sqrt(double(dim_)) / n) : 0.0f;
     uint8_t idx[kMaxHeadDim];
