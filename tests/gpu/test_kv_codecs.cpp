@@ -207,6 +207,40 @@ TEST_P(CudaKvStore, FusedRopeStoreEqualsWriteKv) {
   }
 }
 
+// fp8 encodes with the hardware conversion (cvt.rn.satfinite.e4m3): every
+// rounding boundary of e4m3 (each midpoint between neighbouring magnitudes,
+// exact, and the floats just beside it), subnormals, +-0 and values past 448
+// get the CPU block's bytes.
+TEST(CudaKvStoreFp8, RoundingBoundariesMatchCpu) {
+  KVQ_SKIP_WITHOUT_GPU();
+  auto magnitude = [](int m) {  // e4m3 magnitude code m (0x00..0x7e)
+    const int e = (m >> 3) & 15, f = m & 7;
+    return e == 0 ? std::ldexp(float(f), -9) : std::ldexp(1.0f + float(f) / 8.0f, e - 7);
+  };
+  std::vector<float> values = {0.0f, -0.0f, 448.0f, 449.0f, 464.0f, 480.0f, 1e6f, 65504.0f, 1e-30f, -1e-30f};
+  for (int m = 0; m < 0x7e; ++m) {
+    const float mid = 0.5f * (magnitude(m) + magnitude(m + 1));  // exact in fp32
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), magnitude(m)}) {
+      values.push_back(x);
+      values.push_back(-x);
+    }
+  }
+  const int D = 128, n_kv = 1;
+  const int n = int((values.size() + D - 1) / D);
+  values.resize(size_t(n) * D, 0.0f);
+  const kv::CacheShape shape{1, n_kv, D, n};
+  auto cache = cuda::make_cuda_kv_store_for_test(codec("fp8"), shape);
+  const auto desc = kv::describe_codec(kv::resolve_codec(codec("fp8")), D);
+  cuda::DeviceBuffer<float> dx(values.size());
+  dx.upload(values);
+  cache->layer(0).write(0, n, dx.data(), dx.data());
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const CpuSide want = cpu_encode(desc.k, kv::Side::k, values, 0, n, n_kv, D, n, 0);
+  expect_side_equal(want, store_of(*cache, 0).k, size_t(n), "fp8 boundaries K");
+  expect_side_equal(cpu_encode(desc.v, kv::Side::v, values, 0, n, n_kv, D, n, 0), store_of(*cache, 0).v, size_t(n),
+                    "fp8 boundaries V");
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, CudaKvStore,
                          ::testing::Values(StoreCase{"none", 2, 128}, StoreCase{"k8v8", 2, 128},
                                            StoreCase{"k8v8", 3, 64}, StoreCase{"none", 1, 256},
