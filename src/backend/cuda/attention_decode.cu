@@ -66,6 +66,8 @@
 // wait for the predecessor and loaded right after the q loads of the
 // prologue. Register use (-Xptxas -v, sm_90): D = 64 148, D = 128 242,
 // D = 256 250, no spills: 2 CTAs (8 warps) per SM for D >= 128, 3 for D = 64.
+// The keys-major instances are bounded to 3 CTAs (12 warps) per SM: <= 168
+// registers, no spills (4 CTAs at 128 registers spill and ran slower).
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
@@ -865,8 +867,9 @@ Variant variant_of(int index, int G) {
 
 // Opt in to the most dynamic shared memory any G needs (G = 16, D = 256:
 // ~74 KB), once per kernel; then resident CTAs per SM for (instance, G),
-// queried once (with the largest split count's shared memory, which the launch
-// never exceeds).
+// queried once with the largest shared memory a launch may take (the largest
+// split count, the rotated row buffer), so the split count never asks for
+// more CTAs than fit in one wave.
 int resident_ctas(int index, int G) {
   struct Occupancy {
     std::atomic<bool> prepared[2] = {};
@@ -884,7 +887,7 @@ int resident_ctas(int index, int G) {
   int n = c.ctas[G].load(std::memory_order_relaxed);
   if (n == 0) {
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, v.fn, kThreads,
-                                                                 smem_bytes(D, G, kMaxDecodeSplits, false, v.extra_bytes, v.keys_major)));
+                                                                 smem_bytes(D, G, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major)));
     n = std::max(n, 1);
     c.ctas[G].store(n, std::memory_order_relaxed);
   }

@@ -7,6 +7,10 @@
 //                       into registers, and S = Q K^T of one tile.
 //   VDecodeHooks<F, D>: the V side: load a 16-key tile, o += P V, and where
 //                       each accumulator lands in the output row.
+// bf16 and q8 sides load their tiles straight into registers (kStaged =
+// false); the low-bit sides are staged (rows copied into a per-warp ring in
+// shared memory by cp.async, decoded from there) and also serve the
+// keys-major form of the kernel (bind_km / scores_km / accumulate_km).
 // Fragment conventions (lane = 4 g + t, mma m16n8k16): attention_decode.cu.
 // Bit layouts: kv_codec_hooks.cuh (the encode side) and src/kv/blocks/.
 #pragma once
