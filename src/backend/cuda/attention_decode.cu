@@ -168,6 +168,22 @@ struct InstanceHooks {
   static constexpr int kExtraBytes = kLutBytes + kRingBytes;
 };
 
+// fp16 q parts: the exponent e of the power of two that brings the CTA's
+// largest |q| * |q_scale| into [2^13, 2^14), so that no part is subnormal and
+// none overflows (frexpf gives a = f 2^x, f in [0.5, 1)); amax: this thread's
+// largest |q|. Block-wide (two barriers); warp_m is scratch until the merge.
+__device__ __forceinline__ int q_prescale_exponent(float amax, float q_scale, float* warp_m, int lane, int warp) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) warp_m[warp] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_m[0], warp_m[1]), fmaxf(warp_m[2], warp_m[3])) * fabsf(q_scale);
+  __syncthreads();
+  int x = 0;
+  frexpf(amax, &x);
+  return amax > 0.0f && isfinite(amax) ? 14 - x : 0;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -364,15 +380,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       const float4 v = *reinterpret_cast<const float4*>(q_group + size_t(e / (kQDims / 4)) * q_stride + 4 * (e % (kQDims / 4)));
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_m[warp] = amax;
-    __syncthreads();
-    amax = fmaxf(fmaxf(warp_m[0], warp_m[1]), fmaxf(warp_m[2], warp_m[3])) * fabsf(p.q_scale);
-    __syncthreads();
-    int x = 0;
-    frexpf(amax, &x);
-    const int e = amax > 0.0f && isfinite(amax) ? 14 - x : 0;
+    const int e = q_prescale_exponent(amax, p.q_scale, warp_m, lane, warp);
     const float factor = ldexpf(p.q_scale, e);
     score_factor = ldexpf(1.0f, -e);
 #pragma unroll
@@ -418,16 +426,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           amax = fmaxf(amax, fmaxf(fmaxf(fabsf(qv[n][r].x), fabsf(qv[n][r].y)), fmaxf(fabsf(qv[n][r].z), fabsf(qv[n][r].w))));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) warp_m[warp] = amax;  // warp_m is free until the merge
-      __syncthreads();
-      amax = fmaxf(fmaxf(warp_m[0], warp_m[1]), fmaxf(warp_m[2], warp_m[3])) * fabsf(p.q_scale);
-      __syncthreads();
-      // 2^e with amax * 2^e in [2^13, 2^14): frexpf gives amax = f 2^x, f in [0.5, 1).
-      int x = 0;
-      frexpf(amax, &x);
-      const int e = amax > 0.0f && isfinite(amax) ? 14 - x : 0;
+      const int e = q_prescale_exponent(amax, p.q_scale, warp_m, lane, warp);
       factor = ldexpf(p.q_scale, e);
       score_factor = ldexpf(1.0f, -e);
     }
