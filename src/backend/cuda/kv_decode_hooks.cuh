@@ -424,7 +424,8 @@ __host__ __device__ constexpr int slot_bytes(int row_bytes) {
 }
 
 // Rows row0 .. row0 + 15 of `base` (row_bytes each) into `slot`; rows from
-// n_valid on are zero. Returns nothing: slot_rows() finds them again.
+// n_valid on are zero (zero-fill copies, which name the tile's first row:
+// rows past the context may lie past the store). slot_rows() finds them again.
 __device__ __forceinline__ void stage_rows(unsigned char* slot, const uint8_t* base, int row_bytes, size_t row0,
                                            int n_valid, int lane) {
   const uint32_t dst = ptx::smem_u32(slot);
@@ -433,7 +434,7 @@ __device__ __forceinline__ void stage_rows(unsigned char* slot, const uint8_t* b
     const uint8_t* src = base + row0 * row_bytes;
     for (int i = lane; i < 16 * per_row; i += 32) {
       const int r = i / per_row, j = i - r * per_row;
-      ptx::cp_async_16(dst + r * stride + 16 * j, src + 16 * i, r < n_valid ? 16 : 0);
+      ptx::cp_async_16(dst + r * stride + 16 * j, r < n_valid ? src + 16 * i : src, r < n_valid ? 16 : 0);
     }
   } else {
     const uintptr_t start = reinterpret_cast<uintptr_t>(base + row0 * row_bytes);
@@ -461,7 +462,7 @@ __device__ __forceinline__ void stage_rows_fixed(unsigned char* slot, const uint
       const int i = i0 + lane;
       if (kN % 32 == 0 || i < kN) {
         const int r = i / kPerRow, j = i - r * kPerRow;
-        ptx::cp_async_16(dst + r * kStride + 16 * j, src + 16 * i, r < n_valid ? 16 : 0);
+        ptx::cp_async_16(dst + r * kStride + 16 * j, r < n_valid ? src + 16 * i : src, r < n_valid ? 16 : 0);
       }
     }
   } else {
