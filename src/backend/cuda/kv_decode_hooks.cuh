@@ -664,9 +664,11 @@ struct Q8Format {
   }
 };
 
-// The four keys' scales a lane needs (slot i = key 8 (i >> 1) + 2t + (i & 1)
-// of the tile, as the C fragment's columns): none, one fp16 per row (turbo,
-// tcq: the stored a = n * g, times 1 / sqrt(D)), or D/32 fp16 group scales.
+// The keys' scales a lane needs: none, one fp16 per row (turbo, tcq: the
+// stored a = n * g, times 1 / sqrt(D)), or D/32 fp16 group scales. Slots:
+// head-major form, slot i = key 8 (i >> 1) + 2t + (i & 1) of the tile (the C
+// fragment's columns; V: 2t + (i & 1) + 8 (i >> 1)); keys-major form, slots
+// 0 and 1 = keys g and g + 8 (the rows of S^T).
 template <Scale S, int D>
 struct Scales {
   static constexpr int kRowBytes = S == Scale::none ? 0 : S == Scale::row ? 2 : D / 16;
