@@ -728,6 +728,38 @@ struct Staged {
   }
 };
 
+// What the K and V hooks of a staged format share: the per-lane context and
+// pair table of the format, and a tile = the slot's rows plus the scales of
+// the keys the lane needs.
+template <class Fmt, Scale S, int D, int kCodeBytes, int kSideBytes>
+struct StagedSide : Staged<kCodeBytes, kSideBytes> {
+  static constexpr int kLutEntries = Fmt::kLutEntries;
+  using Ctx = typename Fmt::Ctx;
+  struct Tile {
+    StagedTile rows;
+    Scales<S, D> sc;
+  };
+  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
+    if constexpr (kLutEntries > 0)
+      for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+  }
+  __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
+  // The tile staged in `slot` (rows row0 .. row0 + 15 of the store), the
+  // scales of tile keys key_of(0) .. key_of(kKeys - 1) in slots 0 .. kKeys - 1.
+  template <int kKeys, class KeyOf>
+  __device__ static void bind_keys(const GpuKvSide& s, size_t row0, const unsigned char* slot, Tile& x, KeyOf key_of) {
+    x.rows = Staged<kCodeBytes, kSideBytes>::rows_of(s, row0, slot);
+    if constexpr (S != Scale::none) {
+#pragma unroll
+      for (int i = 0; i < kKeys; ++i) x.sc.template load<kSideBytes>(i, x.rows.side.row(key_of(i)));
+    }
+  }
+  // Keys-major form, both sides: slots 0 and 1 = keys g and g + 8 (the rows of S^T).
+  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& x) {
+    bind_keys<2>(s, row0, slot, x, [g](int i) { return g + 8 * i; });
+  }
+};
+
 }  // namespace lowbit
 
 // K side of a low-bit format: q in two fp16 parts (pre-scaled, as q8), one
@@ -735,30 +767,17 @@ struct Staged {
 // kCodeBytes / kSideBytes: the longest rows this side may have (+qjl's).
 template <class Fmt, lowbit::Scale S, int D, int kCodeBytes = Fmt::kRowBytes,
           int kSideBytes = lowbit::Scales<S, D>::kRowBytes>
-struct KDecodeLowBit : lowbit::Staged<kCodeBytes, kSideBytes> {
-  using Base = lowbit::Staged<kCodeBytes, kSideBytes>;
-  static constexpr int kLutEntries = Fmt::kLutEntries;
+struct KDecodeLowBit : lowbit::StagedSide<Fmt, S, D, kCodeBytes, kSideBytes> {
+  using Side = lowbit::StagedSide<Fmt, S, D, kCodeBytes, kSideBytes>;
+  using Ctx = typename Side::Ctx;
+  using Tile = typename Side::Tile;
   static constexpr int kQParts = 2;
   static constexpr bool kF16 = true;
   static constexpr bool kPrescale = true;
   static constexpr int kGroups = D / 32;
-  using Ctx = typename Fmt::Ctx;
-  struct Tile {
-    lowbit::StagedTile rows;
-    lowbit::Scales<S, D> sc;
-  };
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    if constexpr (kLutEntries > 0)
-      for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
-  }
-  __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
-  // The tile staged in `slot` (rows row0 .. row0 + 15 of the store).
+  // The tile staged in `slot`; scale slot i = key 8 (i >> 1) + 2t + (i & 1).
   __device__ static void bind(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, int t, Tile& k) {
-    k.rows = Base::rows_of(s, row0, slot);
-    if constexpr (S != lowbit::Scale::none) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) k.sc.template load<kSideBytes>(i, k.rows.side.row(8 * (i >> 1) + 2 * t + (i & 1)));
-    }
+    Side::template bind_keys<4>(s, row0, slot, k, [t](int i) { return 8 * (i >> 1) + 2 * t + (i & 1); });
   }
   // Two accumulator sets (even / odd k-steps) halve the dependent mma chain.
   __device__ static void scores(const uint4* q_frag, const Tile& k, int lane, float (&s)[2][4], const Ctx& ctx) {
@@ -809,14 +828,7 @@ struct KDecodeLowBit : lowbit::Staged<kCodeBytes, kSideBytes> {
   // ---- keys-major (attention_decode.cu): S^T = K Q^T with the tile's keys
   // as the 16 rows of A (lane g: keys g, g + 8; the same 8 dims per group as
   // above) and the group's query heads as the 8 columns of B; scale slots 0
-  // and 1 are keys g and g + 8.
-  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& k) {
-    k.rows = Base::rows_of(s, row0, slot);
-    if constexpr (S != lowbit::Scale::none) {
-      k.sc.template load<kSideBytes>(0, k.rows.side.row(g));
-      k.sc.template load<kSideBytes>(1, k.rows.side.row(g + 8));
-    }
-  }
+  // and 1 are keys g and g + 8 (Side::bind_km).
   // s: C fragment (key g: heads 2t, 2t+1; key g + 8: heads 2t, 2t+1).
   template <int kSteps, int kParts>
   __device__ static void scores_km(const uint32_t (&qb)[kSteps][kParts][2], const Tile& k, int lane, float (&s)[4],
@@ -858,30 +870,16 @@ struct KDecodeLowBit : lowbit::Staged<kCodeBytes, kSideBytes> {
 
 // V side of a low-bit format (q8's n-tile map and P scaling, kOutScale 2^8).
 template <class Fmt, lowbit::Scale S, int D>
-struct VDecodeLowBit : lowbit::Staged<Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes> {
-  using Base = lowbit::Staged<Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes>;
-  static constexpr int kSideBytes = lowbit::Scales<S, D>::kRowBytes;
-  static constexpr int kLutEntries = Fmt::kLutEntries;
+struct VDecodeLowBit : lowbit::StagedSide<Fmt, S, D, Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes> {
+  using Side = lowbit::StagedSide<Fmt, S, D, Fmt::kRowBytes, lowbit::Scales<S, D>::kRowBytes>;
+  using Ctx = typename Side::Ctx;
+  using Tile = typename Side::Tile;
   static constexpr int kGroups = D / 32;
   static constexpr float kOutScale = 256.0f;
   static constexpr bool kGroupMajorDims = true;
-  using Ctx = typename Fmt::Ctx;
-  struct Tile {
-    lowbit::StagedTile rows;
-    lowbit::Scales<S, D> sc;
-  };
-  __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    if constexpr (kLutEntries > 0)
-      for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
-  }
-  __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
-  // Slot i = key 2t + (i & 1) + 8 (i >> 1) of the tile.
+  // The tile staged in `slot`; scale slot i = key 2t + (i & 1) + 8 (i >> 1).
   __device__ static void bind(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, int t, Tile& v) {
-    v.rows = Base::rows_of(s, row0, slot);
-    if constexpr (S != lowbit::Scale::none) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v.sc.template load<kSideBytes>(i, v.rows.side.row(2 * t + (i & 1) + 8 * (i >> 1)));
-    }
+    Side::template bind_keys<4>(s, row0, slot, v, [t](int i) { return 2 * t + (i & 1) + 8 * (i >> 1); });
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
                                     float (&o)[D / 8][4], const Ctx& ctx) {
@@ -918,14 +916,8 @@ struct VDecodeLowBit : lowbit::Staged<Fmt::kRowBytes, lowbit::Scales<S, D>::kRow
   // 2t+8, 2t+9 (as above) at 2 dims per m-tile: m-tile 2a + u, row g = dim
   // 32a + 4g + u, row g + 8 = dim 32a + 4g + 2 + u (km_dim()). B = P'^T: P is
   // scaled (slots 0, 1 = keys g, g + 8, the rows of S^T), split into two fp16
-  // parts in S^T's layout, and each 8 x 8 half transposed by movmatrix.
-  __device__ static void bind_km(const GpuKvSide& s, size_t row0, const unsigned char* slot, int g, Tile& v) {
-    v.rows = Base::rows_of(s, row0, slot);
-    if constexpr (S != lowbit::Scale::none) {
-      v.sc.template load<kSideBytes>(0, v.rows.side.row(g));
-      v.sc.template load<kSideBytes>(1, v.rows.side.row(g + 8));
-    }
-  }
+  // parts in S^T's layout, and each 8 x 8 half transposed by movmatrix
+  // (Side::bind_km: scale slots 0, 1 = keys g, g + 8).
   __host__ __device__ static constexpr int km_dim(int mt, int row) {
     return 32 * (mt >> 1) + 4 * (row & 7) + 2 * (row >> 3) + (mt & 1);
   }
