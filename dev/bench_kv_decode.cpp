@@ -1,15 +1,24 @@
 // Kernel lab: the per-layer KV costs of one decode step for any codec, on
 // one layer of the Qwen3-8B / Bonsai-8B shape (32 query heads, 8 KV heads,
 // head_dim 128), the cache holding 65536 tokens as in the engine.
-//   kvq_bench_kv_decode [iters] [codec ...]      (default codecs: a mix)
+//   kvq_bench_kv_decode [--hot] [iters] [codec ...]   (default codecs: a mix)
 // Per codec:
 //   append_us: the fused q/k-norm + RoPE + store launch (qk_rope_store) that
 //              writes the step's K and V rows: the codec's encode cost.
 //   L=...:     flash_attention_decode_at() (position in device memory, the
-//              launch a recorded step replays) at that context, in us, and
-//              the implied slope (us per 1k keys between the first and last
-//              context) next to the byte floor of that slope at the copy
-//              bandwidth.
+//              launch a recorded step replays) at that context, in us, with
+//              L2 flushed before each call (a decode step finds its KV rows
+//              cold: the weights and the other layers passed through L2
+//              since; --hot keeps whatever the last call left), then the
+//              slope (us per 1k keys, 16k to 64k) next to the byte floor of
+//              that slope at the copy bandwidth.
+//   chain:     the append and the attention launched back to back at 8k and
+//              32k, q prepared by the append or by the attention (QPrep,
+//              the engine's default in a recorded step).
+//   timeline:  one 8k launch's CTA milestones (in-kernel %globaltimer), us
+//              after the first CTA started: the last CTA past its wait, past
+//              its prologue (q, tables, first tiles asked), the first and the
+//              last CTA done with their keys, the merge done.
 // The cache is filled by the codec's bulk GPU encode from random rows.
 #include <cuda_runtime.h>
 
@@ -22,6 +31,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_decode.hpp"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "backend/cuda/device_buffer.hpp"
@@ -49,17 +59,27 @@ void fill(std::vector<float>& h, uint32_t seed) {
 
 int main(int argc, char** argv) {
   try {
-    const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+    int arg = 1;
+    bool hot = false;
+    if (arg < argc && std::string(argv[arg]) == "--hot") hot = true, ++arg;
+    const int iters = arg < argc ? std::max(1, std::atoi(argv[arg++])) : 20;
     std::vector<std::string> codecs;
-    for (int i = 2; i < argc; ++i) codecs.push_back(argv[i]);
+    for (; arg < argc; ++arg) codecs.push_back(argv[arg]);
     if (codecs.empty()) codecs = {"none", "k8v8", "fp8", "k8v4", "tsym3", "tsym4", "k8vturbo2", "iso4", "k8vturbo3tcq"};
     const int n_heads = 32, n_kv = 8, D = 128, max_tokens = 65536;
     const double copy = lab::copy_bandwidth_gbs();
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy);
-    const int contexts[] = {4096, 16384, 65536};
+    const int contexts[] = {4096, 8192, 16384, 32768, 65536};
+    constexpr int kSlopeFrom = 2;  // 16k .. 64k: past the small contexts' fixed costs
+    std::printf("%s L2 before each attention call\n", hot ? "warm" : "flushed");
     std::printf("%-16s %7s %10s", "codec", "bits", "append_us");
     for (int L : contexts) std::printf(" %8s%-5d", "L=", L);
     std::printf(" %12s %12s\n", "us/1k keys", "floor us/1k");
+    lab::L2Flush flush;
+    auto before = [&] {
+      if (!hot) flush();
+    };
+    std::vector<std::pair<std::string, std::vector<double>>> timelines, chains;
 
     const int chunk = 4096;
     cuda::DeviceBuffer<float> k(size_t(chunk) * n_kv * D), v(k.size()), q(size_t(n_heads) * D), out(q.size());
@@ -108,14 +128,74 @@ int main(int argc, char** argv) {
               cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
                                               layer.scratch(), nullptr);
             },
-            iters);
+            iters, 2, before);
         us.push_back(ms * 1e3);
         std::printf(" %13.1f", ms * 1e3);
       }
-      const double slope = (us.back() - us.front()) / ((contexts[2] - contexts[0]) / 1000.0);
+      const double slope = (us.back() - us[kSlopeFrom]) / ((contexts[4] - contexts[kSlopeFrom]) / 1000.0);
       const double floor = double(cache->bytes_for_tokens(1000)) / (copy * 1e9) * 1e6;
       std::printf(" %12.3f %12.3f\n", slope, floor);
       std::fflush(stdout);
+
+      // The step's chain of the two launches (append, then attention), as a
+      // recorded step issues them: q prepared by the append (the attention
+      // waits for it), or by the attention itself beside the append (QPrep).
+      const cuda::QPrep prep{q_norm.data(), 1e-6f, cuda::RopeParams{inv_freq.data(), true, 1.0}};
+      std::vector<double> chain_us;
+      for (int L : {8192, 32768})
+        for (bool fused : {false, true}) {
+          pos_dev.upload(std::vector<int>{L - 1});
+          chain_us.push_back(1e3 * lab::time_ms(
+                                       [&] {
+                                         cuda::qk_rope_store(q.data(), k.data(), v.data(), n_heads, n_kv, D,
+                                                             q_norm.data(), k_norm.data(), 1e-6f, 0, pos_dev.data(),
+                                                             inv_freq.data(), true, 1.0, layer.view(), nullptr, fused);
+                                         cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(),
+                                                                         n_heads, scale, out.data(), layer.scratch(),
+                                                                         nullptr, fused ? &prep : nullptr);
+                                       },
+                                       iters, 2, before));
+        }
+      q.upload(hq);
+      chains.emplace_back(name, chain_us);
+
+      // Timeline of one cold 8k launch (median of 5 per milestone).
+      pos_dev.upload(std::vector<int>{8191});
+      std::vector<unsigned long long> init(12);
+      for (int i = 0; i < 12; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+      cuda::DeviceBuffer<unsigned long long> trace(12);
+      std::vector<std::vector<float>> at(5);
+      for (int r = 0; r < 6; ++r) {
+        trace.upload(init);
+        before();
+        cuda::flash_decode_trace(trace.data());
+        cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
+                                        layer.scratch(), nullptr);
+        cuda::flash_decode_trace(nullptr);
+        KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto e = trace.download();
+        if (r == 0) continue;  // warm-up
+        // last wait, last prologue, first loop end, last loop end, merged
+        const unsigned long long v[5] = {e[3], e[5], e[6], e[7], e[11]};
+        for (int i = 0; i < 5; ++i) at[i].push_back(float(double(v[i] - e[0]) * 1e-3));
+      }
+      std::vector<double> tl;
+      for (auto& x : at) tl.push_back(lab::median(x));
+      timelines.emplace_back(name, tl);
+    }
+    std::printf("\n8k timeline, us after the first CTA start (cold L2):\n%-16s %10s %10s %10s %10s %10s\n", "codec",
+                "last wait", "last prol.", "first done", "last done", "merged");
+    for (const auto& [name, tl] : timelines) {
+      std::printf("%-16s", name.c_str());
+      for (double x : tl) std::printf(" %10.2f", x);
+      std::printf("\n");
+    }
+    std::printf("\nappend + attention chain, us (%s L2): q prepared by the append / by the attention (fused)\n"
+                "%-16s %10s %10s %10s %10s\n", hot ? "warm" : "cold", "codec", "8k", "8k fused", "32k", "32k fused");
+    for (const auto& [name, c] : chains) {
+      std::printf("%-16s", name.c_str());
+      for (double x : c) std::printf(" %10.2f", x);
+      std::printf("\n");
     }
     return 0;
   } catch (const std::exception& e) {

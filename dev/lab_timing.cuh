@@ -18,15 +18,18 @@ inline double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// Median milliseconds of `iters` timed calls of f() after `warmup` untimed ones.
-template <typename F>
-double time_ms(F&& f, int iters, int warmup = 2) {
+// Median milliseconds of `iters` timed calls of f() after `warmup` untimed
+// ones; before() runs ahead of each call, outside the timed span (an L2 flush
+// for cold-cache timings).
+template <typename F, typename B>
+double time_ms(F&& f, int iters, int warmup, B&& before) {
   cudaEvent_t e0, e1;
   KVQ_CUDA_CHECK(cudaEventCreate(&e0));
   KVQ_CUDA_CHECK(cudaEventCreate(&e1));
   for (int i = 0; i < warmup; ++i) f();
   std::vector<float> t;
   for (int i = 0; i < iters; ++i) {
+    before();
     cudaEventRecord(e0);
     f();
     cudaEventRecord(e1);
@@ -40,6 +43,22 @@ double time_ms(F&& f, int iters, int warmup = 2) {
   KVQ_CUDA_CHECK(cudaGetLastError());
   return median(t);
 }
+template <typename F>
+double time_ms(F&& f, int iters, int warmup = 2) {
+  return time_ms(f, iters, warmup, [] {});
+}
+
+// Evicts L2 (H200: 50 MB) by writing a larger buffer: the state a decode
+// step's attention finds its KV rows in, after the other layers and weights.
+class L2Flush {
+ public:
+  explicit L2Flush(size_t bytes = size_t(256) << 20) : buf_(bytes) {}
+  void operator()() { KVQ_CUDA_CHECK(cudaMemsetAsync(buf_.data(), ++round_, buf_.size())); }
+
+ private:
+  cuda::DeviceBuffer<uint8_t> buf_;
+  int round_ = 0;
+};
 
 // Device-to-device copy of `bytes`, counting bytes read plus written, in GB/s.
 inline double copy_bandwidth_gbs(size_t bytes = size_t(1) << 30) {

@@ -82,6 +82,7 @@ struct BackendOptions {
   bool dependent_launches = true;  // CUDA: programmatic dependent launches between the step's kernels
   int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
   int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
+  bool attn_fused_q = true;        // CUDA: decode attention norms/rotates q itself, beside the store's encode
 };
 
 class Backend {

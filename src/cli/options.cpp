@@ -87,6 +87,10 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_flag_callback("--no-pdl", [&o] { o.backend.dependent_launches = false; },
                         "CUDA: launch the step's kernels without programmatic dependent launches")
       ->group(lab);
+  app.add_flag_callback("--no-fused-q", [&o] { o.backend.attn_fused_q = false; },
+                        "CUDA: the store's encode norms and rotates q before the decode attention starts "
+                        "(instead of the attention doing it beside the encode)")
+      ->group(lab);
   app.add_option("--gemv-warps", o.backend.gemv_warps, "CUDA: warps per decode GEMV CTA")
       ->check(CLI::Range(1, 16))
       ->capture_default_str()

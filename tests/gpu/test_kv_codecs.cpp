@@ -372,6 +372,64 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CudaCodecDecode,
                                   std::to_string(i.param.max_tokens);
                          });
 
+// The fused q path (QPrep): the store's encode leaves q raw and runs beside
+// the attention, which norms and rotates q itself and waits for the encode
+// only before the tile holding the step's own row. Same output bits as the
+// attention over the q the encode prepared, at positions where the newest
+// tile is the first, a middle or the last of its warp, and over consecutive
+// steps in one tile (whose side rows share cache lines); the row at the
+// position holds other bytes before each step, so an attention that read it
+// before the encode wrote it, or read a stale copy, would differ.
+TEST(CudaCodecDecodeFusedQ, EqualsTheQTheStorePrepared) {
+  KVQ_SKIP_WITHOUT_GPU();
+  const int G = 4, n_kv = 2, D = 128, n_heads = G * n_kv, filled = 4100;
+  for (const char* name : {"none", "k8v8", "tsym3", "iso4", "fp8", "k8vturbo3tcq", "rotor3_sym+qjl"}) {
+    SCOPED_TRACE(name);
+    Rng rng(7001);
+    kv::CacheShape shape{1, n_kv, D, filled};
+    shape.n_heads = n_heads;
+    auto gpu = cuda::make_cuda_kv_cache(codec(name), shape);
+    const auto k = normal(rng, size_t(filled) * n_kv * D), v = normal(rng, k.size());
+    Guarded dk_all(k.size(), &k), dv_all(v.size(), &v);
+    gpu->layer(0).write(0, filled, dk_all.data(), dv_all.data());
+    std::vector<float> inv_freq;
+    for (int i = 0; i < D / 2; ++i) inv_freq.push_back(float(std::pow(1e6, -2.0 * i / D)));
+    const auto q_norm = normal(rng, D, 0.2f), k_norm = normal(rng, D, 0.2f);
+    std::vector<float> qw(D), kw(D);
+    for (int i = 0; i < D; ++i) qw[i] = 1.0f + q_norm[i], kw[i] = 1.0f + k_norm[i];
+    cuda::DeviceBuffer<float> freq(inv_freq.size()), dqw(D), dkw(D);
+    freq.upload(inv_freq);
+    dqw.upload(qw);
+    dkw.upload(kw);
+    const cuda::QPrep prep{dqw.data(), 1e-6f, cuda::RopeParams{freq.data(), true, 1.0}};
+    const float scale = 1.0f / std::sqrt(float(D));
+    cuda::AttentionScratch scratch;
+    cuda::DeviceBuffer<int> pos_dev(1);
+    for (int pos : {0, 17, 1000, 1001, 1002, 1023, 4099}) {  // consecutive steps share a tile, as in decoding
+      const auto q = normal(rng, size_t(n_heads) * D, 2.0f), k_new = normal(rng, size_t(n_kv) * D),
+                 v_new = normal(rng, k_new.size()), junk = normal(rng, k_new.size(), 5.0f);
+      pos_dev.upload(std::vector<int>{pos});
+      Guarded djunk(junk.size(), &junk);
+      std::vector<float> out[2];
+      for (bool fused : {true, false}) {
+        gpu->layer(0).write(pos, 1, djunk.data(), djunk.data());  // not the step's row
+        Guarded dq(q.size(), &q), dk(k_new.size(), &k_new), dv(v_new.size(), &v_new), dout(q.size());
+        const cuda::GpuKvLayer& store = store_of(*gpu, 0);
+        cuda::qk_rope_store(dq.data(), dk.data(), dv.data(), n_heads, n_kv, D, dqw.data(), dkw.data(), 1e-6f, 0,
+                            pos_dev.data(), freq.data(), true, 1.0, store, nullptr, fused);
+        cuda::flash_attention_decode_at(store, pos_dev.data(), dq.data(), n_heads, scale, dout.data(), scratch,
+                                        nullptr, fused ? &prep : nullptr);
+        KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+        if (fused) EXPECT_EQ(dq.result(), q) << "q must be left raw";
+        out[fused] = dout.result();
+      }
+      ASSERT_EQ(out[0].size(), out[1].size());
+      for (size_t i = 0; i < out[0].size(); ++i)
+        ASSERT_EQ(out[0][i], out[1][i]) << "pos " << pos << " value " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Prefill over a quantized store: the prefix is dequantized to bf16 (decoded
 // in the rotated basis, un-rotated, +qjl with its sketch term) and the bf16

@@ -379,15 +379,20 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
   launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
 }
 
+bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out) {
+  return flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
+         flash_decode_instance_exists(layer.head_dim, layer.k, layer.v);
+}
+
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream) {
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
   checked_choice(layer, n_heads, true);
-  if (flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
-      flash_decode_instance_exists(layer.head_dim, layer.k, layer.v)) {
-    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream);
+  if (flash_attention_decode_takes_raw_q(layer, n_heads, q, out)) {
+    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep);
     return;
   }
+  KVQ_CHECK(!prep, Errc::internal, "flash_attention_decode_at: a raw q for a kernel that cannot prepare it");
   // Split as for a full cache, but with chunks of at most kDecodeChunkCap keys:
   // with a cache much larger than the current context (a big --ctx) the keys
   // that exist still spread over enough CTAs; chunks past the position exit

@@ -41,6 +41,7 @@
 
 #include "backend/cuda/device_buffer.hpp"
 #include "backend/cuda/kv_store.hpp"
+#include "backend/cuda/rope_params.hpp"
 
 namespace kvq::cuda {
 
@@ -129,8 +130,11 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
 // flash_attention(); only the chunk boundaries (summation order) differ.
 // Shapes flash_decode_supported() accepts run the tensor-core decode kernel
 // (attention_decode.hpp; its split also ignores the position), the others
-// the kernel described here.
+// the kernel described here. prep (the fused q path, rope_params.hpp): q is
+// raw and the tensor-core kernel prepares it; only where
+// flash_attention_decode_takes_raw_q().
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream);
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
+bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out);
 
 }  // namespace kvq::cuda

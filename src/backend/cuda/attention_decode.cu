@@ -83,6 +83,7 @@
 #include "backend/cuda/kv_codec_hooks.cuh"
 #include "backend/cuda/kv_decode_hooks.cuh"
 #include "backend/cuda/kv_rotation.cuh"
+#include "backend/cuda/qk_norm_rope.cuh"
 #include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/lab_trace.cuh"
 #include "backend/cuda/ptx.cuh"
@@ -117,6 +118,14 @@ struct DecodeParams {
   unsigned* counters;    // [n_kv] arrival counters, 0 between launches
   const int* pos_dev;    // when set, the position is read from here
   int pos;
+  // Fused q path (QPrep): q is raw, as the QKV projection wrote it; every CTA
+  // norms and rotates (RoPE) its group's rows itself, and the kernel waits
+  // for its predecessor (the store's encode, qk_rope_store with
+  // q_in_attention) only before it reads the step's own K/V row.
+  bool q_fused;
+  const float* q_norm;   // q's RMSNorm weight [D], or null
+  float q_eps;
+  RopeParams rope;
   int G;
   int max_tokens;
   float q_scale;         // scale * log2(e)
@@ -141,10 +150,10 @@ __host__ __device__ constexpr size_t region0_bytes(int D, int G, bool keys_major
 }
 // Low-bit formats add their pair tables (tcq) and their staging rings after
 // region 0 (extra_bytes, a multiple of 16; kv_decode_hooks.cuh); rotated
-// sides add one [G][2D] float row buffer at the end
-// (the rotated q and, for +qjl, S q_rot; later the merged o before its
-// un-rotation; kv_rotation.cuh's warp_rotate_row does both, bit-identical to
-// the CPU rotations).
+// sides (and the fused q path) add one [G][2D] float row buffer at the end
+// (the prepared q, the rotated q and, for +qjl, S q_rot; later the merged o
+// before its un-rotation; kv_rotation.cuh's warp_rotate_row does both,
+// bit-identical to the CPU rotations).
 __host__ __device__ constexpr size_t smem_bytes(int D, int G, int n_splits, bool rotated, int extra_bytes,
                                                 bool keys_major) {
   return region0_bytes(D, G, keys_major) + size_t(extra_bytes) + 2 * kWarps * kMaxGroup * sizeof(float) +
@@ -322,13 +331,27 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     const Range early = range_of(min(max(early_pos, 0), p.max_tokens - 1) + 1);
     for (int j = 0; j < p.prefetch_tiles; ++j) prefetch_tile(early, warp + j * kWarps);
   }
-  wait_for_predecessor();
+  // Fused q: nothing this kernel reads before the step's own K/V row was
+  // written by its predecessor (the raw q comes from the one before, which
+  // had finished before this grid could start: qk_rope_store), so the wait
+  // moves to the warp that loads the tile holding that row (await_newest).
+  // That warp's wait also keeps the launch chain transitive: this grid
+  // completes only after its predecessor has.
+  if (!p.q_fused) wait_for_predecessor();
   trace_event(p.trace, 1);
 
-  const int len = (p.pos_dev ? *p.pos_dev : p.pos) + 1;
+  // From L2: with the fused q path no wait has made this grid's view of
+  // memory current (the position changes every step).
+  const int len = (p.pos_dev ? __ldcg(p.pos_dev) : p.pos) + 1;
   const Range range = range_of(len);
   const int key0 = range.key0, n_tiles = range.n_tiles;
   const int last_key = len - 1;
+  // This CTA's tile holding key len - 1 (fused q only; -1 if none): loaded
+  // last by its warp, after the wait.
+  const int newest = p.q_fused && range.key_end == len ? n_tiles - 1 : -1;
+  auto await_newest = [&](int tile) {
+    if (tile == newest) wait_for_predecessor();
+  };
 
   typename KH::Tile k_cur;
   typename VH::Tile v_cur;
@@ -342,14 +365,30 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   float score_factor = 1.0f;
   const float* q_group = p.q + size_t(kvh) * G * D;
   int q_stride = D;
+  if (p.q_fused) {  // q = RoPE(norm(q_raw)) of the group's rows, into shared memory [G][kQDims]
+    constexpr int kPer = D / 32;
+    for (int row = warp; row < G; row += kWarps) {
+      int dim[kPer];
+      rope_lane_dims<kPer>(p.rope.neox, lane, dim);
+      float x[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) x[j] = __ldcg(q_group + size_t(row) * D + dim[j]);  // L2: written by a kernel before
+      norm_rope_row<kPer>(x, dim, p.q_norm, p.q_eps, len - 1, p.rope);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) rot_rows[row * kQDims + dim[j]] = x[j];
+    }
+    __syncthreads();
+    q_group = rot_rows;
+    q_stride = kQDims;
+  }
   if (p.q_rot || KQ) {  // rotated K side: q_rot = R q, once per CTA, into shared memory [G][kQDims]
     for (int row = warp; row < G; row += kWarps) {
       float* dst = rot_rows + row * kQDims;
       if (p.q_rot) {
-        warp_rotate_row(rotation_kind(p.k.family), p.q_rot + size_t(kvh) * p.k.rot_stride, q_group + size_t(row) * D,
-                        dst, D, lane, false);
+        warp_rotate_row(rotation_kind(p.k.family), p.q_rot + size_t(kvh) * p.k.rot_stride,
+                        q_group + size_t(row) * q_stride, dst, D, lane, false);
       } else {
-        for (int d = lane; d < D; d += 32) dst[d] = q_group[size_t(row) * D + d];
+        for (int d = lane; d < D; d += 32) dst[d] = q_group[size_t(row) * q_stride + d];
       }
     }
     __syncthreads();
@@ -462,18 +501,32 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // rows, then V rows); every call commits one cp.async group, empty past the
   // warp's last tile, so that waiting for all but the newest
   // kDecodeStages - 1 groups always means "tile i has arrived".
+  // The newest tile (fused q) is not staged ahead: its warp copies it when
+  // it gets there, its last tile, after the wait (stage_newest).
   auto slot_k = [&](int i) { return ring + (i % kDecodeStages) * IH::kSlotBytes; };
   auto slot_v = [&](int i) { return slot_k(i) + stage_bytes_of<KH>(); };
+  auto stage_copy = [&](int i) {
+    const int tile = warp + i * kWarps;
+    const int kb = key0 + tile * kTileKeys;
+    const int n_valid = min(kTileKeys, len - kb);
+    if constexpr (kKStaged) KH::stage(p.k, head_row0 + kb, n_valid, slot_k(i), lane);
+    if constexpr (kVStaged) VH::stage(p.v, head_row0 + kb, n_valid, slot_v(i), lane);
+  };
   auto stage = [&](int i) {
     if constexpr (kAnyStaged) {
       const int tile = warp + i * kWarps;
-      if (tile < n_tiles) {
-        const int kb = key0 + tile * kTileKeys;
-        const int n_valid = min(kTileKeys, len - kb);
-        if constexpr (kKStaged) KH::stage(p.k, head_row0 + kb, n_valid, slot_k(i), lane);
-        if constexpr (kVStaged) VH::stage(p.v, head_row0 + kb, n_valid, slot_v(i), lane);
-      }
+      if (tile < n_tiles && tile != newest) stage_copy(i);
       ptx::cp_async_commit();
+    }
+  };
+  auto stage_newest = [&](int i) {
+    if constexpr (kAnyStaged) {
+      if (warp + i * kWarps != newest) return;
+      wait_for_predecessor();
+      stage_copy(i);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();
+      __syncwarp();
     }
   };
   // The first tiles are requested now, after the q loads: a warp's loads
@@ -482,8 +535,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   if constexpr (kAnyStaged)
     for (int i = 0; i < kDecodeStages - 1; ++i) stage(i);
   if (kPipelined && warp < n_tiles) {
-    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur);
-    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur);
+    if constexpr (!kKStaged || !kVStaged) await_newest(warp);
+    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur, warp == newest);
+    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur, warp == newest);
   }
   if constexpr (KH::kLutEntries > 0) KH::build_lut(p.k, lut_k, tid, kThreads);
   if constexpr (VH::kLutEntries > 0) VH::build_lut(p.v, lut_v, tid, kThreads);
@@ -506,6 +560,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       stage(i + kDecodeStages - 1);
       ptx::cp_async_wait<kDecodeStages - 1>();
       __syncwarp();
+      stage_newest(i);
       KH::bind_km(p.k, head_row0 + kb, slot_k(i), g, k_cur);
       VH::bind_km(p.v, head_row0 + kb, slot_v(i), g, v_cur);
       float s[4];  // keys g (0, 1), g + 8 (2, 3); heads 2t (0, 2), 2t + 1 (1, 3)
@@ -605,25 +660,33 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       stage(i + kDecodeStages - 1);
       ptx::cp_async_wait<kDecodeStages - 1>();
       __syncwarp();  // the other lanes' copies of this slot are visible
+      stage_newest(i);
     }
     typename KH::Tile k_next;
     bool has_next = false;
     if constexpr (kPipelined) {
       if constexpr (!kVStaged)
-        if (tile != warp) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur);
+        if (tile != warp) {
+          await_newest(tile);
+          VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, tile == newest);
+        }
       if constexpr (!kKStaged) {
         has_next = tile + kWarps < n_tiles;
-        if (has_next) KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next);
+        if (has_next) {
+          await_newest(tile + kWarps);
+          KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next, tile + kWarps == newest);
+        }
       }
     } else {
-      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur);
+      await_newest(tile);
+      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, tile == newest);
     }
     if constexpr (kKStaged) KH::bind(p.k, head_row0 + kb, slot_k(i), g, t, k_cur);
     if constexpr (kVStaged) VH::bind(p.v, head_row0 + kb, slot_v(i), g, t, v_cur);
     float s[2][4], alpha[2];
     KH::scores(q_frag, k_cur, lane, s, k_ctx);
     softmax(tile, s, alpha);
-    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur);
+    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, tile == newest);
     VH::accumulate(s, alpha, v_cur, o, v_ctx);
     if constexpr (kPipelined && !kKStaged)
       if (has_next) k_cur = k_next;
@@ -936,7 +999,10 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads) {
   const int G = n_heads / layer.n_kv_heads;
   // One resident wave: every CTA streams its keys at the same time and they
   // finish together (a second, partial wave would double the latency).
-  const int wave = resident_ctas(instance_for(layer), G) * sm_count();
+  // Less the CTAs the store's encode (qk_rope_store: 2 n_kv warps, 4 CTAs
+  // at 8 KV heads) may displace while it runs beside a fused-q launch.
+  constexpr int kEncodeReserveCtas = 8;
+  const int wave = std::max(1, resident_ctas(instance_for(layer), G) * sm_count() - kEncodeReserveCtas);
   int n = std::max(1, wave / layer.n_kv_heads);
   n = std::min(n, kMaxDecodeSplits);
   n = std::min(n, (layer.max_tokens + kTileKeys - 1) / kTileKeys);  // no more splits than tiles in a full cache
@@ -944,7 +1010,7 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads) {
 }
 
 void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream) {
+                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
@@ -976,6 +1042,11 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   p.counters = scratch.decode_counters.data();
   p.pos_dev = pos_dev;
   p.pos = pos;
+  p.q_fused = prep != nullptr;
+  p.q_norm = prep ? prep->norm_w : nullptr;
+  p.q_eps = prep ? prep->eps : 0.0f;
+  if (prep) p.rope = prep->rope;
+  KVQ_CHECK(!prep || prep->rope.inv_freq, Errc::internal, "flash_decode: a raw q without its RoPE table");
   p.G = G;
   p.max_tokens = layer.max_tokens;
   p.q_scale = scale * kLog2e;
@@ -989,7 +1060,9 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   resident_ctas(index, G);  // the shared-memory opt-in
   const Variant v = variant_of(index, G);
   launch_dependent(v.fn, dim3(n_splits, n_kv), dim3(kThreads),
-                   smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl, v.extra_bytes, v.keys_major), stream, p);
+                   smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl || p.q_fused, v.extra_bytes,
+                              v.keys_major),
+                   stream, p);
 }
 
 }  // namespace kvq::cuda

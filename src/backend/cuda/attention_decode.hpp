@@ -62,7 +62,9 @@ void flash_decode_trace(unsigned long long* events);
 // not depend on the position). q, out: [n_heads][head_dim] fp32, device.
 // Sizes scratch.part and scratch.decode_counters on first use (call once
 // before recording a graph).
+// prep: the fused q path (rope_params.hpp): q is raw, the kernel norms and
+// rotates it and waits for its predecessor only before the step's own row.
 void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream);
+                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
 
 }  // namespace kvq::cuda

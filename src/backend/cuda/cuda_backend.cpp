@@ -261,8 +261,17 @@ class CudaBackend final : public Backend {
       pos_dev = step_dev_.data() + 1;
       note_recorded_cache(g);
     }
+    // In a step whose attention can take q raw, q is left to it (QPrep):
+    // the store's encode then runs beside the attention instead of before it.
+    // Not for a bf16 store, whose copy is shorter than what the fused path
+    // adds (the attention's CTAs start only once the projection is done and
+    // each prepares q): measured slower, docs/perf.md.
+    const bool q_in_attention = in_step_ && options().attn_fused_q && qk_rope_store_encodes(g.view()) &&
+                                flash_attention_decode_takes_raw_q(g.view(), n_heads, q, q);
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
-                  r.pos_scale, g.view(), stream_);
+                  r.pos_scale, g.view(), stream_, q_in_attention);
+    pending_q_ = {};
+    if (q_in_attention) pending_q_ = {q, &g, QPrep{q_norm, eps, RopeParams{inv_freq_.data(), r.neox, r.pos_scale}}};
   }
 
   void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
@@ -282,7 +291,14 @@ class CudaBackend final : public Backend {
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
-      flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_);
+      // The q of this layer's qk_rope_write_kv, left raw for this call.
+      const bool raw_q = pending_q_.q != nullptr;
+      KVQ_CHECK(!raw_q || (pending_q_.q == q && pending_q_.layer == &g), Errc::internal,
+                "attention: q was left raw for another call");
+      const QPrep prep = pending_q_.prep;
+      pending_q_ = {};
+      flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_,
+                                raw_q ? &prep : nullptr);
       note_recorded_cache(g);
       if (recording_) recorded_attention_.push_back(&g);
       else count_attention(g, true);
@@ -307,6 +323,7 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
     step_host_[0] = token;
     step_host_[1] = pos;
+    pending_q_ = {};
     // Pageable source: the call returns once the 8 bytes are staged, so
     // step_host_ may change afterwards; stream order puts the copy before the
     // step's kernels (or graph launch).
@@ -315,6 +332,7 @@ class CudaBackend final : public Backend {
   }
   void end_step() override {
     in_step_ = false;
+    pending_q_ = {};
   }
   void record_begin() override {
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
@@ -534,6 +552,14 @@ class CudaBackend final : public Backend {
   DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
+  // A step's q left raw by qk_rope_write_kv for the attention of the same
+  // layer (the fused q path); consumed by that call, dropped at end_step.
+  struct PendingQ {
+    const float* q = nullptr;
+    const CudaLayerCache* layer = nullptr;
+    QPrep prep;
+  };
+  PendingQ pending_q_;
   const CudaKvCache* recorded_cache_ = nullptr;  // the cache of the step being recorded
   std::vector<const CudaLayerCache*> recorded_attention_;  // its attention launches, in order
   std::map<const CudaLayerCache*, std::array<uint64_t, 2>> attention_calls_;  // [prefill, decode]

@@ -55,12 +55,14 @@ struct KDecodeHooks<kv::Family::bf16, B, D> {
     uint4 r[2][kLoads];
   };
   // Lane (g, t): keys g and 8 + g of the tile at kb, 16-byte chunks at dims 32c + 8t.
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
+  // coherent: from L2 (ptx::load_kv16), for the tile a fused-q launch reads last.
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k,
+                              bool coherent) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(2 * D) + 16 * t;
 #pragma unroll
-      for (int c = 0; c < kLoads; ++c) k.r[nt][c] = ptx::load_stream16(row + 64 * c);
+      for (int c = 0; c < kLoads; ++c) k.r[nt][c] = ptx::load_kv16(row + 64 * c, coherent);
     }
   }
   // S of one tile; two accumulator sets (even / odd k-steps) halve the
@@ -107,26 +109,29 @@ struct KDecodeHooks<kv::Family::q8, B, D> {
     uint2 code[2][kGroups];      // keys g, 8 + g: group p dims [32p + 8t, +8)
     uint32_t side[4][kSideWords];  // keys 2t, 2t+1, 8+2t, 9+2t: their scales
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k) {
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k,
+                              bool coherent) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(D) + 8 * t;
 #pragma unroll
-      for (int p = 0; p < kGroups; ++p) k.code[nt][p] = ptx::load_stream8(row + 32 * p);
+      for (int p = 0; p < kGroups; ++p) k.code[nt][p] = ptx::load_kv8(row + 32 * p, coherent);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) load_side(s, head_row0, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key), k.side[i]);
+    for (int i = 0; i < 4; ++i)
+      load_side(s, head_row0, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key), k.side[i], coherent);
   }
-  __device__ static void load_side(const GpuKvSide& s, size_t head_row0, int key, uint32_t (&w)[kSideWords]) {
+  __device__ static void load_side(const GpuKvSide& s, size_t head_row0, int key, uint32_t (&w)[kSideWords],
+                                   bool coherent) {
     const uint8_t* row = s.side + (head_row0 + key) * size_t(kSideBytes);
     if constexpr (kSideBytes == 16) {
-      const uint4 v = ptx::load_stream16(row);
+      const uint4 v = ptx::load_kv16(row, coherent);
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
     } else if constexpr (kSideBytes == 8) {
-      const uint2 v = ptx::load_stream8(row);
+      const uint2 v = ptx::load_kv8(row, coherent);
       w[0] = v.x, w[1] = v.y;
     } else {
-      w[0] = ptx::load_stream4(row);
+      w[0] = ptx::load_kv4(row, coherent);
     }
   }
   __device__ static float scale_of(const uint32_t (&w)[kSideWords], int p) {
@@ -236,13 +241,14 @@ struct VDecodeHooks<kv::Family::bf16, B, D> {
   struct Tile {
     uint4 r[4][kLoads];
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v) {
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v,
+                              bool coherent) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = kb + 2 * t + (i & 1) + 8 * (i >> 1);
       const uint8_t* row = s.code + (head_row0 + min(key, last_key)) * size_t(2 * D) + (D / 4) * g;
 #pragma unroll
-      for (int c = 0; c < kLoads; ++c) v.r[i][c] = ptx::load_stream16(row + 16 * c);
+      for (int c = 0; c < kLoads; ++c) v.r[i][c] = ptx::load_kv16(row + 16 * c, coherent);
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
@@ -307,14 +313,15 @@ struct VDecodeHooks<kv::Family::q8, B, D> {
     uint32_t code[4][kGroups];
     uint32_t side[4][kSideWords];
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v) {
+  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v,
+                              bool coherent) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = min(kb + 2 * t + (i & 1) + 8 * (i >> 1), last_key);
       const uint8_t* row = s.code + (head_row0 + key) * size_t(D) + 4 * g;
 #pragma unroll
-      for (int a = 0; a < kGroups; ++a) v.code[i][a] = ptx::load_stream4(row + 32 * a);
-      KDecodeHooks<kv::Family::q8, 8, D>::load_side(s, head_row0, key, v.side[i]);
+      for (int a = 0; a < kGroups; ++a) v.code[i][a] = ptx::load_kv4(row + 32 * a, coherent);
+      KDecodeHooks<kv::Family::q8, 8, D>::load_side(s, head_row0, key, v.side[i], coherent);
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,
@@ -513,6 +520,7 @@ struct CodebookFormat {
   static_assert(B >= 2 && B <= 4, "codebook blocks have 2, 3 or 4 bits");
   static constexpr int kReplicas = B == 4 ? 8 : 32;
   static constexpr int kLutEntries = kReplicas << (2 * B);
+  static constexpr int kLutRun = kReplicas;  // words in a row with the same value
   static constexpr int kRowBytes = B * D / 8;
   static constexpr int kHighPlane = D / 4;  // 3 bits: the 1-bit plane after the 2-bit one
   struct Ctx {
@@ -577,6 +585,7 @@ struct TcqFormat {
   static_assert(B == 2 || B == 3, "tcq blocks have 2 or 3 bits");
   static constexpr int kLevelBits = B - 1;
   static constexpr int kLutEntries = 1 << (7 + 2 * kLevelBits);
+  static constexpr int kLutRun = 1;
   static constexpr int kLevelPlane = D / 8;
   static constexpr int kRowBytes = B * D / 8;
   struct Ctx {
@@ -625,6 +634,7 @@ struct TcqFormat {
 template <int D>
 struct Fp8Format {
   static constexpr int kLutEntries = 0;
+  static constexpr int kLutRun = 1;
   static constexpr int kRowBytes = D;
   struct Ctx {};
   __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
@@ -649,6 +659,7 @@ struct Fp8Format {
 template <int D>
 struct Q8Format {
   static constexpr int kLutEntries = 0;
+  static constexpr int kLutRun = 1;
   static constexpr int kRowBytes = D;
   struct Ctx {};
   __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
@@ -739,9 +750,18 @@ struct StagedSide : Staged<kCodeBytes, kSideBytes> {
     StagedTile rows;
     Scales<S, D> sc;
   };
+  // Replicated tables (kLutRun equal words in a row, a multiple of 4) are
+  // written 16 bytes at a time, one entry computed per 4 words: the build
+  // is part of every CTA's prologue, on the critical path of short contexts.
   __device__ static void build_lut(const GpuKvSide& s, uint32_t* lut, int tid, int n_threads) {
-    if constexpr (kLutEntries > 0)
+    if constexpr (kLutEntries > 0 && Fmt::kLutRun % 4 == 0) {
+      for (int c = tid; c < kLutEntries / 4; c += n_threads) {
+        const uint32_t e = Fmt::lut_entry(s, 4 * c);
+        *reinterpret_cast<uint4*>(lut + 4 * c) = make_uint4(e, e, e, e);
+      }
+    } else if constexpr (kLutEntries > 0) {
       for (int i = tid; i < kLutEntries; i += n_threads) lut[i] = Fmt::lut_entry(s, i);
+    }
   }
   __device__ static void init_ctx(const GpuKvSide& s, const uint32_t* lut, Ctx& c) { Fmt::init_ctx(s, lut, c); }
   // The tile staged in `slot` (rows row0 .. row0 + 15 of the store), the

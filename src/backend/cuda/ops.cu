@@ -9,6 +9,7 @@
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
 #include "backend/cuda/kquant.cuh"
+#include "backend/cuda/qk_norm_rope.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
 
@@ -208,71 +209,45 @@ __global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, i
     const int i0 = neox ? i : 2 * i;
     const int i1 = neox ? i + half : 2 * i + 1;
     const float x0 = v[i0], x1 = v[i1];
-    v[i0] = x0 * c - x1 * s;
-    v[i1] = x0 * s + x1 * c;
+    v[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));  // the CPU's roundings (no fma), as norm_rope_row
+    v[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
   }
 }
 
 
 // One warp per head: warps [0, nh) rotate q heads, [nh, nh + nkv) k heads,
-// [nh + nkv, nh + 2 nkv) copy v heads. Each lane holds kPer = D/32 values,
-// chosen so that both members of every RoPE pair sit in the same lane:
-// NEOX pairs (i, i + D/2): lane holds dims lane + 32 j; adjacent pairs
-// (2i, 2i+1): lane holds dims lane * kPer + j. Same arithmetic as the
-// separate rms_norm / rope kernels (sum of squares and angles in double).
+// [nh + nkv, nh + 2 nkv) copy v heads; with q_in_attention the grid has only
+// the k and v warps (the decode attention prepares q itself, from the same
+// norm_rope_row) and lets its dependent start only once its own
+// predecessor has finished: that attention reads the raw q the predecessor
+// wrote without waiting for this kernel (attention_decode.cu). Lanes hold
+// the dims of rope_lane_dims. Same arithmetic as the CPU's rms_norm / rope.
 // kGeneric: the instance that can encode any family (encode_row_any); the
 // lean one (false) serves only bf16 stores (both sides bf16) and no store,
 // without the encoders' registers and stack.
 template <int kPer, bool kGeneric>
 __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
-                                     int nh, int nkv, const float* __restrict__ q_norm,
+                                     int nh, int nkv, bool q_in_attention, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
-                                     const float* __restrict__ inv_freq, bool neox, double pos_scale,
-                                     GpuKvLayer kv) {
+                                     RopeParams rope, GpuKvLayer kv) {
   constexpr int D = kPer * 32;
-  allow_dependents();
+  if (!q_in_attention) allow_dependents();
   wait_for_predecessor();
-  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (q_in_attention) allow_dependents();
+  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5) + (q_in_attention ? nh : 0);
+  const int lane = threadIdx.x & 31;
   if (warp >= nh + 2 * nkv) return;
   if (pos_dev) pos = *pos_dev;
   const bool is_q = warp < nh, is_k = !is_q && warp < nh + nkv;
   const int head = is_q ? warp : is_k ? warp - nh : warp - nh - nkv;
   const float* src = is_q ? q + size_t(head) * D : is_k ? k + size_t(head) * D : v + size_t(head) * D;
   int dim[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) dim[j] = neox ? lane + 32 * j : lane * kPer + j;
+  rope_lane_dims<kPer>(rope.neox, lane, dim);
   float x[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) x[j] = src[dim[j]];
   if (is_q || is_k) {
-    const float* w = is_q ? q_norm : k_norm;
-    if (w) {
-      double ss = 0.0;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) ss += double(x[j]) * x[j];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = float(1.0 / sqrt(ss / D + double(eps)));
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) x[j] = x[j] * inv * w[dim[j]];
-    }
-    // Pair (j, partner), frequency i. The two layouts get their own unrolled
-    // loops so that j and partner are compile-time: x stays in registers
-    // (a partner chosen at run time put x in local memory).
-    const auto rotate_pair = [&](const int j, const int partner, const int i) {
-      const double a = double(pos) * pos_scale * double(inv_freq[i]);
-      const float c = float(cos(a)), s = float(sin(a));
-      const float x0 = x[j], x1 = x[partner];
-      x[j] = x0 * c - x1 * s;
-      x[partner] = x0 * s + x1 * c;
-    };
-    if (neox) {  // j < kPer/2 pairs with j + kPer/2
-#pragma unroll
-      for (int j = 0; j < kPer / 2; ++j) rotate_pair(j, j + kPer / 2, dim[j]);
-    } else {  // even j pairs with j + 1
-#pragma unroll
-      for (int j = 0; j < kPer; j += 2) rotate_pair(j, j + 1, dim[j] / 2);
-    }
+    norm_rope_row<kPer>(x, dim, is_q ? q_norm : k_norm, eps, pos, rope);
     float* dst = is_q ? q + size_t(head) * D : k + size_t(head) * D;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
@@ -416,24 +391,29 @@ void add(float* x, const float* y, size_t n, cudaStream_t stream) {
 }
 
 
+bool qk_rope_store_encodes(const GpuKvLayer& kv) {
+  return !(kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 && !kv.k.has_qjl && !kv.v.has_qjl);
+}
+
 bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream) {
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention) {
   KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
   KVQ_CHECK(!kv.k.code || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
   KVQ_CHECK(!kv.k.code || kv_encode_supported(kv.k.family, kv.v.family, head_dim), Errc::internal,
             "qk_rope_store: no encode hooks for this store");
-  const int warps = n_heads + 2 * n_kv_heads;
+  KVQ_CHECK(!q_in_attention || kv.k.code, Errc::internal, "qk_rope_store: q left to an attention without a store");
+  const int warps = (q_in_attention ? 0 : n_heads) + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
   // No store, or plain bf16 on both sides (the kernel writes bf16 straight
   // from its registers): the lean instance.
-  const bool lean = !kv.k.code || (kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 &&
-                                   !kv.k.has_qjl && !kv.v.has_qjl);
+  const bool lean = !kv.k.code || !qk_rope_store_encodes(kv);
+  const RopeParams rope{inv_freq, neox, pos_scale};
   const auto launch = [&](auto kernel) {
-    launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_norm, k_norm, eps, pos,
-                     pos_dev, inv_freq, neox, pos_scale, kv);
+    launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention, q_norm,
+                     k_norm, eps, pos, pos_dev, rope, kv);
   };
   switch (head_dim) {
     case 64: lean ? launch(qk_rope_store_kernel<2, false>) : launch(qk_rope_store_kernel<2, true>); break;

@@ -49,11 +49,18 @@ void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaS
 // in place, and, when kv.k.code is set, k and v encoded into that store at
 // the position with its encode hooks (exactly as write_kv). One launch, one warp per head; the same
 // arithmetic as rms_norm + rope + write_kv. q [n_heads][head_dim], k and v
-// [n_kv_heads][head_dim] fp32 device memory.
+// [n_kv_heads][head_dim] fp32 device memory. q_in_attention: q is left
+// as it is, for a decode attention given the matching QPrep
+// (attention_decode.hpp) to norm and rotate itself; that attention may then
+// start as soon as this kernel's predecessor has finished, overlapping the
+// store's encode with its keys.
 bool qk_rope_store_supported(int head_dim);
+// True when the store's rows are encoded (any block but bf16 on both sides):
+// qk_rope_store then runs the codec's encoder, not a copy.
+bool qk_rope_store_encodes(const GpuKvLayer& kv);
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream);
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false);
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);

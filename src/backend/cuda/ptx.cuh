@@ -30,6 +30,42 @@ __device__ __forceinline__ uint32_t load_stream4(const void* p) {
   return r;
 }
 
+// KV rows as load_stream*, except where `coherent` (warp-uniform): from L2
+// (ld.global.cg). The decode attention's fused q path reads the step's own
+// row while the grid that writes it may still have been running when this
+// kernel started (after a wait for it, but the non-coherent path may serve
+// a line it holds from before).
+__device__ __forceinline__ uint4 load_kv16(const void* p, bool coherent) {
+  uint4 r;
+  asm volatile(
+      "{ .reg .pred c;\n setp.ne.b32 c, %5, 0;\n"
+      " @c ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      " @!c ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4]; }"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"(int(coherent)));
+  return r;
+}
+__device__ __forceinline__ uint2 load_kv8(const void* p, bool coherent) {
+  uint2 r;
+  asm volatile(
+      "{ .reg .pred c;\n setp.ne.b32 c, %3, 0;\n"
+      " @c ld.global.cg.v2.u32 {%0, %1}, [%2];\n"
+      " @!c ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2]; }"
+      : "=r"(r.x), "=r"(r.y)
+      : "l"(p), "r"(int(coherent)));
+  return r;
+}
+__device__ __forceinline__ uint32_t load_kv4(const void* p, bool coherent) {
+  uint32_t r;
+  asm volatile(
+      "{ .reg .pred c;\n setp.ne.b32 c, %2, 0;\n"
+      " @c ld.global.cg.u32 %0, [%1];\n"
+      " @!c ld.global.nc.L1::no_allocate.u32 %0, [%1]; }"
+      : "=r"(r)
+      : "l"(p), "r"(int(coherent)));
+  return r;
+}
+
 // Volatile so that the compiler keeps a shared-memory load where it is written
 // (in a loop) instead of hoisting every iteration's load into registers.
 __device__ __forceinline__ uint4 load_shared16(const void* p) {
