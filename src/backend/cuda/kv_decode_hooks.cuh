@@ -630,15 +630,20 @@ struct TcqFormat {
   }
 };
 
-// fp8 (e4m3, one byte per dim): the hardware converts pairs.
-template <int D>
-struct Fp8Format {
+// What a format that decodes without a table declares (fp8, q8): no pair
+// table, no per-lane context.
+struct TablelessFormat {
   static constexpr int kLutEntries = 0;
   static constexpr int kLutRun = 1;
-  static constexpr int kRowBytes = D;
   struct Ctx {};
   __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
   __device__ static uint32_t lut_entry(const GpuKvSide&, int) { return 0; }
+};
+
+// fp8 (e4m3, one byte per dim): the hardware converts pairs.
+template <int D>
+struct Fp8Format : TablelessFormat {
+  static constexpr int kRowBytes = D;
   __device__ static uint32_t convert(uint32_t two_bytes) {
     const __half2_raw h =
         __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
@@ -657,13 +662,8 @@ struct Fp8Format {
 // q8 (int8 codes, 32-dim group scales) as a staged format: the keys-major
 // kernel's K side of the k8v* codecs (their V sides are staged formats).
 template <int D>
-struct Q8Format {
-  static constexpr int kLutEntries = 0;
-  static constexpr int kLutRun = 1;
+struct Q8Format : TablelessFormat {
   static constexpr int kRowBytes = D;
-  struct Ctx {};
-  __device__ static void init_ctx(const GpuKvSide&, const uint32_t*, Ctx&) {}
-  __device__ static uint32_t lut_entry(const GpuKvSide&, int) { return 0; }
   __device__ static void k8(uint32_t row, int d0, const Ctx&, uint32_t (&h)[4]) {
     const uint2 w = rd_u64(row + d0);
     h[0] = ptx::int8x2_to_half2(w.x, 0u, 0x0100u), h[1] = ptx::int8x2_to_half2(w.x, 0u, 0x0302u);
