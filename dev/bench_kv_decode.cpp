@@ -1,7 +1,8 @@
 // Kernel lab: the per-layer KV costs of one decode step for any codec, on
 // one layer of the Qwen3-8B / Bonsai-8B shape (32 query heads, 8 KV heads,
 // head_dim 128), the cache holding 65536 tokens as in the engine.
-//   kvq_bench_kv_decode [--hot] [iters] [codec ...]   (default codecs: a mix)
+//   kvq_bench_kv_decode [--hot] [--split-reserve N] [iters] [codec ...]
+//   (default codecs: a mix; --split-reserve: decode_split_reserve(), for an A/B)
 // Per codec:
 //   append_us: the fused q/k-norm + RoPE + store launch (qk_rope_store) that
 //              writes the step's K and V rows: the codec's encode cost.
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
     int arg = 1;
     bool hot = false;
     if (arg < argc && std::string(argv[arg]) == "--hot") hot = true, ++arg;
+    if (arg + 1 < argc && std::string(argv[arg]) == "--split-reserve")
+      cuda::set_decode_split_reserve(std::atoi(argv[arg + 1])), arg += 2;
     const int iters = arg < argc ? std::max(1, std::atoi(argv[arg++])) : 20;
     std::vector<std::string> codecs;
     for (; arg < argc; ++arg) codecs.push_back(argv[arg]);

@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // Fused q: nothing this kernel reads before the step's own K/V row was
   // written by its predecessor (the raw q comes from the one before, which
   // had finished before this grid could start: qk_rope_store), so the wait
-  // moves to the warp that loads the tile holding that row (await_newest).
+  // moves to the warp that takes the tile holding that row (takes_newest),
+  // after its loop.
   // That warp's wait also keeps the launch chain transitive: this grid
   // completes only after its predecessor has.
   if (!p.q_fused) wait_for_predecessor();
@@ -346,12 +347,12 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   const Range range = range_of(len);
   const int key0 = range.key0, n_tiles = range.n_tiles;
   const int last_key = len - 1;
-  // This CTA's tile holding key len - 1 (fused q only; -1 if none): loaded
-  // last by its warp, after the wait.
+  // This CTA's tile holding key len - 1 (fused q only; -1 if none): kept out
+  // of the tile loops (n_main: the tiles before it), so that they have no
+  // branch for it; its warp takes it after the loop, after the wait, from L2.
   const int newest = p.q_fused && range.key_end == len ? n_tiles - 1 : -1;
-  auto await_newest = [&](int tile) {
-    if (tile == newest) wait_for_predecessor();
-  };
+  const int n_main = newest >= 0 ? newest : n_tiles;
+  const bool takes_newest = newest >= 0 && newest % kWarps == warp;
 
   typename KH::Tile k_cur;
   typename VH::Tile v_cur;
@@ -501,8 +502,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // rows, then V rows); every call commits one cp.async group, empty past the
   // warp's last tile, so that waiting for all but the newest
   // kDecodeStages - 1 groups always means "tile i has arrived".
-  // The newest tile (fused q) is not staged ahead: its warp copies it when
-  // it gets there, its last tile, after the wait (stage_newest).
+  // The newest tile (fused q) is not staged ahead: its warp copies it after
+  // its loop, after the wait (stage_newest).
   auto slot_k = [&](int i) { return ring + (i % kDecodeStages) * IH::kSlotBytes; };
   auto slot_v = [&](int i) { return slot_k(i) + stage_bytes_of<KH>(); };
   auto stage_copy = [&](int i) {
@@ -515,14 +516,13 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   auto stage = [&](int i) {
     if constexpr (kAnyStaged) {
       const int tile = warp + i * kWarps;
-      if (tile < n_tiles && tile != newest) stage_copy(i);
+      if (tile < n_main) stage_copy(i);
       ptx::cp_async_commit();
     }
   };
+  // Every group before it is complete or empty: the warp's loop is done.
   auto stage_newest = [&](int i) {
     if constexpr (kAnyStaged) {
-      if (warp + i * kWarps != newest) return;
-      wait_for_predecessor();
       stage_copy(i);
       ptx::cp_async_commit();
       ptx::cp_async_wait<0>();
@@ -534,10 +534,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // their first tile was asked into L2 before the wait).
   if constexpr (kAnyStaged)
     for (int i = 0; i < kDecodeStages - 1; ++i) stage(i);
-  if (kPipelined && warp < n_tiles) {
-    if constexpr (!kKStaged || !kVStaged) await_newest(warp);
-    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur, warp == newest);
-    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur, warp == newest);
+  if (kPipelined && warp < n_main) {
+    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur, false);
+    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur, false);
   }
   if constexpr (KH::kLutEntries > 0) KH::build_lut(p.k, lut_k, tid, kThreads);
   if constexpr (VH::kLutEntries > 0) VH::build_lut(p.v, lut_v, tid, kThreads);
@@ -555,12 +554,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    for (int i = 0, tile = warp; tile < n_tiles; ++i, tile += kWarps) {
+    // One tile, staged in ring slot i.
+    auto step = [&](int i, int tile) {
       const int kb = key0 + tile * kTileKeys;
-      stage(i + kDecodeStages - 1);
-      ptx::cp_async_wait<kDecodeStages - 1>();
-      __syncwarp();
-      stage_newest(i);
       KH::bind_km(p.k, head_row0 + kb, slot_k(i), g, k_cur);
       VH::bind_km(p.v, head_row0 + kb, slot_v(i), g, v_cur);
       float s[4];  // keys g (0, 1), g + 8 (2, 3); heads 2t (0, 2), 2t + 1 (1, 3)
@@ -586,7 +582,18 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 #pragma unroll
       for (int c = 0; c < 2; ++c) l_run[c] = l_run[c] * alpha[c] + (s[c] + s[c + 2]);
       VH::accumulate_km(s, alpha, v_cur, o, v_ctx);
+    };
+    for (int i = 0, tile = warp; tile < n_main; ++i, tile += kWarps) {
+      stage(i + kDecodeStages - 1);
+      ptx::cp_async_wait<kDecodeStages - 1>();
+      __syncwarp();
+      step(i, tile);
       __syncwarp();  // this slot is restaged by the next iteration
+    }
+    if (takes_newest) {
+      wait_for_predecessor();
+      stage_newest(newest / kWarps);
+      step(newest / kWarps, newest);
     }
 #pragma unroll
     for (int c = 0; c < 2; ++c)
@@ -654,43 +661,49 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // are in flight while S is computed; not pipelined (D = 256): loaded when
   // needed, o and V need the registers. Staged sides: the tile kDecodeStages
   // - 1 ahead is requested, then this one's slot is waited for.
-  for (int i = 0, tile = warp; tile < n_tiles; ++i, tile += kWarps) {
+  // One tile: staged sides in ring slot i, direct ones in k_cur / v_cur
+  // (pipelined) or loaded here (V, not pipelined; from L2 for the newest).
+  auto step = [&](int i, int tile, bool is_newest) {
     const int kb = key0 + tile * kTileKeys;
-    if constexpr (kAnyStaged) {
-      stage(i + kDecodeStages - 1);
-      ptx::cp_async_wait<kDecodeStages - 1>();
-      __syncwarp();  // the other lanes' copies of this slot are visible
-      stage_newest(i);
-    }
-    typename KH::Tile k_next;
-    bool has_next = false;
-    if constexpr (kPipelined) {
-      if constexpr (!kVStaged)
-        if (tile != warp) {
-          await_newest(tile);
-          VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, tile == newest);
-        }
-      if constexpr (!kKStaged) {
-        has_next = tile + kWarps < n_tiles;
-        if (has_next) {
-          await_newest(tile + kWarps);
-          KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next, tile + kWarps == newest);
-        }
-      }
-    } else {
-      await_newest(tile);
-      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, tile == newest);
-    }
     if constexpr (kKStaged) KH::bind(p.k, head_row0 + kb, slot_k(i), g, t, k_cur);
     if constexpr (kVStaged) VH::bind(p.v, head_row0 + kb, slot_v(i), g, t, v_cur);
     float s[2][4], alpha[2];
     KH::scores(q_frag, k_cur, lane, s, k_ctx);
     softmax(tile, s, alpha);
-    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, tile == newest);
+    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, is_newest);
     VH::accumulate(s, alpha, v_cur, o, v_ctx);
+  };
+  for (int i = 0, tile = warp; tile < n_main; ++i, tile += kWarps) {
+    const int kb = key0 + tile * kTileKeys;
+    if constexpr (kAnyStaged) {
+      stage(i + kDecodeStages - 1);
+      ptx::cp_async_wait<kDecodeStages - 1>();
+      __syncwarp();  // the other lanes' copies of this slot are visible
+    }
+    typename KH::Tile k_next;
+    bool has_next = false;
+    if constexpr (kPipelined) {
+      if constexpr (!kVStaged)
+        if (tile != warp) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, false);
+      if constexpr (!kKStaged) {
+        has_next = tile + kWarps < n_main;
+        if (has_next) KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next, false);
+      }
+    } else {
+      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, false);
+    }
+    step(i, tile, false);
     if constexpr (kPipelined && !kKStaged)
       if (has_next) k_cur = k_next;
     if constexpr (kAnyStaged) __syncwarp();  // this slot is restaged by the next iteration
+  }
+  if (takes_newest) {  // after the wait, from L2 (ld.global.cg / cp.async.cg): the step's own row
+    const int i = newest / kWarps, kb = key0 + newest * kTileKeys;
+    wait_for_predecessor();
+    stage_newest(i);
+    if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, true);
+    if constexpr (kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, true);
+    step(i, newest, true);
   }
 
   // ---- merge the 4 warps in shared memory
@@ -988,21 +1001,24 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
 
 namespace {
 int g_prefetch_tiles = 1;
+int g_split_reserve = 8;
 unsigned long long* g_trace = nullptr;
 }  // namespace
 
 int decode_prefetch_tiles() { return g_prefetch_tiles; }
 void set_decode_prefetch_tiles(int tiles) { g_prefetch_tiles = std::max(0, tiles); }
 void flash_decode_trace(unsigned long long* events) { g_trace = events; }
+int decode_split_reserve() { return g_split_reserve; }
+void set_decode_split_reserve(int ctas) { g_split_reserve = std::max(0, ctas); }
 
 int flash_decode_splits(const GpuKvLayer& layer, int n_heads) {
   const int G = n_heads / layer.n_kv_heads;
   // One resident wave: every CTA streams its keys at the same time and they
   // finish together (a second, partial wave would double the latency).
   // Less the CTAs the store's encode (qk_rope_store: 2 n_kv warps, 4 CTAs
-  // at 8 KV heads) may displace while it runs beside a fused-q launch.
-  constexpr int kEncodeReserveCtas = 8;
-  const int wave = std::max(1, resident_ctas(instance_for(layer), G) * sm_count() - kEncodeReserveCtas);
+  // at 8 KV heads) may displace while it runs beside a fused-q launch
+  // (decode_split_reserve()).
+  const int wave = std::max(1, resident_ctas(instance_for(layer), G) * sm_count() - g_split_reserve);
   int n = std::max(1, wave / layer.n_kv_heads);
   n = std::min(n, kMaxDecodeSplits);
   n = std::min(n, (layer.max_tokens + kTileKeys - 1) / kTileKeys);  // no more splits than tiles in a full cache

@@ -52,6 +52,12 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads);
 int decode_prefetch_tiles();
 void set_decode_prefetch_tiles(int tiles);
 
+// CTAs the split count leaves out of the resident wave for the store's
+// encode running beside a fused-q launch (default 8); read by
+// flash_decode_splits(). Kernel lab knob (an A/B of the split count).
+int decode_split_reserve();
+void set_decode_split_reserve(int ctas);
+
 // Kernel lab: later launches fold their CTAs' global-timer readings into
 // these 12 device uint64 (min/max pairs: CTA start, wait returned, Q
 // fragments built, key loop done, arrival counted, merge done); null stops.
