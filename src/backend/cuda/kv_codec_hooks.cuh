@@ -66,7 +66,7 @@
 // +qjl (K sides, on any base): the base row, then in the base's rotated
 //       basis r = R x - base reconstruction; the code row gets a 1-bit plane
 //       of D sketch bits at GpuKvSide::qjl_code_offset (bit j = 1 when
-//       sum_i S[j][i] r_i >= 0, summed in double in i order), the side row the
+//       sum_i S[j][i] r_i >= 0, summed in double in warp order), the side row the
 //       fp16 ||r|| (|r|^2 in double, warp order) at qjl_side_offset.
 //       Reconstruction (rotated basis) = base
 //       + sqrt(pi/2)/D ||r|| S^T sign (kv/blocks/qjl.cpp).
@@ -766,8 +766,8 @@ __device__ __forceinline__ float decode_value_any(const GpuKvSide& s, const uint
 }
 
 // +qjl: the sketch of the residual of a row whose base code / side bytes this
-// warp has just written (kv QjlBlock::encode after base_->encode). Lane l
-// sums the projections j = l + 32 jj, each sequentially in i.
+// warp has just written (kv QjlBlock::encode after base_->encode); every
+// projection is a warp-order sum over the row (all lanes, then the butterfly).
 template <int kNJ>
 __device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8_t* code, uint8_t* side, int lane) {
   constexpr int D = 32 * kNJ;
@@ -777,21 +777,24 @@ __device__ void qjl_encode_t(const GpuKvSide& s, int head, const float* x, uint8
 #pragma unroll
   for (int j = 0; j < kNJ; ++j) r[j] = __fsub_rn(r[j], decode_value_any(s, code, side, D, lane + 32 * j));
   const double rn = enc::warp_row_sum<kNJ>([&](int j) { return enc::sq(r[j]); });  // warp order, as QjlBlock
+  // Projection j = sum_i S[j][i] r_i in warp order (kv QjlBlock::encode):
+  // lane l's partial over i = l + 32 k, then the butterfly; the row of S is
+  // read coalesced (consecutive lanes, consecutive i). Lane l keeps the sign
+  // of projection 32 jj + l.
   const float* S = s.qjl + size_t(head) * D * D;
-  double p[kNJ];
+  unsigned bits[kNJ];
 #pragma unroll
-  for (int jj = 0; jj < kNJ; ++jj) p[jj] = 0;
-#pragma unroll
-  for (int jr = 0; jr < kNJ; ++jr)
-    for (int l = 0; l < 32; ++l) {
-      const double ri = double(__shfl_sync(kFullMask, r[jr], l));
-      const int i = 32 * jr + l;
-#pragma unroll
-      for (int jj = 0; jj < kNJ; ++jj)
-        p[jj] = __dadd_rn(p[jj], __dmul_rn(double(S[size_t(lane + 32 * jj) * D + i]), ri));
+  for (int jj = 0; jj < kNJ; ++jj) {
+    bits[jj] = 0;
+#pragma unroll 8
+    for (int l = 0; l < 32; ++l) {  // 8 projections' butterflies in flight at once
+      const float* sj = S + size_t(32 * jj + l) * D;
+      const double p = enc::warp_row_sum<kNJ>([&](int k) { return __dmul_rn(double(sj[lane + 32 * k]), double(r[k])); });
+      if (lane == l) bits[jj] = p >= 0 ? 1u : 0u;
     }
+  }
 #pragma unroll
-  for (int jj = 0; jj < kNJ; ++jj) enc::pack_group<1>(p[jj] >= 0 ? 1u : 0u, code + s.qjl_code_offset, jj, lane);
+  for (int jj = 0; jj < kNJ; ++jj) enc::pack_group<1>(bits[jj], code + s.qjl_code_offset, jj, lane);
   if (lane == 0) enc::store_f16(side + s.qjl_side_offset, float(__dsqrt_rn(rn)));
 }
 __device__ __forceinline__ void qjl_encode(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,

@@ -54,8 +54,8 @@ class QjlBlock final : public Block {
     uint8_t bits[kMaxHeadDim];
     for (int j = 0; j < m_; ++j) {
       const float* s = &proj_[size_t(j) * dim_];
-      double p = 0;
-      for (int i = 0; i < dim_; ++i) p += double(s[i]) * xr[i];
+      // warp order (kv/warp_sum.hpp), as every bit-exact sum of the encoders
+      const double p = warp_order_sum(dim_, [&](int i) { return double(s[i]) * xr[i]; });
       bits[j] = p >= 0 ? 1 : 0;
     }
     pack_plane(bits, m_, 1, code + sketch_off_);
