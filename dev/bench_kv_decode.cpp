@@ -16,6 +16,7 @@
 //   chain:     the append and the attention launched back to back at 8k and
 //              32k, q prepared by the append or by the attention (QPrep,
 //              the engine's default in a recorded step).
+//   chain timeline: the fused 32k chain's milestones of both kernels.
 //   timeline:  one 8k launch's CTA milestones (in-kernel %globaltimer), us
 //              after the first CTA started: the last CTA past its wait, past
 //              its prologue (q, tables, first tiles asked), the first and the
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
     auto before = [&] {
       if (!hot) flush();
     };
-    std::vector<std::pair<std::string, std::vector<double>>> timelines, chains;
+    std::vector<std::pair<std::string, std::vector<double>>> timelines, chains, chain_timelines;
 
     const int chunk = 4096;
     cuda::DeviceBuffer<float> k(size_t(chunk) * n_kv * D), v(k.size()), q(size_t(n_heads) * D), out(q.size());
@@ -162,6 +163,41 @@ int main(int argc, char** argv) {
       q.upload(hq);
       chains.emplace_back(name, chain_us);
 
+      // Timeline of the fused chain at 32k (median of 5 per milestone), us
+      // after the append's first warp returned from its wait: the append's
+      // last warp past its wait and done with its row; the attention's first
+      // CTA start, last CTA past its prologue, last key loop done, merge done.
+      {
+        pos_dev.upload(std::vector<int>{32767});
+        std::vector<unsigned long long> init_a(4), init_f(12);
+        for (int i = 0; i < 4; ++i) init_a[i] = i % 2 == 0 ? ~0ull : 0ull;
+        for (int i = 0; i < 12; ++i) init_f[i] = i % 2 == 0 ? ~0ull : 0ull;
+        cuda::DeviceBuffer<unsigned long long> ta(4), tf(12);
+        std::vector<std::vector<float>> at(6);
+        for (int r = 0; r < 6; ++r) {
+          ta.upload(init_a);
+          tf.upload(init_f);
+          before();
+          cuda::qk_rope_store_trace(ta.data());
+          cuda::flash_decode_trace(tf.data());
+          cuda::qk_rope_store(q.data(), k.data(), v.data(), n_heads, n_kv, D, q_norm.data(), k_norm.data(), 1e-6f, 0,
+                              pos_dev.data(), inv_freq.data(), true, 1.0, layer.view(), nullptr, true);
+          cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
+                                          layer.scratch(), nullptr, &prep);
+          cuda::qk_rope_store_trace(nullptr);
+          cuda::flash_decode_trace(nullptr);
+          KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto a = ta.download(), f = tf.download();
+          if (r == 0) continue;  // warm-up
+          const unsigned long long t0 = a[0];
+          const unsigned long long m[6] = {a[1], a[3], f[0], f[5], f[7], f[11]};
+          for (int i = 0; i < 6; ++i) at[i].push_back(float((double(m[i]) - double(t0)) * 1e-3));
+        }
+        std::vector<double> tl;
+        for (auto& x : at) tl.push_back(lab::median(x));
+        chain_timelines.emplace_back(name, tl);
+      }
+
       // Timeline of one cold 8k launch (median of 5 per milestone).
       pos_dev.upload(std::vector<int>{8191});
       std::vector<unsigned long long> init(12);
@@ -198,6 +234,14 @@ int main(int argc, char** argv) {
     for (const auto& [name, c] : chains) {
       std::printf("%-16s", name.c_str());
       for (double x : c) std::printf(" %10.2f", x);
+      std::printf("\n");
+    }
+    std::printf("\n32k fused chain timeline, us after the append's first warp passed its wait (cold L2):\n"
+                "%-16s %10s %10s %10s %10s %10s %10s\n",
+                "codec", "app. wait", "app. done", "attn start", "last prol.", "last done", "merged");
+    for (const auto& [name, tl] : chain_timelines) {
+      std::printf("%-16s", name.c_str());
+      for (double x : tl) std::printf(" %10.2f", x);
       std::printf("\n");
     }
     return 0;

@@ -89,6 +89,7 @@
 
 #include "backend/cuda/kv_rotation.cuh"
 #include "backend/cuda/kv_store.hpp"
+#include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "core/half.hpp"
 #include "kv/codebook.hpp"
@@ -809,6 +810,18 @@ __device__ __forceinline__ void encode_row_with(const GpuKvSide& s, int head, co
                                                 uint8_t* side, int lane) {
   EncodeHooks<F>::encode_row(s, head, x, D, code, side, lane);
   if (s.has_qjl) qjl_encode(s, head, x, D, code, side, lane);
+}
+
+// Asks L2 for the constants an encode of side s's rows of KV head `head`
+// reads (rotation table, codebook, +qjl sketch): a hint (l2_prefetch.cuh),
+// issued by one lane before the encoder's kernel waits for its predecessor.
+__device__ __forceinline__ void prefetch_encode_constants(const GpuKvSide& s, int head, int D) {
+  if (const float* t = s.rot_of(head)) prefetch_l2(t, uint64_t(s.rot_stride) * sizeof(float));
+  if (s.codebook) {
+    const int levels = s.family == kv::Family::tcq ? 2 << s.bits : (1 << s.bits) * 2 - 1;
+    prefetch_l2(s.codebook, uint64_t(levels) * sizeof(float));
+  }
+  if (s.has_qjl) prefetch_l2(s.qjl + size_t(head) * D * D, uint64_t(D) * D * sizeof(float));
 }
 
 __device__ __forceinline__ void encode_row_any(const GpuKvSide& s, int head, const float* x, int D, uint8_t* code,

@@ -26,4 +26,14 @@ __device__ __forceinline__ void trace_event(unsigned long long* trace, int event
   }
 }
 
+// The same for a warp's reading (lane 0), for kernels whose warps finish at
+// different times.
+__device__ __forceinline__ void trace_warp_event(unsigned long long* trace, int event) {
+  if (trace && (threadIdx.x & 31) == 0) {
+    const unsigned long long t = global_timer_ns();
+    atomicMin(trace + 2 * event, t);
+    atomicMax(trace + 2 * event + 1, t);
+  }
+}
+
 }  // namespace kvq::cuda

@@ -9,6 +9,8 @@
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
 #include "backend/cuda/kquant.cuh"
+#include "backend/cuda/l2_prefetch.cuh"
+#include "backend/cuda/lab_trace.cuh"
 #include "backend/cuda/qk_norm_rope.cuh"
 #include "core/error.hpp"
 #include "core/half.hpp"
@@ -225,21 +227,40 @@ __global__ void rope_kernel(float* x, int n_tokens, int n_heads, int head_dim, i
 // kGeneric: the instance that can encode any family (encode_row_any); the
 // lean one (false) serves only bf16 stores (both sides bf16) and no store,
 // without the encoders' registers and stack.
+// With q_in_attention the encode runs beside an attention that streams the
+// cache at full bandwidth, and that attention's last tile waits for this
+// kernel, so each of its dependent trips to memory is paid at loaded
+// latency: the layer's constants (norm weight, RoPE frequencies, the side's
+// rotation table, codebook and sketch) are asked into L2 before the wait
+// (the predecessor writes none of them), and the row reaches the encoder
+// through shared memory, not back through global memory. (Measured: within
+// noise. Beside the attention this kernel is bound by instruction fetch of
+// its cold, long encode paths; docs/perf.md, session 8.)
 template <int kPer, bool kGeneric>
-__global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
-                                     int nh, int nkv, bool q_in_attention, const float* __restrict__ q_norm,
-                                     const float* __restrict__ k_norm, float eps, int pos, const int* pos_dev,
-                                     RopeParams rope, GpuKvLayer kv) {
+__global__ void __launch_bounds__(128)
+    qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v, int nh, int nkv,
+                         bool q_in_attention, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                         float eps, int pos, const int* pos_dev, RopeParams rope, GpuKvLayer kv,
+                         unsigned long long* trace) {
   constexpr int D = kPer * 32;
+  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5) + (q_in_attention ? nh : 0);
+  const int lane = threadIdx.x & 31;
+  const bool in_grid = warp < nh + 2 * nkv;
+  const bool is_q = warp < nh, is_k = !is_q && warp < nh + nkv;
+  const int head = is_q ? warp : is_k ? warp - nh : warp - nh - nkv;
+  const GpuKvSide& side = is_k ? kv.k : kv.v;
+  if (in_grid && lane == 0) {
+    const float* w = is_q ? q_norm : is_k ? k_norm : nullptr;
+    if (w) prefetch_l2(w, D * sizeof(float));
+    if (!is_q) prefetch_l2(rope.inv_freq, D / 2 * sizeof(float));
+    if (kGeneric && !is_q && kv.k.code) prefetch_encode_constants(side, head, D);
+  }
   if (!q_in_attention) allow_dependents();
   wait_for_predecessor();
   if (q_in_attention) allow_dependents();
-  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5) + (q_in_attention ? nh : 0);
-  const int lane = threadIdx.x & 31;
-  if (warp >= nh + 2 * nkv) return;
+  trace_warp_event(trace, 0);
+  if (!in_grid) return;
   if (pos_dev) pos = *pos_dev;
-  const bool is_q = warp < nh, is_k = !is_q && warp < nh + nkv;
-  const int head = is_q ? warp : is_k ? warp - nh : warp - nh - nkv;
   const float* src = is_q ? q + size_t(head) * D : is_k ? k + size_t(head) * D : v + size_t(head) * D;
   int dim[kPer];
   rope_lane_dims<kPer>(rope.neox, lane, dim);
@@ -253,21 +274,22 @@ __global__ void qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ 
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
   }
   if (!is_q && kv.k.code) {
-    const GpuKvSide& side = is_k ? kv.k : kv.v;
     uint8_t* code = side.code + side.code_offset(head, pos, kv.max_tokens);
     if (!kGeneric || side.family == kv::Family::bf16) {  // straight from the registers
       uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) cache[dim[j]] = ::kvq::f32_to_bf16(sanitize_kv(x[j]));  // as the CPU `none` block
     } else if constexpr (kGeneric) {
-      // The row is complete in global memory (k: written above; v: the
-      // input) once every lane's stores are visible to the warp.
+      __shared__ float rows[4][D];  // one row per warp of the 128-thread CTA
+      float* row = rows[threadIdx.x >> 5];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) row[dim[j]] = x[j];
       __syncwarp();
-      const float* row = is_k ? k + size_t(head) * D : v + size_t(head) * D;
       uint8_t* s = side.side_bytes ? side.side + side.side_offset(head, pos, kv.max_tokens) : nullptr;
       encode_row_any(side, head, row, D, code, s, lane);
     }
   }
+  trace_warp_event(trace, 1);
 }
 
 // Greedy argmax in one launch over many CTAs. Each candidate is the 64-bit
@@ -391,6 +413,12 @@ void add(float* x, const float* y, size_t n, cudaStream_t stream) {
 }
 
 
+namespace {
+unsigned long long* g_append_trace = nullptr;
+}  // namespace
+
+void qk_rope_store_trace(unsigned long long* events) { g_append_trace = events; }
+
 bool qk_rope_store_encodes(const GpuKvLayer& kv) {
   return !(kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 && !kv.k.has_qjl && !kv.v.has_qjl);
 }
@@ -413,7 +441,7 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
   const RopeParams rope{inv_freq, neox, pos_scale};
   const auto launch = [&](auto kernel) {
     launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention, q_norm,
-                     k_norm, eps, pos, pos_dev, rope, kv);
+                     k_norm, eps, pos, pos_dev, rope, kv, g_append_trace);
   };
   switch (head_dim) {
     case 64: lean ? launch(qk_rope_store_kernel<2, false>) : launch(qk_rope_store_kernel<2, true>); break;

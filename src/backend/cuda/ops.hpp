@@ -61,6 +61,10 @@ bool qk_rope_store_encodes(const GpuKvLayer& kv);
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
                    double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false);
+// Kernel lab: later qk_rope_store launches fold their warps' global-timer
+// readings into these 4 device uint64 (min/max pairs: wait returned, row
+// stored); null stops.
+void qk_rope_store_trace(unsigned long long* events);
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
