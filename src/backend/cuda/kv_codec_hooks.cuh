@@ -217,21 +217,26 @@ __device__ __forceinline__ double warp_row_sum(Term&& term) {
 __device__ __forceinline__ size_t plane_bytes(int n, int b) { return (size_t(n) * b + 7) / 8 + 3 & ~size_t(3); }
 
 // The kB-bit fields of elements 32 g + lane (one per lane) into 32-bit words
-// g kB .. g kB + kB - 1 of a plane (kv::pack_plane's bit order).
+// g kB .. g kB + kB - 1 of a plane (kv::pack_plane's bit order: word w holds
+// elements 32 g + w per .. + per - 1, per = 32 / kB, element t of them at
+// bits t kB ..). A shuffle tree builds the words: after the step of span s,
+// lane i holds the fields of elements i .. i + 2 s - 1 at their places, so
+// lane w per ends with word w. log2(per) shuffles; the bit-by-bit gather from
+// kB ballots it replaces cost ~130 instructions per group, a third of a
+// 3-bit row's encode in the append (ncu, docs/perf.md session 8).
 template <int kB>
 __device__ __forceinline__ void pack_group(unsigned field, uint8_t* plane, int g, int lane) {
-  uint32_t m[kB];
+  static_assert(kB == 1 || kB == 2 || kB == 4 || kB == 8, "fields that tile a 32-bit word");
+  constexpr int per = 32 / kB;  // fields per word
+  uint32_t w;
+  if constexpr (kB == 1) {
+    w = __ballot_sync(kFullMask, field & 1u);
+  } else {
+    w = field & ((1u << kB) - 1u);
 #pragma unroll
-  for (int k = 0; k < kB; ++k) m[k] = __ballot_sync(kFullMask, (field >> k) & 1u);
-  if (lane < kB) {
-    constexpr int per = 32 / kB;  // fields per word
-    uint32_t w = 0;
-#pragma unroll
-    for (int t = 0; t < per; ++t)
-#pragma unroll
-      for (int k = 0; k < kB; ++k) w |= ((m[k] >> (lane * per + t)) & 1u) << (t * kB + k);
-    reinterpret_cast<uint32_t*>(plane)[g * kB + lane] = w;
+    for (int span = 1; span < per; span <<= 1) w |= __shfl_down_sync(kFullMask, w, span) << (span * kB);
   }
+  if (lane % per == 0) reinterpret_cast<uint32_t*>(plane)[g * kB + lane / per] = w;
 }
 // kv::pack_codes for one group of 32 (N = 1..4; N = 3: 2-bit low plane, then
 // the 1-bit high plane).
