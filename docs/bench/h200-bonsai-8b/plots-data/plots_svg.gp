@@ -69,54 +69,54 @@ set output 'itl_fit.svg'
 set title 'Inter-token latency (p50) vs KV length, with fits ITL = a + b * kv/1000'
 set ylabel 'ITL p50 (ms)'
 plot 'plots-data/codec0.dat' using 6:7 with points pt 7 ps 0.8 lc 1 title 'none', \
-     1.568646 + 0.037159 * x with lines dt 2 lc 1 title 'none fit', \
+     1.547070 + 0.035420 * x with lines dt 2 lc 1 title 'none fit', \
      'plots-data/codec1.dat' using 6:7 with points pt 7 ps 0.8 lc 2 title 'k8v8', \
-     1.593107 + 0.034984 * x with lines dt 2 lc 2 title 'k8v8 fit', \
+     1.548526 + 0.027378 * x with lines dt 2 lc 2 title 'k8v8 fit', \
      'plots-data/codec2.dat' using 6:7 with points pt 7 ps 0.8 lc 3 title 'k8v4', \
-     1.677640 + 0.029914 * x with lines dt 2 lc 3 title 'k8v4 fit', \
+     1.676509 + 0.027337 * x with lines dt 2 lc 3 title 'k8v4 fit', \
      'plots-data/codec3.dat' using 6:7 with points pt 7 ps 0.8 lc 4 title 'k8vturbo3', \
-     1.664509 + 0.027428 * x with lines dt 2 lc 4 title 'k8vturbo3 fit', \
+     1.677180 + 0.026953 * x with lines dt 2 lc 4 title 'k8vturbo3 fit', \
      'plots-data/codec4.dat' using 6:7 with points pt 7 ps 0.8 lc 5 title 'k8vturbo2', \
-     1.649446 + 0.024409 * x with lines dt 2 lc 5 title 'k8vturbo2 fit', \
+     1.641410 + 0.023922 * x with lines dt 2 lc 5 title 'k8vturbo2 fit', \
      'plots-data/codec5.dat' using 6:7 with points pt 7 ps 0.8 lc 6 title 'k8vturbo3tcq', \
-     1.680715 + 0.030336 * x with lines dt 2 lc 6 title 'k8vturbo3tcq fit', \
+     1.676930 + 0.029494 * x with lines dt 2 lc 6 title 'k8vturbo3tcq fit', \
      'plots-data/codec6.dat' using 6:7 with points pt 7 ps 0.8 lc 7 title 'k8vturbo2tcq', \
-     1.644940 + 0.029730 * x with lines dt 2 lc 7 title 'k8vturbo2tcq fit', \
+     1.654613 + 0.028183 * x with lines dt 2 lc 7 title 'k8vturbo2tcq fit', \
      'plots-data/codec7.dat' using 6:7 with points pt 7 ps 0.8 lc 8 title 'tsym3', \
-     1.582329 + 0.030370 * x with lines dt 2 lc 8 title 'tsym3 fit', \
+     1.572969 + 0.029720 * x with lines dt 2 lc 8 title 'tsym3 fit', \
      'plots-data/codec8.dat' using 6:7 with points pt 7 ps 0.8 lc 9 title 'tsym4', \
-     1.636071 + 0.025642 * x with lines dt 2 lc 9 title 'tsym4 fit', \
+     1.635335 + 0.025712 * x with lines dt 2 lc 9 title 'tsym4 fit', \
      'plots-data/codec9.dat' using 6:7 with points pt 7 ps 0.8 lc 10 title 'planar', \
-     1.729654 + 0.030053 * x with lines dt 2 lc 10 title 'planar fit', \
+     1.704626 + 0.029990 * x with lines dt 2 lc 10 title 'planar fit', \
      'plots-data/codec10.dat' using 6:7 with points pt 7 ps 0.8 lc 11 title 'planar3', \
-     1.692658 + 0.032035 * x with lines dt 2 lc 11 title 'planar3 fit', \
+     1.683870 + 0.031732 * x with lines dt 2 lc 11 title 'planar3 fit', \
      'plots-data/codec11.dat' using 6:7 with points pt 7 ps 0.8 lc 12 title 'planar_k', \
-     1.651203 + 0.039931 * x with lines dt 2 lc 12 title 'planar_k fit', \
+     1.654295 + 0.034786 * x with lines dt 2 lc 12 title 'planar_k fit', \
      'plots-data/codec12.dat' using 6:7 with points pt 7 ps 0.8 lc 13 title 'iso3', \
-     1.746480 + 0.031801 * x with lines dt 2 lc 13 title 'iso3 fit', \
+     1.723926 + 0.031858 * x with lines dt 2 lc 13 title 'iso3 fit', \
      'plots-data/codec13.dat' using 6:7 with points pt 7 ps 0.8 lc 14 title 'iso4', \
-     1.793225 + 0.030202 * x with lines dt 2 lc 14 title 'iso4 fit', \
+     1.748510 + 0.030136 * x with lines dt 2 lc 14 title 'iso4 fit', \
      'plots-data/codec14.dat' using 6:7 with points pt 7 ps 0.8 lc 15 title 'iso3_sym', \
-     1.688900 + 0.032152 * x with lines dt 2 lc 15 title 'iso3_sym fit', \
+     1.666145 + 0.032614 * x with lines dt 2 lc 15 title 'iso3_sym fit', \
      'plots-data/codec15.dat' using 6:7 with points pt 7 ps 0.8 lc 16 title 'iso4_sym', \
-     1.743839 + 0.031990 * x with lines dt 2 lc 16 title 'iso4_sym fit', \
+     1.721253 + 0.032109 * x with lines dt 2 lc 16 title 'iso4_sym fit', \
      'plots-data/codec16.dat' using 6:7 with points pt 7 ps 0.8 lc 17 title 'k_iso3', \
-     1.635291 + 0.040349 * x with lines dt 2 lc 17 title 'k_iso3 fit', \
+     1.655843 + 0.033769 * x with lines dt 2 lc 17 title 'k_iso3 fit', \
      'plots-data/codec17.dat' using 6:7 with points pt 7 ps 0.8 lc 18 title 'k_iso4', \
-     1.670446 + 0.040024 * x with lines dt 2 lc 18 title 'k_iso4 fit', \
+     1.666722 + 0.034667 * x with lines dt 2 lc 18 title 'k_iso4 fit', \
      'plots-data/codec18.dat' using 6:7 with points pt 7 ps 0.8 lc 19 title 'rotor3', \
-     1.749020 + 0.031345 * x with lines dt 2 lc 19 title 'rotor3 fit', \
+     1.709003 + 0.031690 * x with lines dt 2 lc 19 title 'rotor3 fit', \
      'plots-data/codec19.dat' using 6:7 with points pt 7 ps 0.8 lc 20 title 'rotor4', \
-     1.766784 + 0.030260 * x with lines dt 2 lc 20 title 'rotor4 fit', \
+     1.732270 + 0.030019 * x with lines dt 2 lc 20 title 'rotor4 fit', \
      'plots-data/codec20.dat' using 6:7 with points pt 7 ps 0.8 lc 21 title 'rotor3_sym', \
-     1.665722 + 0.032220 * x with lines dt 2 lc 21 title 'rotor3_sym fit', \
+     1.630888 + 0.033190 * x with lines dt 2 lc 21 title 'rotor3_sym fit', \
      'plots-data/codec21.dat' using 6:7 with points pt 7 ps 0.8 lc 22 title 'rotor4_sym', \
-     1.715641 + 0.032245 * x with lines dt 2 lc 22 title 'rotor4_sym fit', \
+     1.739256 + 0.031836 * x with lines dt 2 lc 22 title 'rotor4_sym fit', \
      'plots-data/codec22.dat' using 6:7 with points pt 7 ps 0.8 lc 23 title 'k_rotor3', \
-     1.620180 + 0.040495 * x with lines dt 2 lc 23 title 'k_rotor3 fit', \
+     1.624900 + 0.034488 * x with lines dt 2 lc 23 title 'k_rotor3 fit', \
      'plots-data/codec23.dat' using 6:7 with points pt 7 ps 0.8 lc 24 title 'k_rotor4', \
-     1.657540 + 0.039881 * x with lines dt 2 lc 24 title 'k_rotor4 fit', \
+     1.657515 + 0.034665 * x with lines dt 2 lc 24 title 'k_rotor4 fit', \
      'plots-data/codec24.dat' using 6:7 with points pt 7 ps 0.8 lc 25 title 'rot_k_tq4v', \
-     1.677174 + 0.030508 * x with lines dt 2 lc 25 title 'rot_k_tq4v fit', \
+     1.670472 + 0.027553 * x with lines dt 2 lc 25 title 'rot_k_tq4v fit', \
      'plots-data/codec25.dat' using 6:7 with points pt 7 ps 0.8 lc 26 title 'fp8', \
-     1.653852 + 0.020882 * x with lines dt 2 lc 26 title 'fp8 fit'
+     1.648186 + 0.021190 * x with lines dt 2 lc 26 title 'fp8 fit'
