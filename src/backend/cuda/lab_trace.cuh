@@ -15,25 +15,24 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Folds this CTA's timer reading into event `event` of trace: the minimum at
-// trace[2 event], the maximum at trace[2 event + 1] (the caller sets them to
-// UINT64_MAX and 0 first). Thread 0 only; no-op without a trace.
-__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
-  if (trace && threadIdx.x == 0) {
-    const unsigned long long t = global_timer_ns();
-    atomicMin(trace + 2 * event, t);
-    atomicMax(trace + 2 * event + 1, t);
-  }
+// Folds the caller's timer reading into event `event` of trace: the
+// minimum at trace[2 event], the maximum at trace[2 event + 1] (the caller
+// sets them to UINT64_MAX and 0 first).
+__device__ __forceinline__ void fold_timer(unsigned long long* trace, int event) {
+  const unsigned long long t = global_timer_ns();
+  atomicMin(trace + 2 * event, t);
+  atomicMax(trace + 2 * event + 1, t);
 }
 
-// The same for a warp's reading (lane 0), for kernels whose warps finish at
-// different times.
+// This CTA's reading (thread 0); no-op without a trace.
+__device__ __forceinline__ void trace_event(unsigned long long* trace, int event) {
+  if (trace && threadIdx.x == 0) fold_timer(trace, event);
+}
+
+// This warp's reading (lane 0), for kernels whose warps finish at different
+// times; no-op without a trace.
 __device__ __forceinline__ void trace_warp_event(unsigned long long* trace, int event) {
-  if (trace && (threadIdx.x & 31) == 0) {
-    const unsigned long long t = global_timer_ns();
-    atomicMin(trace + 2 * event, t);
-    atomicMax(trace + 2 * event + 1, t);
-  }
+  if (trace && (threadIdx.x & 31) == 0) fold_timer(trace, event);
 }
 
 }  // namespace kvq::cuda
