@@ -4,13 +4,17 @@
 # device time per call. The tracked tree plus the carried binaries must stay
 # under the device tool's 64 MiB, so only what the GPU needs travels:
 #   mkdir -p carry && cp tests/data/kv/heldout_code.txt carry/ &&
-#     for b in build/kvq build/tests/kvq_gpu_tests; do strip -o - $b | xz -9 -T2 > carry/$(basename $b).xz; done
-#   (binaries travel stripped and gzipped: with every codec's kernel instances
-#   they are ~28 MB each, 13 MB packed: carry one of them per call if the tree is tight; unpacked below)
+#     for b in build/kvq build/tests/kvq_gpu_tests; do strip -o /tmp/$(basename $b) $b &&
+#       xz -9 -T1 -c /tmp/$(basename $b) > carry/$(basename $b).xz; done
+#   (binaries travel stripped and packed: with every codec's kernel instances
+#   they are ~28 MB each, ~18 MB packed; strip cannot write to a pipe; unpacked below)
 #   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb \
 #     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps-run/
 #   (carry .deps-run and carry; untrack tests/data and models/tokenizers for the call if the tree is too large)
-# On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [bench] [eval]
+#   (the GPU tests need models/kvq-tiny-code.gguf, 31 MB and barely
+#   compressible: a tests call has room for kvq_gpu_tests alone; the lab and
+#   kvq travel together in a call that leaves the model out too)
+# On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [lab] [bench] [eval]
 # Results: $OUT (gpu_tests_*.txt, bench.tgz, ...); a summary on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +54,11 @@ if want kquant; then
     timeout 60 $B/kvq_bench_gemv $s 20 >>"$OUT/kquant.txt" 2>&1
     echo "-- $s"; grep -E "all GEMVs of one decode step|^fused:" "$OUT/kquant.txt" | tail -2
   done
+fi
+if want lab; then
+  echo "== KV decode lab (${LAB_ARGS:-20})"
+  timeout 120 $B/kvq_bench_kv_decode ${LAB_ARGS:-20} >"$OUT/lab.txt" 2>&1
+  tail -40 "$OUT/lab.txt"
 fi
 if want bench; then
   echo "== kvq bench on the GPU (${BENCH_CODECS:-none,k8v8} x ${BENCH_CONTEXTS:-4k,16k,65408})"
