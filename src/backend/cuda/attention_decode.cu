@@ -394,17 +394,27 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     }
     __syncthreads();
     if constexpr (KQ) {  // S q_rot into the second half of each row (S row j: D floats)
+      // A thread per row j of S, read once for 4 of the group's q rows at a
+      // time (4 independent FMA chains; each output's chain is the same as
+      // one thread per output would form, so the bits do not change).
       const float* S = p.k.qjl + size_t(kvh) * D * D;
-      for (int e = tid; e < G * D; e += kThreads) {
-        const int row = e / D, j = e % D;
+      for (int j = tid; j < D; j += kThreads) {
         const float* sj = S + size_t(j) * D;
-        const float* qr = rot_rows + row * kQDims;
-        float acc = 0.0f;
-        for (int i = 0; i < D; i += 4) {
-          const float4 sv = __ldg(reinterpret_cast<const float4*>(sj + i));
-          acc = fmaf(sv.x, qr[i], fmaf(sv.y, qr[i + 1], fmaf(sv.z, qr[i + 2], fmaf(sv.w, qr[i + 3], acc))));
+        for (int row0 = 0; row0 < G; row0 += 4) {
+          const float* qr[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) qr[r] = rot_rows + min(row0 + r, G - 1) * kQDims;  // past G: computed, not stored
+          float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int i = 0; i < D; i += 4) {
+            const float4 sv = __ldg(reinterpret_cast<const float4*>(sj + i));
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              acc[r] = fmaf(sv.x, qr[r][i], fmaf(sv.y, qr[r][i + 1], fmaf(sv.z, qr[r][i + 2], fmaf(sv.w, qr[r][i + 3], acc[r]))));
+          }
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            if (row0 + r < G) rot_rows[(row0 + r) * kQDims + D + j] = acc[r];
         }
-        rot_rows[row * kQDims + D + j] = acc;
       }
       __syncthreads();
     }
