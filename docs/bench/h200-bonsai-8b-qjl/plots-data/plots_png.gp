@@ -27,12 +27,12 @@ set output 'itl_fit.png'
 set title 'Inter-token latency (p50) vs KV length, with fits ITL = a + b * kv/1000'
 set ylabel 'ITL p50 (ms)'
 plot 'plots-data/codec0.dat' using 6:7 with points pt 7 ps 0.8 lc 1 title 'none', \
-     1.537036 + 0.035898 * x with lines dt 2 lc 1 title 'none fit', \
+     1.553162 + 0.035654 * x with lines dt 2 lc 1 title 'none fit', \
      'plots-data/codec1.dat' using 6:7 with points pt 7 ps 0.8 lc 2 title 'rotor3_sym+qjl', \
-     2.800510 + 0.039457 * x with lines dt 2 lc 2 title 'rotor3_sym+qjl fit', \
+     2.218071 + 0.037660 * x with lines dt 2 lc 2 title 'rotor3_sym+qjl fit', \
      'plots-data/codec2.dat' using 6:7 with points pt 7 ps 0.8 lc 3 title 'rotor4_sym+qjl', \
-     2.467669 + 0.040854 * x with lines dt 2 lc 3 title 'rotor4_sym+qjl fit', \
+     2.384320 + 0.035465 * x with lines dt 2 lc 3 title 'rotor4_sym+qjl fit', \
      'plots-data/codec3.dat' using 6:7 with points pt 7 ps 0.8 lc 4 title 'k_rotor3+qjl', \
-     2.431484 + 0.041750 * x with lines dt 2 lc 4 title 'k_rotor3+qjl fit', \
+     2.228706 + 0.037375 * x with lines dt 2 lc 4 title 'k_rotor3+qjl fit', \
      'plots-data/codec4.dat' using 6:7 with points pt 7 ps 0.8 lc 5 title 'k_rotor4+qjl', \
-     2.452003 + 0.045376 * x with lines dt 2 lc 5 title 'k_rotor4+qjl fit'
+     2.231333 + 0.040366 * x with lines dt 2 lc 5 title 'k_rotor4+qjl fit'
