@@ -18,34 +18,17 @@
 #include <fstream>
 #include <thread>
 
+#include "cli_test_util.hpp"
+
 extern char** environ;
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Out {
-  int rc;
-  std::string out, err;
-};
+using Out = kvq::test::CliOut;
 
-Out kvq(const std::string& args) {
-  static int n = 0;
-  const fs::path errf =
-      fs::temp_directory_path() / ("kvq_bench_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  const std::string cmd = std::string(KVQ_BIN) + " " + args + " 2>" + errf.string() + " </dev/null";
-  Out o{};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t k;
-  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), k);
-  const int st = pclose(p);
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(errf);
-  o.err.assign(std::istreambuf_iterator<char>(e), std::istreambuf_iterator<char>());
-  fs::remove(errf);
-  return o;
-}
+Out kvq(const std::string& args) { return kvq::test::kvq_cli(args); }
 
 struct TempHome {
   fs::path p;

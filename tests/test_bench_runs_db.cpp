@@ -333,8 +333,8 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   }
   RunsDb db(d.db());
   EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
-  EXPECT_EQ(RunsDb::kSchemaVersion, 2);
-  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2");
+  EXPECT_EQ(RunsDb::kSchemaVersion, 3);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3");
   const auto old = db.cells(1);
   ASSERT_EQ(old.size(), 2u);
   EXPECT_EQ(old[0].codec, "k8v4");

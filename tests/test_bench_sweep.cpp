@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "backend/backend.hpp"
+#include "backend_test_util.hpp"
 #include "bench/runs_db.hpp"
 #include "bench/sweep.hpp"
 #include "core/error.hpp"
@@ -26,44 +27,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The CPU backend, except that its caches refuse some codecs the way the
-// CUDA backend does today (Errc::unsupported) and run out of memory above a
+// The CPU backend, except that its caches refuse some codecs (Errc::unsupported,
+// as a backend without kernels for them does) and run out of memory above a
 // token count (the CUDA cache's out_of_range "GPU memory" error).
-class PickyBackend final : public Backend {
+class PickyBackend final : public testutil::ForwardingBackend {
  public:
-  PickyBackend() : cpu_(make_backend("cpu")) {}
-  const char* name() const override { return cpu_->name(); }
-  std::unique_ptr<Buffer> alloc(size_t n) override { return cpu_->alloc(n); }
-  Matrix upload(const Matrix& m) override { return cpu_->upload(m); }
-  void upload(const float* h, float* d, size_t n) override { cpu_->upload(h, d, n); }
-  void download(const float* s, float* h, size_t n) override { cpu_->download(s, h, n); }
-  void embed(const Matrix& t, const int32_t* ids, int n, float* out) override { cpu_->embed(t, ids, n, out); }
-  void matmul(const Matrix& w, const float* x, int n, float* y) override { cpu_->matmul(w, x, n, y); }
-  void rms_norm(const float* x, const float* w, int n, int dim, float eps, float* y) override {
-    cpu_->rms_norm(x, w, n, dim, eps, y);
-  }
-  void rope(float* x, int n, int h, int d, int pos, const Rope& r) override { cpu_->rope(x, n, h, d, pos, r); }
-  void swiglu(const float* g, const float* u, float* o, size_t n) override { cpu_->swiglu(g, u, o, n); }
-  void add(float* x, const float* y, size_t n) override { cpu_->add(x, y, n); }
-  void write_kv(kv::LayerCache& l, int pos, int n, const float* k, const float* v) override {
-    cpu_->write_kv(l, pos, n, k, v);
-  }
-  void attention(const kv::LayerCache& l, int pos, int n, const float* q, int h, float s, float* o) override {
-    cpu_->attention(l, pos, n, q, h, s, o);
-  }
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& o, const kv::CacheShape& shape) override {
     const std::string name = kv::resolve_codec(o).name;
     if (name == "tsym3") fail(Errc::unsupported, "fused GPU decode for tsym3 is not implemented yet");
     if (name == "k8v4" && shape.max_tokens > 100)
       fail(Errc::out_of_range, "GPU KV cache for ", shape.max_tokens, " tokens needs 9 MiB but only 1 MiB of GPU memory are free");
-    return cpu_->make_cache(o, shape);
+    return ForwardingBackend::make_cache(o, shape);
   }
-  void reset_dispatch_stats(kv::Cache& c) override { cpu_->reset_dispatch_stats(c); }
-  DispatchStats dispatch_stats(kv::Cache& c) override { return cpu_->dispatch_stats(c); }
   double measure_copy_bandwidth() override { return 1e10; }
-
- private:
-  std::unique_ptr<Backend> cpu_;
 };
 
 struct TempHome {
@@ -293,4 +269,55 @@ TEST(BenchSweep, SetupErrorsComeBeforeAnyRun) {
   // Nothing was recorded for the refused setups.
   RunsDb db(runs_db_path(h.p.string()));
   EXPECT_TRUE(db.runs().empty());
+}
+
+// kvq bench --batch on the CPU backend: B sequences per step over one paged
+// pool, every codec family, recorded with its batch size and pages in
+// runs.db, the CSV and the report (grid and tok/s-vs-batch plot).
+TEST(BenchSweep, BatchCellsDecodeManySequencesPerStep) {
+  OneThread one;
+  TempHome h;
+  SweepConfig cfg;
+  cfg.model = "synthetic:tiny";
+  cfg.codecs = {"none", "k8v8", "tsym3", "rotor3_sym+qjl"};
+  cfg.contexts = {40};
+  cfg.batches = {1, 3};
+  cfg.gen = 4;
+  cfg.reps = 1;
+  cfg.warmup = 1;
+  cfg.threads = 1;
+  cfg.home = h.p.string();
+  const SweepResult r = run_sweep(cfg, {});
+  ASSERT_EQ(r.cells.size(), 8u);
+  for (const auto& c : r.cells) {
+    EXPECT_EQ(c.status, "ok") << c.codec << " x" << c.batch << ": " << c.error;
+    EXPECT_GT(c.decode_tps.median, 0);
+  }
+  const CellResult& b3 = r.cells[1];
+  EXPECT_EQ(b3.batch, 3);
+  EXPECT_EQ(b3.kv_pages, 3);  // 3 sequences of 40 + 4 tokens: one 64-token page each
+  EXPECT_EQ(b3.kv_bytes, 3 * r.cells[0].kv_bytes);
+  ASSERT_EQ(b3.rep_results.size(), 1u);
+  EXPECT_TRUE(b3.digests_agree);
+  EXPECT_EQ(r.fits.size(), 0u);  // one context: nothing to fit
+
+  RunsDb db(runs_db_path(h.p.string()));
+  const auto cells = db.cells(r.run_id);
+  ASSERT_EQ(cells.size(), 8u);
+  EXPECT_EQ(cells[1].batch, 3);
+  EXPECT_EQ(cells[1].kv_pages, 3);
+  EXPECT_EQ(cells[0].batch, 1);
+  std::ifstream rep(r.report_path);
+  const std::string md((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("## Batched decode: aggregate tok/s at prompt 40"), std::string::npos) << md;
+  EXPECT_NE(md.find("| tsym3 | 40 | 3 | ok |"), std::string::npos) << md;
+  bool batch_plot = false;
+  for (const auto& p : r.plot_paths) batch_plot = batch_plot || p.find("tps_vs_batch.svg") != std::string::npos;
+  EXPECT_TRUE(batch_plot) << r.plot_note;
+}
+
+TEST(BenchSweep, BatchListIsChecked) {
+  EXPECT_EQ(parse_batch_list("1,8,32,64"), std::vector<int>({1, 8, 32, 64}));
+  for (const char* bad : {"", "0", "1,,8", "8,8", "-1", "4097", "2x", "1.5"})
+    EXPECT_THROW(parse_batch_list(bad), Error) << bad;
 }

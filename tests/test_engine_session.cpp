@@ -152,7 +152,7 @@ TEST(EngineSession, StopsAtMaxTokensContextAndStopStrings) {
   const auto prompt = t.session()->tokenize("abc", true, false);
   EXPECT_EQ(t.session()->generate(prompt, greedy(7)).tokens.size(), 7u);
   const GenerateResult full = t.session(int(prompt.size()) + 3)->generate(prompt, greedy(50));
-  EXPECT_EQ(full.stop_reason, "context full");
+  EXPECT_EQ(full.stop_reason, StopReason::context_full);
   EXPECT_EQ(full.tokens.size(), 4u);  // 3 fed + 1 sampled at the end
   // A stop string taken from a greedy run's own text stops there and is excluded.
   const GenerateResult ref = t.session()->generate(prompt, greedy(20));
@@ -160,7 +160,7 @@ TEST(EngineSession, StopsAtMaxTokensContextAndStopStrings) {
   GenerateOptions g = greedy(20);
   g.stop = {ref.text.substr(2, 2)};
   const GenerateResult st = t.session()->generate(prompt, g);
-  EXPECT_EQ(st.stop_reason, "stop string");
+  EXPECT_EQ(st.stop_reason, StopReason::stop_string);
   EXPECT_EQ(st.text, ref.text.substr(0, ref.text.find(g.stop[0])));
 }
 
@@ -206,7 +206,7 @@ TEST(EngineSession, OnTokenSeesEveryTokenWithItsLogitsAndCanCancel) {
     return ++calls < 4;
   };
   const GenerateResult cancelled = t.session()->generate(prompt, c);
-  EXPECT_EQ(cancelled.stop_reason, "cancelled");
+  EXPECT_EQ(cancelled.stop_reason, StopReason::cancelled);
   EXPECT_EQ(cancelled.tokens, std::vector<TokenId>(ref.tokens.begin(), ref.tokens.begin() + 4));
   EXPECT_EQ(calls, 4);
 }

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/f32_cache.hpp"
+#include "backend_test_util.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "eval/codecs.hpp"
@@ -240,36 +241,15 @@ TEST(EvalText, MatchesDirectRecomputation) {
 
 namespace {
 
-// A backend that has kernels for codec `none` only (as the CUDA backend until
-// its quantized kernels land): everything else is Errc::unsupported.
-class NoneOnlyBackend final : public Backend {
+// A backend that has kernels for codec `none` only: everything else is
+// Errc::unsupported, and f32 (the CPU backend's reference cache) too.
+class NoneOnlyBackend final : public testutil::ForwardingBackend {
  public:
   const char* name() const override { return "none-only"; }
-  std::unique_ptr<Buffer> alloc(size_t n) override { return cpu_->alloc(n); }
-  Matrix upload(const Matrix& m) override { return cpu_->upload(m); }
-  void upload(const float* h, float* d, size_t n) override { cpu_->upload(h, d, n); }
-  void download(const float* s, float* h, size_t n) override { cpu_->download(s, h, n); }
-  void embed(const Matrix& t, const int32_t* ids, int n, float* out) override { cpu_->embed(t, ids, n, out); }
-  void matmul(const Matrix& w, const float* x, int n, float* y) override { cpu_->matmul(w, x, n, y); }
-  void rms_norm(const float* x, const float* w, int n, int dim, float eps, float* y) override {
-    cpu_->rms_norm(x, w, n, dim, eps, y);
-  }
-  void rope(float* x, int n, int h, int hd, int pos, const Rope& r) override { cpu_->rope(x, n, h, hd, pos, r); }
-  void swiglu(const float* g, const float* u, float* o, size_t n) override { cpu_->swiglu(g, u, o, n); }
-  void add(float* x, const float* y, size_t n) override { cpu_->add(x, y, n); }
-  void write_kv(kv::LayerCache& l, int pos, int n, const float* k, const float* v) override {
-    cpu_->write_kv(l, pos, n, k, v);
-  }
-  void attention(const kv::LayerCache& l, int pos, int n, const float* q, int h, float s, float* o) override {
-    cpu_->attention(l, pos, n, q, h, s, o);
-  }
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& o, const kv::CacheShape& s) override {
     if (kv::resolve_codec(o).name != "none") fail(Errc::unsupported, "no kernels for codec ", kv::resolve_codec(o).name);
-    return cpu_->make_cache(o, s);
+    return ForwardingBackend::make_cache(o, s);
   }
-
- private:
-  std::unique_ptr<Backend> cpu_ = cpu::make_cpu_backend();
 };
 
 }  // namespace

@@ -12,21 +12,17 @@
 #include <unistd.h>
 
 #include "bench/runs_db.hpp"
+#include "cli_test_util.hpp"
 
 namespace {
 
 // Runs kvq; `kvq eval` records into runs.db unless told not to, so every call
 // here that does not test the recording passes --no-record.
+// kvq's stderr (logs, errors), then its stdout (the results).
 std::string run(const std::string& args, int* status = nullptr) {
-  std::string out;
-  FILE* p = popen((std::string(KVQ_BIN) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  if (status) *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  const kvq::test::CliOut o = kvq::test::kvq_cli(args);
+  if (status) *status = o.rc;
+  return o.err + o.out;
 }
 
 const std::string kModel = std::string(KVQ_SOURCE_DIR) + "/models/kvq-tiny-code.gguf";

@@ -431,7 +431,7 @@ TEST(ChatTurns, ATurnOpenerEndsTheReply) {
   const size_t first = size_t(std::find(free_run.tokens.begin(), free_run.tokens.end(), opener) - free_run.tokens.begin());
   ASSERT_EQ(r.tokens.size(), first + 1);
   EXPECT_EQ(r.tokens.back(), opener);
-  EXPECT_EQ(r.stop_reason, "eog");
+  EXPECT_EQ(r.stop_reason, StopReason::eog);
 }
 
 // ---------------------------------------------------------------------------

@@ -73,8 +73,11 @@ TEST(KvCacheNone, CapacityAndOrderErrors) {
   auto cache = make_cpu_cache(CodecOptions{}, CacheShape{1, 1, 64, 4});
   std::vector<float> k(5 * 64, 1.0f), v(5 * 64, 1.0f), q(64, 1.0f), out(64);
   EXPECT_THROW(cache->layer(0).write(0, 5, k.data(), v.data()), Error);  // over capacity
-  EXPECT_THROW(cache->layer(0).write(1, 1, k.data(), v.data()), Error);  // gap
+  // Rows go to any slot (a paged store), but attention over a row never
+  // written is an error, not a read of stale bytes.
   EXPECT_THROW(cache->layer(0).attend(0, 1, q.data(), 1, 1.0f, out.data()), Error);  // nothing written
+  cache->layer(0).write(1, 1, k.data(), v.data());
+  EXPECT_THROW(cache->layer(0).attend(1, 1, q.data(), 1, 1.0f, out.data()), Error);  // token 0 missing
   EXPECT_THROW(cache->layer(1), Error);
   cache->layer(0).write(0, 4, k.data(), v.data());
   cache->layer(0).attend(3, 1, q.data(), 1, 1.0f, out.data());

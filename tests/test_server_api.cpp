@@ -183,10 +183,10 @@ TEST(ServerApi, ErrorEnvelopeAndResponseShapes) {
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["text"], "x");
   EXPECT_EQ(usage_chunk_json(Endpoint::chat, rid, Usage{1, 1})["choices"], json::array());
-  EXPECT_STREQ(finish_reason("eog"), "stop");
-  EXPECT_STREQ(finish_reason("stop string"), "stop");
-  EXPECT_STREQ(finish_reason("max tokens"), "length");
-  EXPECT_STREQ(finish_reason("context full"), "length");
+  EXPECT_STREQ(finish_reason(StopReason::eog), "stop");
+  EXPECT_STREQ(finish_reason(StopReason::stop_string), "stop");
+  EXPECT_STREQ(finish_reason(StopReason::max_tokens), "length");
+  EXPECT_STREQ(finish_reason(StopReason::context_full), "length");
   // Token pieces can be partial UTF-8: dumped as U+FFFD, never an exception.
   EXPECT_EQ(dump(json("a\xe2\x82")), "\"a\xef\xbf\xbd\"");
 }

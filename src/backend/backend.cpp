@@ -44,14 +44,18 @@ void Backend::norm_swiglu(const float* x, const float* norm_w, int n, int dim, f
   swiglu(out, up, out, size_t(n) * size_t(w_gate.rows));
 }
 
-void Backend::qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v,
+void Backend::qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                                int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                                const float* k_norm, float eps, const Rope& r) {
+  const int n = batch.n_tok();
   if (q_norm) rms_norm(q, q_norm, n * n_heads, head_dim, eps, q);
   if (k_norm) rms_norm(k, k_norm, n * n_kv_heads, head_dim, eps, k);
-  rope(q, n, n_heads, head_dim, pos, r);
-  rope(k, n, n_kv_heads, head_dim, pos, r);
-  write_kv(layer, pos, n, k, v);
+  // A sequence's tokens are consecutive rows at consecutive positions.
+  for (const kv::QueryRun& run : batch.runs) {
+    rope(q + size_t(run.first) * n_heads * head_dim, run.n, n_heads, head_dim, run.pos, r);
+    rope(k + size_t(run.first) * n_kv_heads * head_dim, run.n, n_kv_heads, head_dim, run.pos, r);
+  }
+  write_kv(layer, batch, k, v);
 }
 
 DeviceInfo Backend::device_info() {
@@ -91,7 +95,7 @@ namespace {
 }
 }  // namespace
 
-void Backend::begin_step(int32_t, int) { no_step_graphs(name()); }
+void Backend::begin_step(const StepBatch&) { no_step_graphs(name()); }
 void Backend::record_begin() { no_step_graphs(name()); }
 std::unique_ptr<StepGraph> Backend::record_end() { no_step_graphs(name()); }
 bool Backend::replay(const StepGraph&, kv::Cache&) { no_step_graphs(name()); }

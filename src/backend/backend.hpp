@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/batch.hpp"
 #include "backend/dispatch_stats.hpp"
 #include "gguf/types.hpp"
 
@@ -90,6 +91,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   const BackendOptions& options() const { return options_; }
+  // Tokens per prefill forward call when the user gives none (--prefill-chunk).
+  virtual int default_prefill_chunk() const { return 512; }
 
   // --- memory
   virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;
@@ -113,10 +116,12 @@ class Backend {
   virtual void swiglu(const float* gate, const float* up, float* out, size_t n) = 0;
   // x += y over n values.
   virtual void add(float* x, const float* y, size_t n) = 0;
-  // Causal GQA attention of n query tokens at positions pos.. over the cache layer
-  // (after k and v of those tokens were written with write_kv).
-  virtual void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) = 0;
-  virtual void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads,
+  // K/V of the batch's tokens (k, v: [n_tok][n_kv_heads][head_dim]) into
+  // the layer's store at each token's slot.
+  virtual void write_kv(kv::LayerCache& layer, const StepBatch& batch, const float* k, const float* v) = 0;
+  // Causal GQA attention of the batch's tokens over the cache layer (after
+  // their K/V were written): each sequence's run sees its own rows only.
+  virtual void attention(const kv::LayerCache& layer, const StepBatch& batch, const float* q, int n_heads,
                          float scale, float* out) = 0;
 
   // --- fused forms of the forward pass's op sequences. The defaults run the
@@ -134,14 +139,15 @@ class Backend {
   virtual void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
                            const Matrix& w_gate, const Matrix& w_up, float* up, float* out);
   // Per-head RMSNorm of q and k (each only when its weight is non-null), RoPE
-  // of both (in place), then write_kv(layer, pos, n, k, v).
-  virtual void qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v,
+  // of both at each token's position (in place), then write_kv(layer, batch, k, v).
+  virtual void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                                 int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                                 const float* k_norm, float eps, const Rope& rope);
 
   // --- KV cache
-  // A cache this backend's write_kv/attention can use, preallocated for
-  // shape.max_tokens. Default: the CPU packed cache (kv::make_cpu_cache); the
+  // A cache this backend's write_kv/attention can use, for shape.max_tokens
+  // tokens in pages of shape.page_tokens (the backend may choose another
+  // page size: the returned cache's shape() says). Default: the CPU packed cache (kv::make_cpu_cache); the
   // CUDA backend returns a device-resident one (and rejects codecs it has no
   // GPU kernels for with Errc::unsupported).
   virtual std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape);
@@ -156,16 +162,16 @@ class Backend {
   // Launching ~1000 small kernels per token costs more than their work, so a
   // backend may record the ops of one single-token step once and replay the
   // recording for later tokens. The per-step inputs then live in backend
-  // memory: between begin_step(token, pos) and end_step(), embed() reads the
+  // memory: between begin_step(batch) and end_step(), embed() reads the
   // token and rope/write_kv/attention read the position from there (their
-  // ids/pos arguments must equal the ones given to begin_step), and
+  // ids/batch arguments must equal the ones given to begin_step), and
   // attention's work split does not depend on pos. Ops issued between
   // record_begin() and record_end() are recorded, not run; replay() runs a
   // recording with the current begin_step inputs, and returns false (running
   // nothing) when it was recorded over another KV cache than `cache`.
   // The defaults say "unsupported" (the CPU backend runs ops directly).
   virtual bool supports_step_graphs() const { return false; }
-  virtual void begin_step(int32_t token, int pos);
+  virtual void begin_step(const StepBatch& batch);
   virtual void end_step() {}
   virtual void record_begin();
   virtual std::unique_ptr<StepGraph> record_end();

@@ -31,15 +31,17 @@ int judge(const Spread& a, const Spread& b, bool higher_is_better, double min_ch
 
 Comparison compare_cells(const std::vector<CellResult>& a, const std::vector<CellResult>& b, double min_change) {
   Comparison cmp;
-  auto find = [](const std::vector<CellResult>& v, const std::string& codec, int ctx) -> const CellResult* {
+  // A cell is (codec, context, batch size).
+  auto find = [](const std::vector<CellResult>& v, const CellResult& like) -> const CellResult* {
     for (const auto& c : v)
-      if (c.codec == codec && c.ctx == ctx) return &c;
+      if (c.codec == like.codec && c.ctx == like.ctx && c.batch == like.batch) return &c;
     return nullptr;
   };
   auto add = [&](const CellResult* ca, const CellResult* cb) {
     CellDelta d;
     d.codec = ca ? ca->codec : cb->codec;
     d.ctx = ca ? ca->ctx : cb->ctx;
+    d.batch = ca ? ca->batch : cb->batch;
     d.a = ca;
     d.b = cb;
     if (!ca) {
@@ -83,9 +85,9 @@ Comparison compare_cells(const std::vector<CellResult>& a, const std::vector<Cel
     cmp.improvements += d.improvement;
     cmp.rows.push_back(d);
   };
-  for (const auto& ca : a) add(&ca, find(b, ca.codec, ca.ctx));
+  for (const auto& ca : a) add(&ca, find(b, ca));
   for (const auto& cb : b)
-    if (!find(a, cb.codec, cb.ctx)) add(nullptr, &cb);
+    if (!find(a, cb)) add(nullptr, &cb);
   return cmp;
 }
 
@@ -109,7 +111,8 @@ std::string format_comparison(const RunRow& a, const RunRow& b, const Comparison
   };
   auto ratio = [](double r) { return r > 0 ? num(r, 3) : std::string("-"); };
   for (const auto& d : c.rows)
-    o << "| " << d.codec << " | " << d.ctx << " | " << tps(d.a) << " | " << tps(d.b) << " | " << ratio(d.tps_ratio)
+    o << "| " << d.codec << " | " << d.ctx << (d.batch > 1 ? " x" + std::to_string(d.batch) : std::string()) << " | "
+      << tps(d.a) << " | " << tps(d.b) << " | " << ratio(d.tps_ratio)
       << " | " << ratio(d.ttft_ratio) << " | " << ratio(d.itl_ratio) << " | " << d.verdict << " |\n";
   o << "\n" << c.regressions << " regression(s), " << c.improvements << " improvement(s) in " << c.rows.size()
     << " cells (beyond noise: min-max ranges apart and medians more than the threshold apart).\n";

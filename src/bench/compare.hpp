@@ -13,6 +13,7 @@ namespace kvq::bench {
 struct CellDelta {
   std::string codec;
   int ctx = 0;
+  int batch = 1;
   const CellResult* a = nullptr;  // nullptr: the cell is not in that run
   const CellResult* b = nullptr;
   double tps_ratio = 0;   // b / a decode tok/s (medians); 0 unless both were measured

@@ -13,8 +13,6 @@
 
 namespace kvq::bench {
 
-int default_prefill_chunk(const std::string& device) { return device == "cuda" ? 2048 : 512; }
-
 std::vector<int32_t> random_prompt(int n, int vocab, uint64_t seed) {
   KVQ_CHECK(n >= 0 && vocab > 0, Errc::invalid_argument, "random prompt of ", n, " tokens over a vocabulary of ",
             vocab);
@@ -71,7 +69,7 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
   Backend& be = model.backend();
   const int L = int(prompt.size());
   const int ctx = L + o.gen;  // the last generated token is never fed back
-  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : default_prefill_chunk(be.name());
+  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : be.default_prefill_chunk();
 
   // The cache is the only allocation between the two readings, so their
   // difference is what it takes on the device.
@@ -106,7 +104,7 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
       session.truncate(0);  // the same cache, emptied: a full prefill every time
       const GenerateResult r = session.generate(prompt, g);
       KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
-                r.tokens.size(), " (", r.stop_reason, ")");
+                r.tokens.size(), " (", to_string(r.stop_reason), ")");
       const RepResult x = rep_result(r);
       digests.push_back(x.digest);
       if (i >= o.warmup) c.rep_results.push_back(x);
@@ -142,7 +140,7 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
       KVQ_CHECK(r.n_prompt == 1, Errc::internal, "bench: a decode run re-fed ", r.n_prompt,
                 " prompt tokens instead of the last one");
       KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
-                r.tokens.size(), " (", r.stop_reason, ")");
+                r.tokens.size(), " (", to_string(r.stop_reason), ")");
       RepResult x = rep_result(r);
       x.ttft_s = 0;  // no prefill in this run: the cell's prefills carry TTFT
       x.prefill_tps = 0;

@@ -63,11 +63,6 @@ struct MeasureOptions {
   std::function<void(int done, int total)> on_prefill;
 };
 
-// The prefill chunk a device wants when none is given: 2048 on CUDA (every
-// chunk dequantizes all weights into GEMM tiles, so larger chunks amortize
-// that), 512 elsewhere.
-int default_prefill_chunk(const std::string& device);
-
 // `n` token ids drawn uniformly from [0, vocab) by a seeded generator: a
 // prompt of exactly n tokens whose text does not matter to the cost per token.
 std::vector<int32_t> random_prompt(int n, int vocab, uint64_t seed);
@@ -78,5 +73,18 @@ std::vector<int32_t> random_prompt(int n, int vocab, uint64_t seed);
 // std::bad_alloc: the sweep turns them into failed cells.
 CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::vector<int32_t>& prompt,
                         const MeasureOptions& opts);
+
+// Measures B sequences decoding together (docs/bench.md, "--batch"): one
+// KV pool for all of them, each prompt (prompts[b], L tokens each)
+// prefilled on its own, then warm-up + reps decode runs in which every step
+// feeds one token of every sequence (BatchDecoder); each run starts from the
+// prefilled prompts (BatchDecoder::rewind). decode_tps is the aggregate
+// B * (G-1) / decode time; ITL is the time of one step (every sequence gets
+// a token per step); TTFT is the mean prefill of one sequence. The result's
+// batch is B and kv_pages the pool pages the sequences hold at the end.
+// A backend whose KV store is not paged (the CUDA one, for now) cannot run
+// B > 1: an Errc::unsupported error.
+CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
+                              const std::vector<std::vector<int32_t>>& prompts, const MeasureOptions& opts);
 
 }  // namespace kvq::bench

@@ -123,16 +123,16 @@ std::string plot_script(const std::string& terminal, const std::string& ext, con
 }  // namespace
 
 std::string csv_header() {
-  return "run_id,codec,ctx,gen,reps,prefill_n,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
+  return "run_id,codec,ctx,gen,batch,reps,prefill_n,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
          "ttft_s_max,prefill_tps,prefill_tps_min,prefill_tps_max,itl_p50_ms,itl_p50_ms_min,itl_p50_ms_max,"
-         "itl_p99_ms,itl_p99_ms_min,itl_p99_ms_max,kv_seq,kv_bytes,kv_mib,bits_per_value,kv_capacity_bytes,"
+         "itl_p99_ms,itl_p99_ms_min,itl_p99_ms_max,kv_seq,kv_bytes,kv_mib,bits_per_value,kv_capacity_bytes,kv_pages,"
          "device_mem_delta,weight_bytes,step_bytes,achieved_gbs,pct_copy_bw,attn_kernels,kv_host_device_bytes,"
          "digest,digests_agree,error\n";
 }
 
 std::string csv_row(int64_t run_id, const CellResult& c) {
   std::vector<std::string> f = {std::to_string(run_id), csv_field(c.codec), std::to_string(c.ctx),
-                                std::to_string(c.gen), std::to_string(c.reps),
+                                std::to_string(c.gen), std::to_string(c.batch), std::to_string(c.reps),
                                 c.measured() ? std::to_string(c.prefill_n) : std::string(), c.status,
                                 csv_field(join(c.flags, ";"))};
   const bool m = c.measured();
@@ -147,6 +147,7 @@ std::string csv_row(int64_t run_id, const CellResult& c) {
   val(mib(double(c.kv_bytes)), 4);
   val(c.bits_per_value, 4);
   f.push_back(m ? std::to_string(c.kv_capacity_bytes) : "");
+  f.push_back(m && c.kv_pages > 0 ? std::to_string(c.kv_pages) : "");
   f.push_back(m && c.device_mem_delta >= 0 ? std::to_string(c.device_mem_delta) : "");
   f.push_back(m ? std::to_string(c.weight_bytes) : "");
   val(c.step_bytes, 0);
@@ -162,7 +163,22 @@ std::string csv_row(int64_t run_id, const CellResult& c) {
   return join(f, ",") + "\n";
 }
 
-Plots write_plots(const std::string& dir, const std::vector<CellResult>& cells, const std::vector<ItlFit>& fits) {
+namespace {
+
+// Cells of one sequence per step (the codec x context sweep); batch cells
+// have their own table and plot.
+std::vector<CellResult> one_sequence_cells(const std::vector<CellResult>& cells) {
+  std::vector<CellResult> r;
+  for (const auto& c : cells)
+    if (c.batch <= 1) r.push_back(c);
+  return r;
+}
+bool has_batches(const std::vector<CellResult>& cells) {
+  return std::any_of(cells.begin(), cells.end(), [](const CellResult& c) { return c.batch > 1; });
+}
+
+Plots write_context_plots(const std::string& dir, const std::vector<CellResult>& cells,
+                          const std::vector<ItlFit>& fits) {
   Plots out;
   // One data file per codec with measured cells, rows sorted by context.
   std::vector<std::string> codecs;
@@ -241,8 +257,133 @@ Plots write_plots(const std::string& dir, const std::vector<CellResult>& cells, 
   return out;
 }
 
-std::string report_markdown(const RunRow& run, const std::vector<CellResult>& cells, const std::vector<ItlFit>& fits,
-                            const Plots& plots) {
+// Aggregate decode tok/s against the batch size, one line per codec (and
+// context, when the run has several).
+void write_batch_plot(const std::string& dir, const std::vector<CellResult>& cells, Plots& out) {
+  std::vector<std::pair<std::string, int>> series;  // (codec, ctx)
+  for (const auto& c : cells)
+    if (c.measured() && std::find(series.begin(), series.end(), std::make_pair(c.codec, c.ctx)) == series.end())
+      series.emplace_back(c.codec, c.ctx);
+  bool many_ctx = false;
+  for (const auto& s : series) many_ctx = many_ctx || s.second != series.front().second;
+  const fs::path data_dir = fs::path(dir) / "plots-data";
+  fs::create_directories(data_dir);
+  std::vector<std::pair<std::string, std::string>> files;  // (title, data path)
+  for (size_t i = 0; i < series.size(); ++i) {
+    std::vector<const CellResult*> rows;
+    for (const auto& c : cells)
+      if (c.measured() && c.codec == series[i].first && c.ctx == series[i].second) rows.push_back(&c);
+    std::sort(rows.begin(), rows.end(), [](const auto* a, const auto* b) { return a->batch < b->batch; });
+    const std::string name = "batch" + std::to_string(i) + ".dat";
+    std::ofstream d(data_dir / name);
+    d << "# " << series[i].first << " @ " << series[i].second << ": batch tps_median tps_min tps_max\n";
+    for (const auto* c : rows)
+      d << c->batch << " " << c->decode_tps.median << " " << c->decode_tps.min << " " << c->decode_tps.max << "\n";
+    files.emplace_back(many_ctx ? series[i].first + " @ " + std::to_string(series[i].second) : series[i].first,
+                       "plots-data/" + name);
+  }
+  if (files.empty()) return;
+  for (const std::string ext : {"svg", "png"}) {
+    const std::string term = ext == "svg" ? "svg size 1100,650 dynamic background '#ffffff' font 'sans,12'"
+                                          : "png size 1100,650 background '#ffffff'";
+    std::ostringstream g;
+    g << "set terminal " << term << "\nset grid\nset key outside right top noenhanced\nset logscale x 2\n"
+      << "set yrange [0:*]\nset offsets graph 0.04, graph 0.04, graph 0.05, 0\n"
+      << "set xlabel 'sequences per decode step'\nset ylabel 'aggregate decode tok/s'\n"
+      << "set title 'Aggregate decode tok/s vs batch (median; bars: min..max)'\n"
+      << "set output 'tps_vs_batch." << ext << "'\nplot ";
+    for (size_t i = 0; i < files.size(); ++i)
+      g << (i ? ", \\\n     " : "") << gp_str(files[i].second) << " using 1:2:3:4 with yerrorlines pt 7 ps 0.6 lc "
+        << i + 1 << " title " << gp_str(files[i].first);
+    g << "\n";
+    const fs::path script = data_dir / ("plot_batch_" + ext + ".gp");
+    std::ofstream(script) << g.str();
+    const auto [rc, text] =
+        run_command("cd " + sh_quote(dir) + " && gnuplot " + sh_quote(fs::absolute(script).string()));
+    const fs::path f = fs::path(dir) / ("tps_vs_batch." + ext);
+    std::error_code ec;
+    if (rc == 0 && fs::exists(f) && fs::file_size(f, ec) > 0)
+      out.files.push_back("tps_vs_batch." + ext);
+    else
+      out.note += std::string(out.note.empty() ? "" : "; ") + "batch plot (" + ext + ") failed: " + text.substr(0, 200);
+  }
+}
+
+}  // namespace
+
+Plots write_plots(const std::string& dir, const std::vector<CellResult>& cells, const std::vector<ItlFit>& fits) {
+  const std::vector<CellResult> one = one_sequence_cells(cells);
+  Plots out;
+  if (!one.empty()) out = write_context_plots(dir, one, fits);
+  if (has_batches(cells) && run_command("gnuplot --version").first == 0) write_batch_plot(dir, cells, out);
+  if (one.empty() && !has_batches(cells)) out.note = "no plots: no cell was measured";
+  return out;
+}
+
+namespace {
+
+// The batch cells: aggregate decode tok/s per codec and batch size (one grid
+// per context), then every batch cell with its per-step latency and pages.
+std::string batch_section(const std::vector<CellResult>& cells) {
+  std::ostringstream r;
+  std::vector<std::string> codecs;
+  std::vector<int> ctxs, batches;
+  for (const auto& c : cells) {
+    if (std::find(codecs.begin(), codecs.end(), c.codec) == codecs.end()) codecs.push_back(c.codec);
+    if (std::find(ctxs.begin(), ctxs.end(), c.ctx) == ctxs.end()) ctxs.push_back(c.ctx);
+    if (std::find(batches.begin(), batches.end(), c.batch) == batches.end()) batches.push_back(c.batch);
+  }
+  std::sort(ctxs.begin(), ctxs.end());
+  std::sort(batches.begin(), batches.end());
+  for (int ctx : ctxs) {
+    r << "## Batched decode: aggregate tok/s at prompt " << ctx << " (B sequences per step; median, min-max)\n\n"
+      << "| codec |";
+    for (int b : batches) r << " B = " << b << " |";
+    r << "\n|---|";
+    for (size_t i = 0; i < batches.size(); ++i) r << "---|";
+    r << "\n";
+    for (const auto& codec : codecs) {
+      r << "| " << md(codec) << " |";
+      for (int b : batches) {
+        const CellResult* c = nullptr;
+        for (const auto& x : cells)
+          if (x.codec == codec && x.ctx == ctx && x.batch == b) c = &x;
+        if (!c)
+          r << " |";
+        else if (!c->measured())
+          r << " " << c->status << " |";
+        else
+          r << " " << sig(c->decode_tps.median) << " (" << sig(c->decode_tps.min) << "-" << sig(c->decode_tps.max)
+            << ")" << (c->status == "flagged" ? " **!**" : "") << " |";
+      }
+      r << "\n";
+    }
+    r << "\n";
+  }
+  r << "B = 1 cells are the one-sequence protocol above (recorded steps where the backend has them); B > 1 cells "
+       "prefill each sequence, then decode every sequence one token per step (ITL = one step).\n\n"
+       "| codec | ctx | batch | status | aggregate tok/s | ITL p50 / p99 ms | KV MiB | KV pages | GB/s | % copy bw |\n"
+       "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& c : cells) {
+    if (c.batch <= 1) continue;
+    r << "| " << md(c.codec) << " | " << c.ctx << " | " << c.batch << " | " << c.status << " |";
+    if (!c.measured()) {
+      r << " | | | | | |\n";
+      continue;
+    }
+    r << " " << sig(c.decode_tps.median) << " | " << sig(c.itl_p50_ms.median) << " / " << sig(c.itl_p99_ms.median)
+      << " | " << sig(mib(double(c.kv_bytes))) << " | " << c.kv_pages << " | " << sig(c.achieved_gbs) << " | "
+      << (c.pct_copy_bw > 0 ? num(c.pct_copy_bw, 1) : std::string("n/a")) << " |\n";
+  }
+  r << "\n";
+  return r.str();
+}
+
+}  // namespace
+
+std::string report_markdown(const RunRow& run, const std::vector<CellResult>& all_cells,
+                            const std::vector<ItlFit>& fits, const Plots& plots) {
+  const std::vector<CellResult> cells = one_sequence_cells(all_cells);
   const RunMeta& m = run.meta;
   nlohmann::json params = nlohmann::json::object();
   try {
@@ -357,16 +498,18 @@ std::string report_markdown(const RunRow& run, const std::vector<CellResult>& ce
     r << "\n";
   }
 
+  if (has_batches(all_cells)) r << batch_section(all_cells);
+
   std::vector<const CellResult*> problems;
-  for (const auto& c : cells)
+  for (const auto& c : all_cells)
     if (c.status != "ok") problems.push_back(&c);
   r << "## Problems\n\n";
   if (problems.empty()) {
     r << "None: every cell was measured and passed its checks (digests agree, dispatch counts, KV memory).\n\n";
   } else {
-    r << "| codec | ctx | status | message |\n|---|---|---|---|\n";
+    r << "| codec | ctx | batch | status | message |\n|---|---|---|---|---|\n";
     for (const auto* c : problems)
-      r << "| " << md(c->codec) << " | " << c->ctx << " | " << c->status
+      r << "| " << md(c->codec) << " | " << c->ctx << " | " << c->batch << " | " << c->status
         << (c->flags.empty() ? "" : " (" + join(c->flags, ", ") + ")") << " | " << md(c->error) << " |\n";
     r << "\n";
   }

@@ -55,6 +55,7 @@ struct CellResult {
   std::string codec;  // as requested (canonical codec name where it resolves)
   int ctx = 0;        // prompt tokens L
   int gen = 0;        // generated tokens G
+  int batch = 1;      // sequences decoded together (kvq bench --batch); decode_tps is their aggregate
   std::string status = "failed";
   std::string error;                // message when status is oom/unsupported/failed
   std::vector<std::string> flags;   // "digest" (reps disagree), "dispatch", "kv_memory"
@@ -74,6 +75,7 @@ struct CellResult {
   double bits_per_value = 0;       // kv_bytes * 8 / (tokens * layers * kv_heads * head_dim * 2)
   uint64_t kv_capacity_bytes = 0;  // bytes_for_tokens(allocated context)
   int64_t device_mem_delta = -1;   // device memory taken by the cache (+ its scratch); -1: unknown (CPU)
+  int kv_pages = 0;                // batch cells: KV pool pages the sequences hold; 0 for one-sequence cells
 
   // Achieved bandwidth: bytes a decode step must read over the step time.
   uint64_t weight_bytes = 0;       // weights read per step (one embedding row, all other tensors)

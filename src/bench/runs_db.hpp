@@ -89,7 +89,7 @@ class RunsDb {
   // The schema version this build writes and understands.
   // 1: the first schema. 2: bench_cells.prefill_n and prefills_json (the
   // prefill-once protocol, docs/bench.md).
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
   // The SQL that takes a database from schema `from_version` to the next
   // (tests build databases of earlier versions with it).
   static const char* migration_sql(int from_version);

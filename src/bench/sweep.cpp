@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -100,7 +102,8 @@ double cell_weight(int ctx, int gen, int prefills, int runs, double prefill_rati
 }  // namespace
 
 std::string format_progress(const SweepProgress& p) {
-  std::string s = str("[", p.cell + 1, "/", p.cells, "] ", p.codec, " @ ", p.ctx, ": ");
+  std::string s = str("[", p.cell + 1, "/", p.cells, "] ", p.codec, " @ ", p.ctx,
+                      p.batch > 1 ? str(" x ", p.batch, " sequences") : std::string(), ": ");
   if (p.prefill_rep >= 0) {
     s += str("prefill ", p.prefill_rep + 1, "/", p.prefill_reps);
     if (p.prefill_total > 0 && p.prefill_done < p.prefill_total) s += str(", ", p.prefill_done, "/", p.prefill_total);
@@ -155,9 +158,29 @@ std::vector<int> parse_context_list(const std::string& list) {
   return out;
 }
 
+std::vector<int> parse_batch_list(const std::string& list) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? list.size() + 1 : comma + 1;
+    char* end = nullptr;
+    errno = 0;
+    const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
+    KVQ_CHECK(!item.empty() && end && *end == '\0' && errno == 0 && v >= 1 && v <= 4096, Errc::invalid_argument,
+              "--batch: '", item, "' is not a sequence count from 1 to 4096 (give a list like 1,8,32,64)");
+    KVQ_CHECK(std::find(out.begin(), out.end(), int(v)) == out.end(), Errc::invalid_argument, "--batch: ", v,
+              " is listed twice");
+    out.push_back(int(v));
+  }
+  return out;
+}
+
 SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const SweepProgress&)>& on_progress) {
   KVQ_CHECK(!cfg.codecs.empty(), Errc::invalid_argument, "no codecs to measure");
   KVQ_CHECK(!cfg.contexts.empty(), Errc::invalid_argument, "no contexts to measure");
+  KVQ_CHECK(!cfg.batches.empty(), Errc::invalid_argument, "no batch sizes to measure");
   KVQ_CHECK(cfg.gen >= 2, Errc::invalid_argument, "--gen must be at least 2 (decode speed counts tokens 2..G)");
   KVQ_CHECK(cfg.reps >= 1, Errc::invalid_argument, "--reps must be at least 1");
   KVQ_CHECK(cfg.warmup >= 0, Errc::invalid_argument, "--warmup cannot be negative");
@@ -181,12 +204,13 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   nlohmann::ordered_json params = {
       {"codecs", cfg.codecs},
       {"contexts", cfg.contexts},
+      {"batches", cfg.batches},
       {"gen", cfg.gen},
       {"reps", cfg.reps},
       {"warmup", cfg.warmup},
       {"protocol", cfg.prefill_every_run ? "prefill-every-run" : "prefill-once"},
       {"prefill_reps", cfg.prefill_every_run ? cfg.reps : cfg.prefill_reps},
-      {"prefill_chunk", cfg.prefill_chunk > 0 ? cfg.prefill_chunk : default_prefill_chunk(backend->name())},
+      {"prefill_chunk", cfg.prefill_chunk > 0 ? cfg.prefill_chunk : backend->default_prefill_chunk()},
       {"threads", cfg.threads > 0 ? cfg.threads : omp_get_max_threads()},
       {"seed", cfg.seed},
       {"model_shape",
@@ -211,10 +235,12 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   struct Cell {
     std::string codec;
     int ctx;
+    int batch;
   };
   std::vector<Cell> plan;
   for (const auto& c : cfg.codecs)
-    for (int ctx : cfg.contexts) plan.push_back({c, ctx});
+    for (int ctx : cfg.contexts)
+      for (int b : cfg.batches) plan.push_back({c, ctx, b});
   std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec
   for (int ctx : cfg.contexts) prompts.push_back(random_prompt(ctx, mc.vocab_size, cfg.seed + uint64_t(ctx)));
 
@@ -227,7 +253,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   auto weight_of = [&](int ctx) { return cell_weight(ctx, cfg.gen, prefills, reps_total, prefill_ratio); };
   auto weight_left = [&](size_t from) {
     double w = 0;
-    for (size_t i = from; i < plan.size(); ++i) w += weight_of(plan[i].ctx);
+    for (size_t i = from; i < plan.size(); ++i) w += weight_of(plan[i].ctx) * plan[i].batch;
     return w;
   };
 
@@ -246,6 +272,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     p.cell = int(i);
     p.codec = cell.codec;
     p.ctx = cell.ctx;
+    p.batch = cell.batch;
     p.rep = 0;
     p.prefill_rep = cfg.prefill_every_run ? -1 : 0;
     p.prefill_done = p.prefill_total = 0;
@@ -285,7 +312,15 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
         prompts[size_t(std::find(cfg.contexts.begin(), cfg.contexts.end(), cell.ctx) - cfg.contexts.begin())];
     CellResult r;
     try {
-      r = measure_cell(*model, codec_options(cell.codec), prompt, mo);
+      if (cell.batch == 1) {
+        r = measure_cell(*model, codec_options(cell.codec), prompt, mo);
+      } else {
+        // Sequence 0 has the one-sequence cells' prompt; the others their own.
+        std::vector<std::vector<int32_t>> batch_prompts = {prompt};
+        for (int b = 1; b < cell.batch; ++b)
+          batch_prompts.push_back(random_prompt(cell.ctx, mc.vocab_size, cfg.seed + uint64_t(cell.ctx) + 7919u * b));
+        r = measure_batch_cell(*model, codec_options(cell.codec), batch_prompts, mo);
+      }
       r.codec = cell.codec;  // the sweep's name ("+qjl" forms included), equal to the canonical one
     } catch (const std::bad_alloc&) {
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "oom", "out of host memory (std::bad_alloc)");
@@ -294,19 +329,23 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     } catch (const std::exception& e) {
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "failed", e.what());
     }
+    r.batch = cell.batch;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all
     csv << csv_row(res.run_id, r) << std::flush;
     if (r.measured()) {
       ratios.push_back(r.decode_tps.median / std::max(r.prefill_tps.median, 1e-9));
       prefill_ratio = spread(ratios).median;
       measured_time += t_cell.seconds();
-      done_weight += weight_of(cell.ctx);
+      done_weight += weight_of(cell.ctx) * cell.batch;
     }
     res.cells.push_back(std::move(r));
   }
 
+  std::vector<CellResult> one_sequence;  // the ITL fit is over one-sequence steps
+  for (const auto& c : res.cells)
+    if (c.batch == 1) one_sequence.push_back(c);
   for (const auto& codec : cfg.codecs) {
-    const ItlFit f = fit_itl(codec, res.cells);
+    const ItlFit f = fit_itl(codec, one_sequence);
     if (f.n_points < 2) continue;
     db.add_fit(res.run_id, f);
     res.fits.push_back(f);

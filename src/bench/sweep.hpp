@@ -25,6 +25,7 @@ struct SweepConfig {
   std::string device = "cpu";
   std::vector<std::string> codecs;   // codec names (parse_codec_list)
   std::vector<int> contexts;         // prompt lengths (parse_context_list)
+  std::vector<int> batches = {1};    // sequences per decode step (parse_batch_list); 1: measure_cell
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell
   int warmup = 1;                    // discarded repetitions per cell
@@ -49,6 +50,7 @@ struct SweepProgress {
   int cells = 0;       // cells in the sweep
   std::string codec;
   int ctx = 0;
+  int batch = 1;
   int rep = 0;         // current decode run (warm-up included), 0-based
   int reps = 0;        // decode runs per cell, warm-up included
   int warmup = 0;      // of which warm-up (the first ones)
@@ -78,6 +80,9 @@ struct SweepResult {
 // comma-separated list of codec names or aliases ("k8v4,turbo3", "rotor3_sym+qjl").
 // Unknown names are an Errc::invalid_argument error listing the valid ones.
 std::vector<std::string> parse_codec_list(const std::string& list);
+// "1,8,32,64": sequences decoded together per step, each 1..4096, no
+// repeats; anything else is an Errc::invalid_argument error.
+std::vector<int> parse_batch_list(const std::string& list);
 // "4k,8k,16k,100" -> {4096, 8192, 16384, 100}; k = 1024. Positive, unique.
 std::vector<int> parse_context_list(const std::string& list);
 

@@ -23,6 +23,7 @@ struct BenchArgs {
   ModelOptions model;
   std::string codecs = "all";
   std::string contexts = "4k,8k,16k,32k,64k";
+  std::string batches = "1";
   int gen = 128;
   int reps = 3;
   int warmup = 1;
@@ -69,6 +70,7 @@ int run_bench(const BenchArgs& a) {
   cfg.device = a.model.device;
   cfg.codecs = bench::parse_codec_list(a.codecs);
   cfg.contexts = bench::parse_context_list(a.contexts);
+  cfg.batches = bench::parse_batch_list(a.batches);
   cfg.gen = a.gen;
   cfg.reps = a.reps;
   cfg.warmup = a.warmup;
@@ -86,8 +88,8 @@ int run_bench(const BenchArgs& a) {
   cfg.should_stop = [] { return g_stop.load(); };
 
   std::fprintf(stderr,
-               "kvq bench: %zu codecs x %zu contexts on %s, model %s, %s, %d warm-up + %d decode runs of %d tokens\n",
-               cfg.codecs.size(), cfg.contexts.size(), cfg.device.c_str(), cfg.model.c_str(),
+               "kvq bench: %zu codecs x %zu contexts x %zu batch sizes on %s, model %s, %s, %d warm-up + %d decode runs of %d tokens\n",
+               cfg.codecs.size(), cfg.contexts.size(), cfg.batches.size(), cfg.device.c_str(), cfg.model.c_str(),
                cfg.prefill_every_run ? "a prefill per run" : str(cfg.prefill_reps, " prefill(s) per cell").c_str(),
                cfg.warmup, cfg.reps, cfg.gen);
   const bool tty = ::isatty(2);
@@ -114,16 +116,18 @@ int run_bench(const BenchArgs& a) {
   if (tty) std::fprintf(stderr, "\r\033[K");
 
   int ok = 0, flagged = 0, failed = 0;
-  std::printf("%-18s %8s  %-11s %12s %10s %10s %9s %8s\n", "codec", "ctx", "status", "decode tok/s", "TTFT s",
-              "ITL p50", "KV MiB", "bits/v");
+  std::printf("%-18s %8s %5s  %-11s %12s %10s %10s %9s %8s\n", "codec", "ctx", "batch", "status", "decode tok/s",
+              "TTFT s", "ITL p50", "KV MiB", "bits/v");
   for (const auto& c : res.cells) {
     (c.status == "ok" ? ok : c.status == "flagged" ? flagged : failed)++;
     if (c.measured())
-      std::printf("%-18s %8d  %-11s %12.2f %10.4f %10.3f %9.2f %8.3f\n", c.codec.c_str(), c.ctx, c.status.c_str(),
+      std::printf("%-18s %8d %5d  %-11s %12.2f %10.4f %10.3f %9.2f %8.3f\n", c.codec.c_str(), c.ctx, c.batch,
+                  c.status.c_str(),
                   c.decode_tps.median, c.ttft_s.median, c.itl_p50_ms.median, double(c.kv_bytes) / (1 << 20),
                   c.bits_per_value);
     else
-      std::printf("%-18s %8d  %-11s %s\n", c.codec.c_str(), c.ctx, c.status.c_str(), c.error.substr(0, 100).c_str());
+      std::printf("%-18s %8d %5d  %-11s %s\n", c.codec.c_str(), c.ctx, c.batch, c.status.c_str(),
+                  c.error.substr(0, 100).c_str());
   }
   for (const auto& f : res.fits)
     std::printf("fit %-14s ITL = %.4f ms + %.5f ms per 1k KV tokens (RMS residual %.4f ms, %d points)\n",
@@ -187,6 +191,11 @@ KVQ_REGISTER_COMMAND(
                      "Codecs: all (the codec table), seeds (the seeds' 25) or a comma list, e.g. none,k8v4,tsym3")
           ->capture_default_str();
       app.add_option("--contexts", a->contexts, "Prompt lengths in tokens, comma list; k = 1024 (e.g. 512,4k,64k)")
+          ->capture_default_str();
+      app.add_option("--batch", a->batches,
+                     "Sequences decoded together per step, comma list (e.g. 1,8,32,64): each B > 1 cell prefills B "
+                     "prompts of the context's length and decodes them one token each per step over one paged KV "
+                     "pool; decode tok/s is then their aggregate")
           ->capture_default_str();
       app.add_option("--gen", a->gen, "Tokens generated per decode run (decode tok/s counts tokens 2..gen)")
           ->check(CLI::Range(2, 1 << 20))

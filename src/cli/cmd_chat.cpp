@@ -65,7 +65,7 @@ int chat(ChatArgs& a) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     history.push_back({"assistant", r.text});
-    if (r.stop_reason == "max tokens" && g.n_predict > 0)
+    if (r.stop_reason == StopReason::max_tokens && g.n_predict > 0)
       std::fprintf(stderr, "kvq: (reply cut at %d tokens; -n N sets the limit per turn, -n -1 removes it)\n",
                    g.n_predict);
     if (a.verbose_speed) std::fprintf(stderr, "kvq: %s\n", speed_line(r).c_str());

@@ -13,7 +13,6 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "bench/measure.hpp"
 #include "bench/run_meta.hpp"
 #include "bench/runs_db.hpp"
 #include "cli/command.hpp"
@@ -160,7 +159,7 @@ int run_text(EvalArgs& a, bool kl) {
   const int window = std::min<int>(o.ctx, int(tokens.size()));
   o.stride = a.stride > 0 ? a.stride : kl ? 0 : std::max(1, window / 2);
   o.max_windows = a.max_windows;
-  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : bench::default_prefill_chunk(l.backend->name());
+  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : l.backend->default_prefill_chunk();
   if (kl) {
     KVQ_CHECK(a.ref == "none" || a.ref == "f32", Errc::invalid_argument, "--ref is none or f32, not '", a.ref, "'");
     o.ref = eval::parse_eval_codec(a.ref);
@@ -269,7 +268,7 @@ int run_needle(EvalArgs& a) {
   o.depths = parse_depths(a.depths);
   o.trials = a.trials;
   o.seed = a.seed;
-  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : bench::default_prefill_chunk(l.backend->name());
+  o.prefill_chunk = a.model.prefill_chunk > 0 ? a.model.prefill_chunk : l.backend->default_prefill_chunk();
   if (!a.file.empty()) o.haystack = read_file(a.file);
   if (!a.quiet)
     o.on_pass = [](const std::string& label, int i, int n) {

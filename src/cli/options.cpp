@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "backend/cpu/f32_cache.hpp"
-#include "bench/measure.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/model_spec.hpp"
@@ -236,7 +235,7 @@ std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) 
 SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : bench::default_prefill_chunk(m.backend().name());
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : m.backend().default_prefill_chunk();
   return so;
 }
 
@@ -259,7 +258,7 @@ std::string speed_line(const GenerateResult& r) {
   std::snprintf(buf, sizeof buf,
                 "prefill %d tokens at %.1f tok/s (%.3f s); decode %d tokens at %.1f tok/s (%.3f s); generated %zu, stop: %s",
                 r.n_prompt, r.prefill_tps(), r.prefill_s, r.n_decoded, r.decode_tps(), r.decode_s, r.tokens.size(),
-                r.stop_reason.c_str());
+                to_string(r.stop_reason));
   return buf;
 }
 

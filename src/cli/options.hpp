@@ -1,5 +1,5 @@
-// Options shared by every command that loads a model and generates (run,
-// chat, and later bench and serve): declared once here, parsed by CLI11.
+// Options shared by every command that loads a model (run, chat, bench,
+// eval, serve): declared once here, parsed by CLI11.
 #pragma once
 
 #include <CLI/CLI.hpp>

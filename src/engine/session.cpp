@@ -11,6 +11,17 @@
 
 namespace kvq {
 
+const char* to_string(StopReason r) {
+  switch (r) {
+    case StopReason::eog: return "eog";
+    case StopReason::stop_string: return "stop string";
+    case StopReason::max_tokens: return "max tokens";
+    case StopReason::context_full: return "context full";
+    case StopReason::cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
 Session::Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer* tok, SessionOptions opts)
     : model_(model), cache_(std::move(cache)), run_(model.new_run_state()), tok_(tok), opts_(std::move(opts)) {
   KVQ_CHECK(cache_, Errc::internal, "Session needs a KV cache");
@@ -147,7 +158,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // Embedding tables are often padded past the tokenizer (Qwen3: 151936 rows,
   // 151669 tokens); ids without a token are never sampled.
   const int vocab = tok_ ? std::min(tok_->vocab_size(), model_.config().vocab_size) : model_.config().vocab_size;
-  r.stop_reason = "max tokens";
+  r.stop_reason = StopReason::max_tokens;
   bool last_fed = true;
   // Plain greedy decoding needs only the argmax of each step's logits: the
   // backend computes it and the logits stay where they are (on a GPU the
@@ -176,25 +187,25 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
     r.token_s.push_back(t_decode.seconds());
     last_fed = false;
     if (g.on_token && !g.on_token(id, g.token_logits ? logits->data() : nullptr)) {
-      r.stop_reason = "cancelled";
+      r.stop_reason = StopReason::cancelled;
       break;
     }
     if ((g.stop_at_eog && tok_ && tok_->is_eog(id)) ||
         std::find(g.stop_tokens.begin(), g.stop_tokens.end(), id) != g.stop_tokens.end()) {
-      r.stop_reason = "eog";
+      r.stop_reason = StopReason::eog;
       break;
     }
     if (detok) {
       bool stopped = false;
       emit(stops.push(unhealed(detok->push(id)), &stopped));
       if (stopped) {
-        r.stop_reason = "stop string";
+        r.stop_reason = StopReason::stop_string;
         break;
       }
     }
     if (g.n_predict >= 0 && i + 1 == g.n_predict) break;  // its logits are not needed
     if (int(tokens_.size()) >= opts_.ctx) {
-      r.stop_reason = "context full";
+      r.stop_reason = StopReason::context_full;
       break;
     }
     if (backend_greedy)
@@ -208,7 +219,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // A logits sink gets a row for every token, the final one included, so a
   // dump lines up with its token list; this extra step is not timed.
   if (sink_ && !last_fed && int(tokens_.size()) < opts_.ctx) feed({r.tokens.back()});
-  if (detok && r.stop_reason != "stop string" && r.stop_reason != "cancelled") {
+  if (detok && r.stop_reason != StopReason::stop_string && r.stop_reason != StopReason::cancelled) {
     bool stopped = false;
     emit(stops.push(unhealed(detok->flush()), &stopped));
     if (!stopped) emit(stops.flush());

@@ -31,20 +31,31 @@ struct GenerateOptions {
   std::vector<std::string> stop;      // stop strings (matched on the generated text, excluded from output)
   bool stop_at_eog = true;            // stop at the tokenizer's end-of-generation tokens
   std::vector<TokenId> stop_tokens;   // more tokens that end generation (a chat's turn-start marker), kept
-                                      // in tokens but not streamed (stop_reason "eog")
+                                      // in tokens but not streamed (StopReason::eog)
   SamplingParams sampling;
   // From heal_prompt_end(): the first sampled token must be one of
   // healing.first_allowed, and the healed prefix (already part of the
   // user's prompt text) is not streamed again.
   TokenHealing healing;
   // Called with each sampled token before its text is emitted; returning
-  // false ends generation with stop_reason "cancelled" (a server whose client
+  // false ends generation with StopReason::cancelled (a server whose client
   // went away). `logits` is the row the token was sampled from when
   // token_logits is set (which keeps the logits on the host every step),
   // else nullptr.
   std::function<bool(TokenId id, const float* logits)> on_token;
   bool token_logits = false;
 };
+
+// Why generation ended.
+enum class StopReason {
+  eog,          // an end-of-generation token (or one of GenerateOptions::stop_tokens)
+  stop_string,  // a stop string matched
+  max_tokens,   // n_predict tokens were generated
+  context_full, // the KV context is full
+  cancelled,    // on_token returned false
+};
+// "eog", "stop string", "max tokens", "context full", "cancelled": for logs and messages.
+const char* to_string(StopReason r);
 
 // Receives every logits row the model produces for this session, in order:
 // row i belongs to token tokens()[i] (the logits that predict the next token).
@@ -53,7 +64,7 @@ using LogitsSink = std::function<void(TokenId token, const float* logits, int vo
 struct GenerateResult {
   std::vector<TokenId> tokens;  // generated tokens, the stop token included when it ended generation
   std::string text;             // streamed text (stop string removed)
-  std::string stop_reason;      // "eog", "stop string", "max tokens", "context full", "cancelled"
+  StopReason stop_reason = StopReason::max_tokens;
   int n_prompt = 0;             // tokens prefilled by this call
   int n_decoded = 0;            // single-token forward steps
   double prefill_s = 0;         // wall time of the prefill (forward passes over the new prompt tokens)

@@ -1,16 +1,27 @@
 // KV cache interface used by the forward pass. The codec table (kv/codec_table.hpp)
 // defines every storage format; this header is all the model code needs.
 //
-// Contract (CPU backend):
-//  - Rows are stored per (layer, kv_head, token) in the codec's packed format;
-//    nothing else (no fp32/bf16 mirror) is kept for a quantized codec.
-//  - write() encodes tokens [pos, pos + n) of one layer. k and v are fp32,
+// A Cache is the paged store of one codec (docs/architecture.md, "The step
+// batch"): n_pages pages of page_tokens rows per (layer, KV head, side), a
+// row found through kv::PageGeometry (kv/page.hpp) and nowhere else. Which
+// pages a sequence uses is its block table (kv/page_pool.hpp), held by the
+// caller; a store knows nothing of sequences.
+//
+// Contract (CPU stores):
+//  - Rows are stored in the codec's packed format; nothing else (no fp32/bf16
+//    mirror) is kept for a quantized codec.
+//  - write_slots() encodes n tokens' rows at their slots. k and v are fp32,
 //    laid out [n][n_kv_heads][head_dim]; K is post-RoPE (and post k-norm).
-//  - attend() is causal grouped-query attention for n query tokens at
-//    positions pos .. pos+n-1: query token t sees cache rows [0, pos + t].
-//    q: [n][n_heads][head_dim] fp32 (post-RoPE), out: [n][n_heads][head_dim].
-//    It reads the packed store directly (rotate q once, accumulate in the
-//    rotated basis, un-rotate the output once): the algorithm the GPU runs.
+//  - attend_runs() is causal grouped-query attention for runs of query
+//    tokens, one run per sequence: query i of a run sits at position
+//    pos + i and sees its sequence's tokens [0, pos + i] (found through the
+//    run's block table). q: [rows][n_heads][head_dim] fp32 (post-RoPE),
+//    out: the same shape. It reads the packed store directly (rotate q once,
+//    accumulate in the rotated basis, un-rotate the output once): the
+//    algorithm the GPU runs. Attending a row that was never written is an
+//    error, not a read of stale bytes.
+//  - write(pos, n) / attend(pos, n) are the one-sequence forms over the
+//    identity block table (token t in page t / page_tokens): a Session's.
 #pragma once
 
 #include <cstdint>
@@ -18,14 +29,22 @@
 #include <string>
 #include <vector>
 
+#include "kv/page.hpp"
+
 namespace kvq::kv {
 
 struct CacheShape {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
-  int max_tokens = 0;  // preallocated capacity per sequence
+  int max_tokens = 0;  // tokens the store holds in all (one sequence's context, or a pool's)
   int n_heads = 0;     // query heads (0: unknown; GPU kernels are chosen per GQA group)
+  // Rows per page. A backend may choose another (the CUDA store holds one
+  // page of max_tokens rows until its paged kernels land); shape() says.
+  int page_tokens = kDefaultPageTokens;
+
+  int n_pages() const { return pages_for(max_tokens, page_tokens); }
+  PageGeometry geometry() const { return {n_kv_heads, page_tokens}; }
 };
 
 // What the user asked for: a named codec (--kv), optionally per-side blocks
@@ -38,11 +57,33 @@ struct CodecOptions {
   uint64_t seed = 0x6b7671;  // rotation / sketch seed; per layer and head derived from it
 };
 
+// The query tokens of one sequence in a step: rows [first, first + n) of q
+// and out, at positions pos .. pos + n - 1, over the sequence's pages.
+struct QueryRun {
+  const int32_t* pages = nullptr;  // block table: token t in page pages[t / page_tokens]
+  int n_pages = 0;                 // entries of `pages` (at least pages_for(pos + n))
+  int first = 0;
+  int n = 0;
+  int pos = 0;
+};
+
 class LayerCache {
  public:
   virtual ~LayerCache() = default;
-  virtual void write(int pos, int n, const float* k, const float* v) = 0;
-  virtual void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const = 0;
+  virtual void write_slots(const int32_t* slots, int n, const float* k, const float* v) = 0;
+  virtual void attend_runs(const QueryRun* runs, int n_runs, const float* q, int n_heads, float scale,
+                           float* out) const = 0;
+  // One sequence over the identity block table (see the top of this file).
+  virtual void write(int pos, int n, const float* k, const float* v);
+  virtual void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const;
+  // The stored bytes of one row (K side, or V side when v_side): code_bytes
+  // into `code` and side_bytes into `side` (host memory), for tests that
+  // check rows byte for byte. Stores that cannot read back say
+  // Errc::unsupported.
+  virtual void read_row(int32_t slot, int head, bool v_side, uint8_t* code, uint8_t* side) const;
+
+ protected:
+  virtual int store_page_tokens() const = 0;
 };
 
 class Cache {
@@ -56,13 +97,16 @@ class Cache {
   virtual const CacheShape& shape() const = 0;
   virtual std::string codec_name() const = 0;  // canonical name, e.g. "k8v4" or "ctk=q8,ctv=turbo3"
   virtual LayerCache& layer(int i) = 0;
-  // Bytes resident in the packed store for the first n_tokens tokens (codes
-  // plus every scale, norm and index), all layers, K and V.
+  // Bytes resident in the packed store for n_tokens tokens (codes plus every
+  // scale, norm and index), all layers, K and V.
   virtual uint64_t bytes_for_tokens(int n_tokens) const = 0;
 
  private:
   uint64_t id_;
 };
+
+// The identity block table of a one-sequence store: pages 0 .. n_pages-1.
+std::vector<int32_t> identity_pages(int n_pages);
 
 // Throws kvq::Error (invalid_argument) for an unknown codec or block name,
 // listing the valid ones.

@@ -1,8 +1,9 @@
 // The CPU packed KV store and the attention that reads it directly.
 //
-// Store: per (layer, kv_head, side) one token-major code array (row stride =
-// the block's code_bytes) and one token-major side array (stride side_bytes).
-// Nothing else is kept: no fp32/bf16 mirror of a quantized codec.
+// Store: per (layer, side) one code array and one side array holding every
+// KV head's rows, paged (kv/page.hpp: row(page, head, entry)); row stride =
+// the block's code_bytes / side_bytes. Nothing else is kept: no fp32/bf16
+// mirror of a quantized codec.
 //
 // Attention (per query token, per query head; GQA maps query head h to KV
 // head h / (n_heads / n_kv_heads)):
@@ -12,15 +13,17 @@
 //   o_rot = sum_t p_t v_hat_t     from the packed V rows (rotated basis)
 //   out   = R_v^T o_rot           once
 // This is the algorithm the GPU decode kernels run; the CPU version is the
-// oracle they are tested against.
+// oracle they are tested against. A sequence's rows are first gathered
+// through its block table into one run, so its result does not depend on
+// where its pages are or on what else is in the step.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.hpp"
 #include "kv/block.hpp"
-#include <atomic>
-
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
 
@@ -31,78 +34,121 @@ Cache::Cache() {
   id_ = next.fetch_add(1, std::memory_order_relaxed);
 }
 
+std::vector<int32_t> identity_pages(int n_pages) {
+  std::vector<int32_t> p(size_t(std::max(n_pages, 0)));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t(i);
+  return p;
+}
+
+void LayerCache::write(int pos, int n, const float* k, const float* v) {
+  KVQ_CHECK(pos >= 0 && n >= 0, Errc::invalid_argument, "KV write: bad position ", pos, " / count ", n);
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) slots[size_t(i)] = pos + i;  // identity table: slot = position
+  write_slots(slots.data(), n, k, v);
+}
+
+void LayerCache::attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const {
+  KVQ_CHECK(pos >= 0 && n >= 0, Errc::invalid_argument, "attention: bad position ", pos, " / count ", n);
+  const std::vector<int32_t> pages = identity_pages(pages_for(pos + n, store_page_tokens()));
+  const QueryRun run{pages.data(), int(pages.size()), 0, n, pos};
+  attend_runs(&run, 1, q, n_heads, scale, out);
+}
+
+void LayerCache::read_row(int32_t, int, bool, uint8_t*, uint8_t*) const {
+  fail(Errc::unsupported, "this KV store cannot read rows back");
+}
+
 namespace {
 
 struct SideStore {
-  std::unique_ptr<Block> block;
-  std::vector<uint8_t> codes;  // [capacity][code_bytes]
-  std::vector<uint8_t> sides;  // [capacity][side_bytes]
+  std::vector<std::unique_ptr<Block>> blocks;  // per KV head
+  std::vector<uint8_t> codes;  // rows x code_bytes, rows by PageGeometry::row
+  std::vector<uint8_t> sides;  // rows x side_bytes
+  size_t code_bytes = 0, side_bytes = 0;
 };
 
 class CpuLayerCache final : public LayerCache {
  public:
   CpuLayerCache(const ResolvedCodec& codec, const CacheShape& shape, uint64_t seed, int layer)
-      : shape_(shape) {
+      : shape_(shape), geo_(shape.geometry()), written_(size_t(shape.n_pages()) * shape.page_tokens, 0) {
     for (int h = 0; h < shape.n_kv_heads; ++h) {
-      k_.push_back({make_block(codec.k, shape.head_dim, seed, layer, h, Side::k), {}, {}});
-      v_.push_back({make_block(codec.v, shape.head_dim, seed, layer, h, Side::v), {}, {}});
+      k_.blocks.push_back(make_block(codec.k, shape.head_dim, seed, layer, h, Side::k));
+      v_.blocks.push_back(make_block(codec.v, shape.head_dim, seed, layer, h, Side::v));
+    }
+    for (SideStore* s : {&k_, &v_}) {
+      s->code_bytes = s->blocks[0]->layout().code_bytes;
+      s->side_bytes = s->blocks[0]->layout().side_bytes;
     }
   }
 
-  void write(int pos, int n, const float* k, const float* v) override {
-    KVQ_CHECK(pos >= 0 && n >= 0, Errc::invalid_argument, "KV write: bad position ", pos, " / count ", n);
-    KVQ_CHECK(pos + n <= shape_.max_tokens, Errc::out_of_range, "KV write of tokens [", pos, ", ", pos + n,
-              ") exceeds the cache capacity of ", shape_.max_tokens, " tokens (raise the context size)");
-    KVQ_CHECK(pos <= filled_, Errc::invalid_argument, "KV write at position ", pos,
-              " would leave a gap: only ", filled_, " tokens are filled");
+  void write_slots(const int32_t* slots, int n, const float* k, const float* v) override {
+    KVQ_CHECK(n >= 0, Errc::invalid_argument, "KV write of ", n, " rows");
+    const int32_t n_slots = shape_.max_tokens;
+    for (int i = 0; i < n; ++i)
+      KVQ_CHECK(slots[i] >= 0 && slots[i] < n_slots, Errc::out_of_range, "KV write at slot ", slots[i],
+                " is outside the store of ", n_slots, " tokens (raise the context size)");
     if (n == 0) return;
-    reserve(pos + n);
+    int max_page = 0;
+    for (int i = 0; i < n; ++i) max_page = std::max(max_page, slots[i] / geo_.page_tokens);
+    reserve_pages(max_page + 1);
     const int H = shape_.n_kv_heads, D = shape_.head_dim;
     const int jobs = n * H;
 #pragma omp parallel for schedule(dynamic, 4) if (jobs >= 8)
     for (int j = 0; j < jobs; ++j) {
       const int t = j / H, h = j % H;
       const size_t off = (size_t(t) * H + h) * D;
-      encode_row(k_[h], pos + t, k + off);
-      encode_row(v_[h], pos + t, v + off);
+      const size_t row = geo_.slot_row(slots[t], h);
+      encode_row(k_, h, row, k + off);
+      encode_row(v_, h, row, v + off);
     }
-    filled_ = std::max(filled_, pos + n);
+    for (int i = 0; i < n; ++i) written_[size_t(slots[i])] = 1;
   }
 
-  void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override {
+  void attend_runs(const QueryRun* runs, int n_runs, const float* q, int n_heads, float scale,
+                   float* out) const override {
     const int H = shape_.n_kv_heads, D = shape_.head_dim;
     KVQ_CHECK(n_heads > 0 && n_heads % H == 0, Errc::invalid_argument, "attention: ", n_heads,
               " query heads is not a multiple of ", H, " KV heads");
-    KVQ_CHECK(pos >= 0 && n >= 0 && pos + n <= filled_, Errc::invalid_argument, "attention over tokens [0, ",
-              pos + n, ") but only ", filled_, " are written (write K/V before attending)");
+    for (int r = 0; r < n_runs; ++r) check_run(runs[r]);
     const int group = n_heads / H;
-    // One job per (KV head, chunk of up to kQueryChunk query tokens): all the
-    // queries of the job (its tokens x the GQA group) share each decoded row,
-    // so a prefill chunk decodes the store once, not once per token. Rows past
-    // a query's causal limit get probability 0.
+    // One job per (run, KV head, chunk of up to kQueryChunk query tokens): all
+    // the queries of the job (its tokens x the GQA group) share each decoded
+    // row, so a prefill chunk decodes the store once, not once per token.
+    // Rows past a query's causal limit get probability 0.
     constexpr int kQueryChunk = 32;
-    const int n_chunks = (n + kQueryChunk - 1) / kQueryChunk;
-    const int jobs = H * n_chunks;
-#pragma omp parallel if (jobs >= 2 && size_t(n) * n_heads * (pos + n) >= 4096)
+    struct Job {
+      int run, head, t0, t1;
+    };
+    std::vector<Job> jobs;
+    size_t work = 0;
+    for (int r = 0; r < n_runs; ++r)
+      for (int t0 = 0; t0 < runs[r].n; t0 += kQueryChunk) {
+        for (int h = 0; h < H; ++h) jobs.push_back({r, h, t0, std::min(runs[r].n, t0 + kQueryChunk)});
+        work += size_t(std::min(runs[r].n - t0, kQueryChunk)) * n_heads * size_t(runs[r].pos + runs[r].n);
+      }
+    const int n_jobs = int(jobs.size());
+#pragma omp parallel if (n_jobs >= 2 && work >= 4096)
     {
       std::vector<float> q_rot(D), one, qstates, scores, acc;
+      std::vector<uint8_t> kc, ksd, vc, vsd;  // a sequence's rows gathered through its block table
 #pragma omp for schedule(dynamic, 1)
-      for (int j = 0; j < jobs; ++j) {
-        const int h = j % H, c = j / H;
-        const int t0 = c * kQueryChunk, t1 = std::min(n, t0 + kQueryChunk);
+      for (int j = 0; j < n_jobs; ++j) {
+        const Job& job = jobs[size_t(j)];
+        const QueryRun& run = runs[job.run];
+        const int h = job.head, t0 = job.t0, t1 = job.t1;
         const int nq = (t1 - t0) * group;
-        const int T = pos + t1;  // rows any query of the chunk may see
-        const SideStore& ks = k_[h];
-        const SideStore& vs = v_[h];
-        const RowLayout& kl = ks.block->layout();
-        const RowLayout& vl = vs.block->layout();
+        const int T = run.pos + t1;  // rows any query of the job may see
+        const Block& kb = *k_.blocks[size_t(h)];
+        const Block& vb = *v_.blocks[size_t(h)];
+        gather(k_, run.pages, h, T, kc, ksd);
+        gather(v_, run.pages, h, T, vc, vsd);
         // rotate each query once, build its state; query index qi = (t - t0) * group + g
         size_t qs = 0;
         for (int qi = 0; qi < nq; ++qi) {
-          const int t = t0 + qi / group, g = qi % group;
+          const int t = run.first + t0 + qi / group, g = qi % group;
           const float* qv = q + (size_t(t) * n_heads + size_t(h) * group + g) * D;
-          ks.block->rotate(qv, q_rot.data());
-          ks.block->prepare_query(q_rot.data(), one);
+          kb.rotate(qv, q_rot.data());
+          kb.prepare_query(q_rot.data(), one);
           if (qi == 0) {
             qs = one.size();
             qstates.resize(qs * nq);
@@ -110,10 +156,9 @@ class CpuLayerCache final : public LayerCache {
           std::copy(one.begin(), one.end(), qstates.begin() + ptrdiff_t(qs * qi));
         }
         scores.resize(size_t(nq) * T);
-        ks.block->dot_rows(qstates.data(), qs, nq, ks.codes.data(), kl.code_bytes, ks.sides.data(),
-                           kl.side_bytes, T, scores.data());
+        kb.dot_rows(qstates.data(), qs, nq, kc.data(), k_.code_bytes, ksd.data(), k_.side_bytes, T, scores.data());
         for (int qi = 0; qi < nq; ++qi) {
-          const int visible = pos + t0 + qi / group + 1;  // causal: rows [0, pos + t]
+          const int visible = run.pos + t0 + qi / group + 1;  // causal: rows [0, pos + t]
           float* sc = &scores[size_t(qi) * T];
           float m = -std::numeric_limits<float>::infinity();
           for (int i = 0; i < visible; ++i) m = std::max(m, sc[i] *= scale);
@@ -124,48 +169,90 @@ class CpuLayerCache final : public LayerCache {
           std::fill(sc + visible, sc + T, 0.0f);
         }
         acc.assign(size_t(nq) * D, 0.0f);
-        vs.block->accumulate_rows(scores.data(), size_t(T), nq, vs.codes.data(), vl.code_bytes, vs.sides.data(),
-                                  vl.side_bytes, T, acc.data());
+        vb.accumulate_rows(scores.data(), size_t(T), nq, vc.data(), v_.code_bytes, vsd.data(), v_.side_bytes, T,
+                           acc.data());
         for (int qi = 0; qi < nq; ++qi) {
-          const int t = t0 + qi / group, g = qi % group;
-          vs.block->unrotate(&acc[size_t(qi) * D], out + (size_t(t) * n_heads + size_t(h) * group + g) * D);
+          const int t = run.first + t0 + qi / group, g = qi % group;
+          vb.unrotate(&acc[size_t(qi) * D], out + (size_t(t) * n_heads + size_t(h) * group + g) * D);
         }
       }
     }
   }
 
-  size_t row_bytes_k() const { return k_.empty() ? 0 : k_[0].block->layout().row_bytes(); }
-  size_t row_bytes_v() const { return v_.empty() ? 0 : v_[0].block->layout().row_bytes(); }
+  void read_row(int32_t slot, int head, bool v_side, uint8_t* code, uint8_t* side) const override {
+    KVQ_CHECK(slot >= 0 && slot < shape_.max_tokens && head >= 0 && head < shape_.n_kv_heads, Errc::out_of_range,
+              "read_row: slot ", slot, ", head ", head);
+    KVQ_CHECK(written_[size_t(slot)], Errc::invalid_argument, "read_row: slot ", slot, " was never written");
+    const SideStore& s = v_side ? v_ : k_;
+    const size_t row = geo_.slot_row(slot, head);
+    std::memcpy(code, s.codes.data() + row * s.code_bytes, s.code_bytes);
+    if (s.side_bytes) std::memcpy(side, s.sides.data() + row * s.side_bytes, s.side_bytes);
+  }
+
+ protected:
+  int store_page_tokens() const override { return geo_.page_tokens; }
 
  private:
-  void encode_row(SideStore& s, int token, const float* x) const {
-    const RowLayout& l = s.block->layout();
-    s.block->encode(x, s.codes.data() + size_t(token) * l.code_bytes, s.sides.data() + size_t(token) * l.side_bytes);
+  void check_run(const QueryRun& run) const {
+    const int P = geo_.page_tokens;
+    KVQ_CHECK(run.pos >= 0 && run.n >= 0 && run.first >= 0, Errc::invalid_argument, "attention run at position ",
+              run.pos, " with ", run.n, " queries");
+    const int T = run.pos + run.n;
+    KVQ_CHECK(pages_for(T, P) <= run.n_pages, Errc::invalid_argument, "attention over ", T,
+              " tokens through a block table of ", run.n_pages, " pages of ", P);
+    for (int t = 0; t < T; ++t) {
+      const int32_t page = run.pages[t / P];
+      KVQ_CHECK(page >= 0 && page < shape_.n_pages(), Errc::out_of_range, "block table names KV page ", page,
+                " of a store of ", shape_.n_pages());
+      KVQ_CHECK(written_[size_t(geo_.slot_of(run.pages, t))], Errc::invalid_argument, "attention over tokens [0, ",
+                T, ") but token ", t, " was never written (write K/V before attending)");
+    }
   }
-  // Grow the stores in chunks (capacity is max_tokens; memory follows use).
-  void reserve(int tokens) {
-    if (tokens <= capacity_) return;
-    const int chunk = 256;
-    capacity_ = std::min(shape_.max_tokens, (tokens + chunk - 1) / chunk * chunk);
-    for (auto* sides : {&k_, &v_})
-      for (auto& s : *sides) {
-        s.codes.resize(size_t(capacity_) * s.block->layout().code_bytes);
-        s.sides.resize(size_t(capacity_) * s.block->layout().side_bytes);
-      }
+  // Copies head h's rows of tokens [0, T) of a sequence into one run.
+  void gather(const SideStore& s, const int32_t* pages, int h, int T, std::vector<uint8_t>& code,
+              std::vector<uint8_t>& side) const {
+    const int P = geo_.page_tokens;
+    code.resize(size_t(T) * s.code_bytes);
+    side.resize(size_t(T) * s.side_bytes);
+    for (int t0 = 0; t0 < T; t0 += P) {
+      const int rows = std::min(P, T - t0);
+      const size_t row = geo_.row(pages[t0 / P], h, 0);
+      std::memcpy(code.data() + size_t(t0) * s.code_bytes, s.codes.data() + row * s.code_bytes,
+                  size_t(rows) * s.code_bytes);
+      if (s.side_bytes)
+        std::memcpy(side.data() + size_t(t0) * s.side_bytes, s.sides.data() + row * s.side_bytes,
+                    size_t(rows) * s.side_bytes);
+    }
+  }
+  void encode_row(SideStore& s, int h, size_t row, const float* x) const {
+    s.blocks[size_t(h)]->encode(x, s.codes.data() + row * s.code_bytes, s.sides.data() + row * s.side_bytes);
+  }
+  // Grows the arrays to hold pages [0, pages) (memory follows the pages used).
+  void reserve_pages(int pages) {
+    if (pages <= pages_held_) return;
+    pages_held_ = std::min(shape_.n_pages(), std::max(pages, pages_held_ * 2));
+    const size_t rows = size_t(pages_held_) * geo_.rows_per_page();
+    for (SideStore* s : {&k_, &v_}) {
+      s->codes.resize(rows * s->code_bytes);
+      s->sides.resize(rows * s->side_bytes);
+    }
   }
 
   CacheShape shape_;
-  std::vector<SideStore> k_, v_;
-  int capacity_ = 0;
-  int filled_ = 0;
+  PageGeometry geo_;
+  SideStore k_, v_;
+  std::vector<uint8_t> written_;  // per slot: 1 once a row was written there
+  int pages_held_ = 0;
 };
 
 class CpuCache final : public Cache {
  public:
   CpuCache(const CodecOptions& opts, const CacheShape& shape) : shape_(shape), codec_(resolve_codec(opts)) {
-    KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
+    KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0 &&
+                  shape.page_tokens > 0,
               Errc::invalid_argument, "KV cache shape must be positive (layers ", shape.n_layers, ", kv heads ",
-              shape.n_kv_heads, ", head_dim ", shape.head_dim, ", max tokens ", shape.max_tokens, ")");
+              shape.n_kv_heads, ", head_dim ", shape.head_dim, ", max tokens ", shape.max_tokens, ", page ",
+              shape.page_tokens, ")");
     for (int l = 0; l < shape.n_layers; ++l)
       layers_.push_back(std::make_unique<CpuLayerCache>(codec_, shape, opts.seed, l));
   }

@@ -103,23 +103,45 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
   KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
   const size_t vocab = size_t(cfg_.vocab_size);
+  check_fits(cache, pos, n);
   if (n == 1 && step_graphs_) {
     decode_step(r, ids[0], pos, cache);
     backend_.download(r.logits_->data(), logits, vocab);
     return;
   }
-  run_layers(r, ids, n, pos, cache);
-  // Final norm and LM head, only for the rows whose logits are wanted.
+  const std::vector<int32_t> pages = kv::identity_pages(kv::pages_for(pos + n, cache.shape().page_tokens));
+  const StepBatch b = StepBatch::one_sequence(ids, n, pos, pages, cache.shape().page_tokens,
+                                              all_logits ? StepBatch::Logits::all : StepBatch::Logits::last);
+  forward(b, cache, logits, r);
+}
+
+void Model::forward(const StepBatch& b, kv::Cache& cache, float* logits, RunState& r) {
+  KVQ_CHECK(b.n_tok() > 0, Errc::invalid_argument, "forward: no tokens to process");
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
+  const size_t vocab = size_t(cfg_.vocab_size);
+  run_layers(r, b, cache);
+  // Final norm and LM head, only for the rows whose logits are wanted:
+  // consecutive rows in one call, up to kLogitRows at a time.
   Backend& be = backend_;
   const int d = cfg_.d_model;
-  const int first = all_logits ? 0 : n - 1;
-  for (int t0 = first; t0 < n; t0 += kLogitRows) {
-    const int rows = std::min(kLogitRows, n - t0);
+  const std::vector<int32_t>& want = b.logit_rows;
+  for (size_t i = 0; i < want.size();) {
+    size_t j = i + 1;
+    while (j < want.size() && want[j] == want[j - 1] + 1 && int(j - i) < kLogitRows) ++j;
+    const int rows = int(j - i);
     const Matrix* head = &output_;
     float* out = r.logits_->data();
-    be.norm_matmul(r.x_->data() + size_t(t0) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head, &out, 1);
-    be.download(r.logits_->data(), logits + size_t(t0 - first) * vocab, size_t(rows) * vocab);
+    be.norm_matmul(r.x_->data() + size_t(want[i]) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head,
+                   &out, 1);
+    be.download(r.logits_->data(), logits + i * vocab, size_t(rows) * vocab);
+    i = j;
   }
+}
+
+void Model::check_fits(const kv::Cache& cache, int pos, int n) const {
+  const int64_t max_tokens = cache.shape().max_tokens;
+  KVQ_CHECK(pos >= 0 && int64_t(pos) + n <= max_tokens, Errc::out_of_range, "tokens [", pos, ", ", pos + n,
+            ") do not fit the context of ", max_tokens, " tokens; raise --ctx or shorten the prompt");
 }
 
 int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& r) {
@@ -129,7 +151,10 @@ int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, 
   if (step_graphs_) {
     decode_step(r, id, pos, cache);
   } else {
-    run_layers(r, &id, 1, pos, cache);
+    check_fits(cache, pos, 1);
+    const std::vector<int32_t> pages = kv::identity_pages(kv::pages_for(pos + 1, cache.shape().page_tokens));
+    run_layers(r, StepBatch::one_sequence(&id, 1, pos, pages, cache.shape().page_tokens, StepBatch::Logits::last),
+               cache);
     lm_head_row(r, 0);
   }
   return backend_.argmax(r.logits_->data(), size_t(vocab));
@@ -151,22 +176,24 @@ void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
   KVQ_CHECK(pos >= 0 && int64_t(pos) + 1 <= max_tokens, Errc::out_of_range, "token at position ", pos,
             " does not fit the context of ", max_tokens, " tokens; raise --ctx or shorten the prompt");
   ensure_scratch(r, 1);  // before begin_step: it may drop the recording
+  const std::vector<int32_t> pages = kv::identity_pages(kv::pages_for(pos + 1, cache.shape().page_tokens));
+  const StepBatch b = StepBatch::one_sequence(&id, 1, pos, pages, cache.shape().page_tokens, StepBatch::Logits::last);
   Backend& be = backend_;
-  be.begin_step(id, pos);
+  be.begin_step(b);
   try {
     if (r.step_graph_ && be.replay(*r.step_graph_, cache)) {
       // replayed
     } else if (r.warm_cache_ != cache.id()) {
       // First step over this cache: run it directly so lazily sized scratch exists.
       r.step_graph_.reset();
-      run_layers(r, &id, 1, pos, cache);
+      run_layers(r, b, cache);
       lm_head_row(r, 0);
       r.warm_cache_ = cache.id();
     } else {
       r.step_graph_.reset();
       be.record_begin();
       try {
-        run_layers(r, &id, 1, pos, cache);
+        run_layers(r, b, cache);
         lm_head_row(r, 0);
         r.step_graph_ = be.record_end();
         ++r.recordings_;
@@ -178,7 +205,7 @@ void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
         r.step_graph_.reset();
         step_graphs_ = false;
         log_warn("recording the decode step failed, running without step graphs: ", e.what());
-        run_layers(r, &id, 1, pos, cache);
+        run_layers(r, b, cache);
         lm_head_row(r, 0);
         be.end_step();
         return;
@@ -195,13 +222,12 @@ void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
   be.end_step();
 }
 
-void Model::run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cache& cache) {
+void Model::run_layers(RunState& r, const StepBatch& b, kv::Cache& cache) {
+  const int n = b.n_tok();
   KVQ_CHECK(n > 0, Errc::invalid_argument, "forward: no tokens to process");
   const kv::CacheShape& cs = cache.shape();
   KVQ_CHECK(cs.n_layers == cfg_.n_layers && cs.n_kv_heads == cfg_.n_kv_heads && cs.head_dim == cfg_.head_dim,
             Errc::internal, "KV cache shape does not match the model");
-  KVQ_CHECK(pos >= 0 && int64_t(pos) + n <= cs.max_tokens, Errc::out_of_range, "tokens [", pos, ", ", pos + n,
-            ") do not fit the context of ", cs.max_tokens, " tokens; raise --ctx or shorten the prompt");
   ensure_scratch(r, n);
   Backend& be = backend_;
   const int d = cfg_.d_model, hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
@@ -210,7 +236,7 @@ void Model::run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cach
   float *x = r.x_->data(), *h = r.h_->data(), *q = r.q_->data(), *k = r.k_->data(), *v = r.v_->data(),
         *attn = r.attn_->data(), *gate = r.gate_->data(), *up = r.up_->data();
 
-  be.embed(token_embd_, ids, n, x);
+  be.embed(token_embd_, b.token.data(), n, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerDev& L = layers_[l];
     kv::LayerCache& lc = cache.layer(l);
@@ -218,9 +244,9 @@ void Model::run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cach
     const Matrix* qkv_w[3] = {&L.wq, &L.wk, &L.wv};
     float* qkv_y[3] = {q, k, v};
     be.norm_matmul(x, L.attn_norm, n, d, eps, h, qkv_w, qkv_y, 3);
-    be.qk_rope_write_kv(lc, pos, n, q, k, v, nh, nkv, hd, cfg_.qk_norm ? L.q_norm : nullptr,
+    be.qk_rope_write_kv(lc, b, q, k, v, nh, nkv, hd, cfg_.qk_norm ? L.q_norm : nullptr,
                         cfg_.qk_norm ? L.k_norm : nullptr, eps, w_.rope);
-    be.attention(lc, pos, n, q, nh, scale, attn);
+    be.attention(lc, b, q, nh, scale, attn);
     be.matmul_add(L.wo, attn, n, x, h);
     // MLP block
     be.norm_swiglu(x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, up, gate);

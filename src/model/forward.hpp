@@ -74,7 +74,8 @@ class Model {
   // types: every layer matrix and norm, the LM head, one embedding row.
   uint64_t step_weight_bytes() const;
 
-  // Runs tokens ids[0..n) at positions pos..pos+n-1: writes their K/V into the
+  // Runs tokens ids[0..n) of one sequence at positions pos..pos+n-1 over the
+  // cache in page order (its identity block table): writes their K/V into the
   // cache and writes logits to host memory: [n][vocab] when all_logits, else
   // only the last token's [vocab]. Positions beyond the cache capacity are an
   // Errc::out_of_range error. `run` is the sequence's run state; the
@@ -83,6 +84,11 @@ class Model {
   void forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float* logits, bool all_logits) {
     forward(ids, n, pos, cache, logits, all_logits, own_run_);
   }
+
+  // Runs a step of one or more sequences (backend/batch.hpp) over `cache`:
+  // writes every token's K/V at its slot and writes the logits of
+  // batch.logit_rows, in that order, to host memory: [rows][vocab].
+  void forward(const StepBatch& batch, kv::Cache& cache, float* logits, RunState& run);
 
   // One decode step of token `id` at `pos` that returns the greedy choice:
   // the index of the largest of the first `vocab` logits (NaN never wins,
@@ -106,7 +112,9 @@ class Model {
  private:
   void ensure_scratch(RunState& r, int n);
   // The layers for tokens ids[0..n): leaves the final hidden states in r.x_.
-  void run_layers(RunState& r, const int32_t* ids, int n, int pos, kv::Cache& cache);
+  void run_layers(RunState& r, const StepBatch& batch, kv::Cache& cache);
+  // Errc::out_of_range (with the --ctx hint) when tokens [pos, pos + n) do not fit.
+  void check_fits(const kv::Cache& cache, int pos, int n) const;
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
   // A single-token step (recorded/replayed when step_graphs_) that leaves the

@@ -2,16 +2,17 @@
 // Session over a fresh KV cache (its own codec), created when its turn comes
 // and freed when it ends, whether it finished, failed or its client left.
 //
-// The model's forward pass keeps scratch state per Model, so one sequence
-// runs at a time and the others wait in a fair FIFO (FairQueue). When the
-// model gains per-sequence run state, this class is what changes: more
-// running slots, one run state per Session.
+// One sequence runs at a time and the others wait in a fair FIFO
+// (FairQueue): each request runs Session::generate, a loop over one
+// sequence. The step batch (engine/batch_decoder.hpp, docs/architecture.md)
+// is what the serving scheduler will drive instead (issue 26).
 //
-// All model work runs on one engine thread, whichever HTTP worker thread the
+// Generation runs on one engine thread, whichever HTTP worker thread the
 // request arrived on: OpenMP keeps a thread team per calling thread, so
 // forward passes from many HTTP threads would multiply the compute threads.
 // The request's thread blocks while its job runs; the job's callbacks run on
-// the engine thread.
+// the engine thread. (check_codec, which asks the backend for a one-token
+// cache of a request's codec, runs on the HTTP thread.)
 #pragma once
 
 #include <atomic>
@@ -81,7 +82,7 @@ class Engine {
   // session. `abandon` is polled while waiting and between prefill chunks
   // (every `poll`); when it returns true the request is dropped: nullopt
   // before or during prefill. During decoding the job's on_token decides
-  // (stop_reason "cancelled"). Errors propagate (kvq::Error). on_text,
+  // (StopReason::cancelled). Errors propagate (kvq::Error). on_text,
   // on_token and abandon (once the turn came) run on the engine thread
   // while the caller waits, so they may use the caller's state unlocked.
   std::optional<GenerateResult> run(FairQueue::Ticket& ticket, const Job& job,

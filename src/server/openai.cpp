@@ -293,8 +293,8 @@ std::vector<TokenId> prompt_tokens(const ApiRequest& r, const Tokenizer& tok, Ch
   return ids;
 }
 
-const char* finish_reason(const std::string& stop_reason) {
-  return stop_reason == "max tokens" || stop_reason == "context full" ? "length" : "stop";
+const char* finish_reason(StopReason stop_reason) {
+  return stop_reason == StopReason::max_tokens || stop_reason == StopReason::context_full ? "length" : "stop";
 }
 
 TokenLogprob token_logprob(const float* logits, int vocab, TokenId id, int top_n) {

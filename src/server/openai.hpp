@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "engine/sampler.hpp"
+#include "engine/session.hpp"
 #include "tokenizer/chat.hpp"
 
 namespace kvq {
@@ -90,7 +91,7 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d);
 std::vector<TokenId> prompt_tokens(const ApiRequest& r, const Tokenizer& tok, ChatTemplate t, int vocab);
 
 // "stop" (end of generation or a stop string) or "length".
-const char* finish_reason(const std::string& stop_reason);
+const char* finish_reason(StopReason stop_reason);
 
 // Log-probability (log-softmax at temperature 1) of `id` and of the top_n
 // most likely tokens, over logits[0..vocab).

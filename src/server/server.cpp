@@ -336,7 +336,7 @@ bool Server::Impl::serve(Pending& p, httplib::DataSink& sink) {
     sink.done();
     return !gone;
   }
-  if (!r || r->stop_reason == "cancelled") {
+  if (!r || r->stop_reason == StopReason::cancelled) {
     if (gone) {
       metrics.cancelled();
       return false;  // the client left: close the connection

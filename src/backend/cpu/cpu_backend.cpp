@@ -58,13 +58,15 @@ class CpuBackend final : public Backend {
   }
   void swiglu(const float* gate, const float* up, float* out, size_t n) override { cpu::swiglu(gate, up, out, n); }
   void add(float* x, const float* y, size_t n) override { cpu::add(x, y, n); }
-  void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
-    layer.write(pos, n, k, v);
+  void write_kv(kv::LayerCache& layer, const StepBatch& b, const float* k, const float* v) override {
+    layer.write_slots(b.slot.data(), b.n_tok(), k, v);
   }
-  void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
+  void attention(const kv::LayerCache& layer, const StepBatch& b, const float* q, int n_heads, float scale,
                  float* out) override {
-    layer.attend(pos, n, q, n_heads, scale, out);
-    if (auto it = attention_calls_.find(&layer); it != attention_calls_.end()) ++it->second[n == 1 ? 1 : 0];
+    layer.attend_runs(b.runs.data(), b.n_seq(), q, n_heads, scale, out);
+    // A step whose every sequence has one token is a decode step.
+    const bool decode = b.n_tok() == b.n_seq();
+    if (auto it = attention_calls_.find(&layer); it != attention_calls_.end()) ++it->second[decode ? 1 : 0];
   }
 
   // The CPU has one attention path: the cache's own attend() over its store

@@ -580,8 +580,13 @@ void dot4_f32(const float* w, int64_t stride, const float* x, int64_t n, float* 
 // stalls the whole barrier. Small models then run single-threaded.
 constexpr int64_t kParallelMinWork = int64_t(1) << 18;
 
-// Below this many tokens a fused dot per stored row beats building a tile.
-constexpr int kTileMinTokens = 4;
+// Up to this many tokens every output is dot_row(row, token): its value then
+// does not depend on how many tokens share the call, so a decode step of B
+// sequences gives each sequence exactly what it gets alone (the step batch's
+// oracle property, tests/test_step_batch.cpp). Longer calls (prefill chunks)
+// dequantize a tile of rows once for all their tokens, which rounds the sums
+// differently.
+constexpr int kRowwiseMaxTokens = 64;
 constexpr int64_t kTileRows = 16;  // multiple of 4
 
 }  // namespace
@@ -590,7 +595,7 @@ void matmul(const Matrix& w, const float* x, int n_tokens, float* y) {
   const int64_t rows = w.rows, cols = w.cols;
   if (n_tokens <= 0 || rows == 0) return;
   const bool parallel = rows * cols * n_tokens >= kParallelMinWork;
-  if (n_tokens < kTileMinTokens) {
+  if (n_tokens <= kRowwiseMaxTokens) {
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < rows; ++r)
       for (int t = 0; t < n_tokens; ++t) y[size_t(t) * rows + r] = dot_row(w.type, w.row(r), x + size_t(t) * cols, cols);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/attention.hpp"
@@ -102,6 +103,9 @@ class CudaBackend final : public Backend {
     if (stream_) cudaStreamDestroy(stream_);
   }
   const char* name() const override { return "cuda"; }
+  // Every prefill chunk dequantizes all weights into GEMM tiles: larger
+  // chunks amortize that.
+  int default_prefill_chunk() const override { return 2048; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
 
@@ -242,11 +246,12 @@ class CudaBackend final : public Backend {
     req.epilogue = GemvEpilogue::swiglu;
     gemv(req, stream_);
   }
-  void qk_rope_write_kv(kv::LayerCache& layer, int pos, int n, float* q, float* k, const float* v, int n_heads,
-                        int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
+  void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
+                        int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
                         const Rope& r) override {
+    const auto [pos, n] = one_sequence(batch, "qk_rope_write_kv");
     if (n != 1 || !qk_rope_store_supported(head_dim)) {
-      Backend::qk_rope_write_kv(layer, pos, n, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
+      Backend::qk_rope_write_kv(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
       return;
     }
     const CudaLayerCache& g = gpu_layer(layer);
@@ -274,7 +279,8 @@ class CudaBackend final : public Backend {
     if (q_in_attention) pending_q_ = {q, &g, QPrep{q_norm, eps, RopeParams{inv_freq_.data(), r.neox, r.pos_scale}}};
   }
 
-  void write_kv(kv::LayerCache& layer, int pos, int n, const float* k, const float* v) override {
+  void write_kv(kv::LayerCache& layer, const StepBatch& batch, const float* k, const float* v) override {
+    const auto [pos, n] = one_sequence(batch, "write_kv");
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "write_kv");
@@ -286,8 +292,9 @@ class CudaBackend final : public Backend {
     }
     cuda::write_kv(g.view(), pos, n, k, v, stream_);
   }
-  void attention(const kv::LayerCache& layer, int pos, int n, const float* q, int n_heads, float scale,
+  void attention(const kv::LayerCache& layer, const StepBatch& batch, const float* q, int n_heads, float scale,
                  float* out) override {
+    const auto [pos, n] = one_sequence(batch, "attention");
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
       check_step_pos(n, pos, "attention");
@@ -319,8 +326,11 @@ class CudaBackend final : public Backend {
 
   // --- recorded decode steps: CUDA graphs captured on stream_
   bool supports_step_graphs() const override { return true; }
-  void begin_step(int32_t token, int pos) override {
+  void begin_step(const StepBatch& batch) override {
     KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
+    const auto [pos, n] = one_sequence(batch, "begin_step");
+    KVQ_CHECK(n == 1, Errc::internal, "a recorded decode step runs one token, not ", n);
+    const int32_t token = batch.token[0];
     step_host_[0] = token;
     step_host_[1] = pos;
     pending_q_ = {};
@@ -501,6 +511,14 @@ class CudaBackend final : public Backend {
     for (int i = 1; i < count; ++i)
       if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols) return false;
     return true;
+  }
+  // The (position, count) of a batch this backend can run: one sequence
+  // whose slots are its positions (the CUDA store holds one page per
+  // sequence until the paged, batched kernels land: docs/architecture.md).
+  static std::pair<int, int> one_sequence(const StepBatch& b, const char* op) {
+    KVQ_CHECK(b.is_one_contiguous_sequence(), Errc::unsupported, op, ": the CUDA backend runs one sequence per step ",
+              "(a step of ", b.n_seq(), " sequences needs the paged GPU kernels, not built yet); use --device cpu");
+    return {b.pos[0], b.n_tok()};
   }
   void check_step_pos(int n, int pos, const char* op) const {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,

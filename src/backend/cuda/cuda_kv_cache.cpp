@@ -15,9 +15,24 @@ void CudaLayerCache::attend(int pos, int n, const float* q, int n_heads, float s
   flash_attention(store_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
 }
 
+void CudaLayerCache::write_slots(const int32_t* slots, int n, const float* k, const float* v) {
+  for (int i = 0; i < n; ++i)
+    KVQ_CHECK(slots[i] == slots[0] + i, Errc::unsupported,
+              "the CUDA KV store takes one sequence's consecutive positions per write (paged GPU stores are not built yet)");
+  if (n > 0) write(slots[0], n, k, v);
+}
+
+void CudaLayerCache::attend_runs(const kv::QueryRun* runs, int n_runs, const float* q, int n_heads, float scale,
+                                 float* out) const {
+  KVQ_CHECK(n_runs == 1 && runs[0].first == 0 && runs[0].n_pages >= 1 && runs[0].pages[0] == 0, Errc::unsupported,
+            "the CUDA backend attends one sequence per step over its own store (batched GPU attention is not built yet)");
+  attend(runs[0].pos, runs[0].n, q, n_heads, scale, out);
+}
+
 CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed,
                          bool require_attention)
     : codec_(codec), shape_(shape) {
+  shape_.page_tokens = shape.max_tokens;  // one page: the contiguous [head][token] layout (kv/page.hpp)
   const int n_heads = shape.n_heads > 0 ? shape.n_heads : shape.n_kv_heads;
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
             Errc::invalid_argument, "GPU KV cache: empty shape (", shape.n_layers, " layers, ", shape.n_kv_heads,

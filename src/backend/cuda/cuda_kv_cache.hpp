@@ -24,10 +24,20 @@ class CudaLayerCache final : public kv::LayerCache {
  public:
   CudaLayerCache(GpuKvLayer store, AttentionScratch* scratch, const class CudaKvCache* owner, int index)
       : store_(store), scratch_(scratch), owner_(owner), index_(index) {}
-  // k, v, q, out: device memory.
+  // k, v, q, out: device memory. The store is one page per sequence until
+  // the paged kernels land (shape().page_tokens == max_tokens): the slot and
+  // run forms accept only the identity table of one sequence (slot = position).
   void write(int pos, int n, const float* k, const float* v) override;
   void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override;
+  void write_slots(const int32_t* slots, int n, const float* k, const float* v) override;
+  void attend_runs(const kv::QueryRun* runs, int n_runs, const float* q, int n_heads, float scale,
+                   float* out) const override;
   const GpuKvLayer& view() const { return store_; }
+
+ protected:
+  int store_page_tokens() const override { return store_.max_tokens; }
+
+ public:
   // The partial-state scratch shared by the cache's layers (the backend
   // launches attention on its own stream with it).
   AttentionScratch& scratch() const { return *scratch_; }

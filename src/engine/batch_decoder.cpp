@@ -1,0 +1,123 @@
+#include "engine/batch_decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+
+namespace kvq {
+
+BatchDecoder::BatchDecoder(Model& model, std::unique_ptr<kv::Cache> store, int prefill_chunk)
+    : model_(model),
+      store_(std::move(store)),
+      pool_(store_ ? store_->shape().n_pages() : 1),
+      run_(model.new_run_state()),
+      prefill_chunk_(prefill_chunk),
+      vocab_(model.config().vocab_size) {
+  KVQ_CHECK(store_, Errc::internal, "BatchDecoder needs a KV store");
+  KVQ_CHECK(prefill_chunk > 0, Errc::invalid_argument, "--prefill-chunk must be positive");
+  const kv::CacheShape& s = store_->shape();
+  KVQ_CHECK(s.max_tokens == s.n_pages() * s.page_tokens, Errc::internal, "a KV pool of ", s.max_tokens,
+            " tokens is not a whole number of ", s.page_tokens, "-token pages");
+}
+
+BatchDecoder::Sequence& BatchDecoder::get(int seq) {
+  KVQ_CHECK(seq >= 0 && seq < int(seqs_.size()) && seqs_[size_t(seq)]->live, Errc::invalid_argument,
+            "no live sequence ", seq);
+  return *seqs_[size_t(seq)];
+}
+const BatchDecoder::Sequence& BatchDecoder::get(int seq) const {
+  KVQ_CHECK(seq >= 0 && seq < int(seqs_.size()) && seqs_[size_t(seq)]->live, Errc::invalid_argument,
+            "no live sequence ", seq);
+  return *seqs_[size_t(seq)];
+}
+
+void BatchDecoder::sample(Sequence& s, const float* logits) {
+  for (int i = 0; i < vocab_; ++i)
+    KVQ_CHECK(std::isfinite(logits[i]), Errc::format, "the model produced a non-finite logit (", logits[i],
+              " for token id ", i, ") at position ", s.cached - 1, "; the model's weights or activations hold NaN/inf");
+  s.logits.assign(logits, logits + vocab_);
+  const TokenId id = s.sampler.sample(logits, vocab_);
+  s.sampler.accept(id);
+  s.tokens.push_back(id);
+}
+
+int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& sampling) {
+  KVQ_CHECK(!prompt.empty(), Errc::invalid_argument, "the prompt is empty (it tokenized to no tokens)");
+  sampling.validate();
+  const int P = store_->shape().page_tokens;
+  auto s = std::make_unique<Sequence>(Sequence{kv::BlockTable(pool_, P), prompt, 0, Sampler(sampling), {}, true});
+  s->table.reserve(int(prompt.size()));  // throws (and keeps nothing) when the pool is full
+  for (TokenId id : prompt) s->sampler.accept(id);
+  std::vector<float> logits(static_cast<size_t>(vocab_));
+  const int total = int(prompt.size());
+  for (int done = 0; done < total;) {
+    const int n = std::min(prefill_chunk_, total - done);
+    StepBatch b;
+    b.add_sequence(prompt.data() + done, n, done, s->table.pages().data(), int(s->table.pages().size()), P,
+                   StepBatch::Logits::last);
+    model_.forward(b, *store_, logits.data(), *run_);
+    done += n;
+    s->cached = done;
+  }
+  sample(*s, logits.data());
+  seqs_.push_back(std::move(s));
+  return int(seqs_.size()) - 1;
+}
+
+void BatchDecoder::step() {
+  const std::vector<int> ids = live_sequences();
+  if (ids.empty()) return;
+  const int P = store_->shape().page_tokens;
+  for (int i : ids) {
+    Sequence& s = *seqs_[size_t(i)];
+    s.table.reserve(s.cached + 1);
+  }
+  batch_.clear();
+  for (int i : ids) {
+    Sequence& s = *seqs_[size_t(i)];
+    batch_.add_sequence(&s.tokens.back(), 1, s.cached, s.table.pages().data(), int(s.table.pages().size()), P,
+                        StepBatch::Logits::last);
+  }
+  logits_.resize(ids.size() * size_t(vocab_));
+  model_.forward(batch_, *store_, logits_.data(), *run_);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    Sequence& s = *seqs_[size_t(ids[r])];
+    ++s.cached;
+    sample(s, logits_.data() + r * size_t(vocab_));
+  }
+  ++steps_;
+}
+
+void BatchDecoder::remove(int seq) {
+  Sequence& s = get(seq);
+  s.table.clear();
+  s.live = false;
+  s.logits = {};
+}
+
+void BatchDecoder::rewind(int seq, int n) {
+  Sequence& s = get(seq);
+  KVQ_CHECK(n >= 1 && n <= s.cached, Errc::invalid_argument, "rewind of sequence ", seq, " to ", n, " tokens (",
+            s.cached, " cached)");
+  s.tokens.resize(size_t(n) + 1);
+  s.cached = n;
+  s.table.shrink(n + 1);  // keeps the page the next token is written to
+  s.sampler.reset();
+  for (TokenId id : s.tokens) s.sampler.accept(id);
+}
+
+int BatchDecoder::live() const { return int(live_sequences().size()); }
+
+std::vector<int> BatchDecoder::live_sequences() const {
+  std::vector<int> r;
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (seqs_[i]->live) r.push_back(int(i));
+  return r;
+}
+
+const std::vector<TokenId>& BatchDecoder::tokens(int seq) const { return get(seq).tokens; }
+const std::vector<float>& BatchDecoder::last_logits(int seq) const { return get(seq).logits; }
+int BatchDecoder::cached(int seq) const { return get(seq).cached; }
+
+}  // namespace kvq

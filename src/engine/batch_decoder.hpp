@@ -1,0 +1,88 @@
+// Many sequences decoding together over one paged KV store: the step batch
+// as the engine sees it (docs/architecture.md, "The step batch"). Each
+// sequence is prefilled on its own (chunked), then every step feeds one
+// token of every live sequence in one forward pass, so the weights are read
+// once per step for all of them. Sequences may join and leave between steps;
+// their pages come from one PagePool and go back to it when they leave.
+//
+// This is the engine core that kvq bench --batch measures and that the
+// serving scheduler (issue 26) will drive; it has no text, stop strings or
+// streaming of its own (Session has those for one sequence).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/sampler.hpp"
+#include "kv/cache.hpp"
+#include "kv/page_pool.hpp"
+#include "model/forward.hpp"
+
+namespace kvq {
+
+class BatchDecoder {
+ public:
+  // `store` must be shaped for the model (model.cache_shape(...), any page
+  // size); its pages are handed out by this decoder's pool.
+  BatchDecoder(Model& model, std::unique_ptr<kv::Cache> store, int prefill_chunk = 512);
+
+  // Prefills `prompt` as a new sequence and samples its first token from the
+  // prompt's last logits. Returns the sequence's handle. A prompt that does
+  // not fit the free pages is an Errc::out_of_range error and leaves nothing
+  // behind.
+  int add(const std::vector<TokenId>& prompt, const SamplingParams& sampling);
+  // Feeds every live sequence's newest token in one step and samples the
+  // next. When the pool cannot hold one more token of every sequence this
+  // throws Errc::out_of_range before running anything (remove a sequence
+  // and step again).
+  void step();
+  // Ends a sequence and gives its pages back.
+  void remove(int seq);
+  // Takes a sequence back to the moment its first `n` tokens were in the
+  // store and token n had just been sampled (n >= its prompt length): later
+  // tokens are dropped, pages past them go back to the pool, and the
+  // sampler restarts from its seed with tokens 0..n in its history. kvq
+  // bench decodes repeatedly from one prefill this way.
+  void rewind(int seq, int n);
+
+  int live() const;
+  std::vector<int> live_sequences() const;
+  // Tokens of a sequence: its prompt, then every sampled token (the newest
+  // one is sampled but not yet in the KV store).
+  const std::vector<TokenId>& tokens(int seq) const;
+  // Logits the newest token of a sequence was sampled from (vocab floats).
+  const std::vector<float>& last_logits(int seq) const;
+  // Tokens of a sequence in the KV store.
+  int cached(int seq) const;
+
+  kv::PagePool& pool() { return pool_; }
+  kv::Cache& store() { return *store_; }
+  Model& model() { return model_; }
+  int steps() const { return steps_; }
+
+ private:
+  struct Sequence {
+    kv::BlockTable table;
+    std::vector<TokenId> tokens;
+    int cached = 0;  // tokens whose K/V are in the store
+    Sampler sampler;
+    std::vector<float> logits;
+    bool live = true;
+  };
+  Sequence& get(int seq);
+  const Sequence& get(int seq) const;
+  void sample(Sequence& s, const float* logits);
+
+  Model& model_;
+  std::unique_ptr<kv::Cache> store_;
+  kv::PagePool pool_;
+  std::unique_ptr<RunState> run_;
+  int prefill_chunk_;
+  int vocab_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+  StepBatch batch_;
+  std::vector<float> logits_;
+  int steps_ = 0;
+};
+
+}  // namespace kvq

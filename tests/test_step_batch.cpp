@@ -1,0 +1,363 @@
+// The step batch (docs/architecture.md): page bookkeeping, paged stores whose
+// rows do not depend on where their pages are, and many sequences per
+// forward step giving each sequence exactly its solo result, on the CPU
+// backend (the oracle the GPU kernels are held to).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "backend/batch.hpp"
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/f32_cache.hpp"
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "engine/batch_decoder.hpp"
+#include "forward_test_util.hpp"
+#include "kv/block.hpp"
+#include "kv/cache.hpp"
+#include "kv/codec_table.hpp"
+#include "kv/page_pool.hpp"
+#include "kv_test_util.hpp"
+#include "model/forward.hpp"
+
+using namespace kvq;
+
+namespace {
+
+// Every named codec, the +qjl rows, fp8 and a K/V pair.
+std::vector<kv::CodecOptions> every_codec() {
+  std::vector<kv::CodecOptions> r;
+  for (const kv::CodecInfo& c : kv::codec_table()) {
+    kv::CodecOptions o;
+    o.kv = c.name;
+    r.push_back(o);
+  }
+  for (const char* q : {"rotor3_sym+qjl", "k_rotor4+qjl"}) {
+    kv::CodecOptions o;
+    o.kv = q;
+    r.push_back(o);
+  }
+  kv::CodecOptions pair;
+  pair.ctk = "q8";
+  pair.ctv = "turbo3";
+  r.push_back(pair);
+  return r;
+}
+
+}  // namespace
+
+TEST(PagePool, AllocReleaseAndReferenceCounts) {
+  kv::PagePool pool(3);
+  EXPECT_EQ(pool.free_pages(), 3);
+  const int a = pool.alloc(), b = pool.alloc(), c = pool.alloc();
+  EXPECT_EQ(std::vector<int>({a, b, c}), std::vector<int>({0, 1, 2}));  // lowest first
+  EXPECT_EQ(pool.free_pages(), 0);
+  try {
+    pool.alloc();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range);
+    EXPECT_NE(std::string(e.what()).find("all 3 pages"), std::string::npos) << e.what();
+  }
+  pool.retain(b);
+  pool.release(b);
+  EXPECT_EQ(pool.refs(b), 1);
+  pool.release(b);
+  EXPECT_EQ(pool.refs(b), 0);
+  EXPECT_EQ(pool.free_pages(), 1);
+  EXPECT_THROW(pool.release(b), Error);  // double free is loud
+  EXPECT_THROW(pool.retain(b), Error);
+  EXPECT_THROW(kv::PagePool(0), Error);
+}
+
+TEST(BlockTable, ReserveShareAndExhaustionLeavesNothingBehind) {
+  kv::PagePool pool(5);
+  kv::BlockTable a(pool, 4);
+  a.reserve(9);  // 3 pages
+  EXPECT_EQ(a.pages().size(), 3u);
+  EXPECT_EQ(a.capacity(), 12);
+  EXPECT_EQ(a.slot(5), a.pages()[1] * 4 + 1);
+  kv::BlockTable b(pool, 4);
+  b.share_prefix(a, 6);  // the first two pages, shared
+  EXPECT_EQ(pool.refs(a.pages()[0]), 2);
+  EXPECT_EQ(pool.free_pages(), 2);
+  kv::BlockTable c(pool, 4);
+  EXPECT_THROW(c.reserve(12), Error);  // needs 3, 2 free
+  EXPECT_TRUE(c.pages().empty());
+  EXPECT_EQ(pool.free_pages(), 2);  // what the failed call took went back
+  a.clear();
+  EXPECT_EQ(pool.free_pages(), 3);  // shared pages stay with b
+  b.shrink(0);
+  EXPECT_EQ(pool.free_pages(), 5);
+  {
+    kv::BlockTable d(pool, 4);
+    d.reserve(20);
+    EXPECT_EQ(pool.free_pages(), 0);
+  }  // a table gives its pages back when it goes
+  EXPECT_EQ(pool.free_pages(), 5);
+}
+
+TEST(StepBatch, SlotsFollowTheBlockTable) {
+  const std::vector<int32_t> pages_a = {3, 0}, pages_b = {1};
+  const int32_t ids_a[3] = {7, 8, 9}, ids_b[1] = {5};
+  StepBatch b;
+  b.add_sequence(ids_a, 3, 2, pages_a.data(), 2, 4, StepBatch::Logits::all);
+  b.add_sequence(ids_b, 1, 3, pages_b.data(), 1, 4, StepBatch::Logits::last);
+  EXPECT_EQ(b.n_tok(), 4);
+  EXPECT_EQ(b.n_seq(), 2);
+  EXPECT_EQ(b.slot, std::vector<int32_t>({3 * 4 + 2, 3 * 4 + 3, 0 * 4 + 0, 1 * 4 + 3}));
+  EXPECT_EQ(b.pos, std::vector<int32_t>({2, 3, 4, 3}));
+  EXPECT_EQ(b.seq, std::vector<int32_t>({0, 0, 0, 1}));
+  EXPECT_EQ(b.logit_rows, std::vector<int32_t>({0, 1, 2, 3}));
+  EXPECT_FALSE(b.is_one_contiguous_sequence());
+  EXPECT_THROW(b.add_sequence(ids_b, 1, 4, pages_b.data(), 1, 4, StepBatch::Logits::last), Error);  // past its pages
+  const std::vector<int32_t> identity = kv::identity_pages(2);
+  EXPECT_TRUE(StepBatch::one_sequence(ids_a, 3, 5, identity, 4, StepBatch::Logits::last).is_one_contiguous_sequence());
+}
+
+// Rows written through a scrambled block table with small pages are byte for
+// byte the rows of the identity table (and of the block's own encoder), and
+// attention over them gives the same floats: a row's bytes and a
+// sequence's result do not depend on where its pages are.
+TEST(PagedStore, RowsAndAttentionDoNotDependOnPagePlacement) {
+  const int H = 2, D = 64, T = 77, n_heads = 4;
+  for (const kv::CodecOptions& o : every_codec()) {
+    SCOPED_TRACE(kv::resolve_codec(o).name);
+    kv::CacheShape identity_shape{1, H, D, 128, n_heads, 64};
+    kv::CacheShape paged_shape{1, H, D, 160, n_heads, 16};  // 10 pages of 16
+    auto a = kv::make_cpu_cache(o, identity_shape);
+    auto b = kv::make_cpu_cache(o, paged_shape);
+    const std::vector<int32_t> scrambled = {7, 2, 9, 0, 5};  // 80 tokens
+    Rng rng(11);
+    const std::vector<float> k = test::gaussian(rng, size_t(T) * H * D), v = test::gaussian(rng, size_t(T) * H * D);
+    const kv::PageGeometry geo = paged_shape.geometry();
+    // odd write sizes across page boundaries
+    for (int t0 = 0, n = 1; t0 < T; t0 += n, n = n % 13 + 2) {
+      n = std::min(n, T - t0);
+      std::vector<int32_t> slots(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) slots[size_t(i)] = geo.slot_of(scrambled.data(), t0 + i);
+      a->layer(0).write(t0, n, k.data() + size_t(t0) * H * D, v.data() + size_t(t0) * H * D);
+      b->layer(0).write_slots(slots.data(), n, k.data() + size_t(t0) * H * D, v.data() + size_t(t0) * H * D);
+    }
+    const kv::ResolvedCodec rc = kv::resolve_codec(o);
+    for (const bool vs : {false, true}) {
+      const kv::RowLayout l = kv::block_layout(vs ? rc.v : rc.k, D);
+      std::vector<uint8_t> ca(l.code_bytes), sa(l.side_bytes + 1), cb(l.code_bytes), sb(l.side_bytes + 1),
+          ce(l.code_bytes), se(l.side_bytes + 1);
+      for (int h = 0; h < H; ++h) {
+        const auto block = kv::make_block(vs ? rc.v : rc.k, D, o.seed, 0, h, vs ? kv::Side::v : kv::Side::k);
+        for (int t = 0; t < T; ++t) {
+          a->layer(0).read_row(t, h, vs, ca.data(), sa.data());
+          b->layer(0).read_row(geo.slot_of(scrambled.data(), t), h, vs, cb.data(), sb.data());
+          block->encode((vs ? v : k).data() + (size_t(t) * H + h) * D, ce.data(), se.data());
+          ASSERT_EQ(ca, cb) << "token " << t << " head " << h << (vs ? " V" : " K");
+          ASSERT_EQ(ca, ce) << "token " << t << " head " << h << (vs ? " V" : " K");
+          ASSERT_TRUE(std::equal(sa.begin(), sa.begin() + ptrdiff_t(l.side_bytes), sb.begin()));
+          ASSERT_TRUE(std::equal(sa.begin(), sa.begin() + ptrdiff_t(l.side_bytes), se.begin()));
+        }
+      }
+    }
+    const int n = 5, pos = T - n;
+    const std::vector<float> q = test::gaussian(rng, size_t(n) * n_heads * D);
+    std::vector<float> out_a(q.size()), out_b(q.size());
+    a->layer(0).attend(pos, n, q.data(), n_heads, 0.125f, out_a.data());
+    const kv::QueryRun run{scrambled.data(), int(scrambled.size()), 0, n, pos};
+    b->layer(0).attend_runs(&run, 1, q.data(), n_heads, 0.125f, out_b.data());
+    EXPECT_EQ(0, std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)));
+  }
+}
+
+TEST(PagedStore, UnwrittenRowsAndBadTablesAreErrors) {
+  kv::CodecOptions o;
+  o.kv = "none";
+  auto c = kv::make_cpu_cache(o, kv::CacheShape{1, 1, 64, 32, 1, 8});
+  std::vector<float> k(64, 1.0f), q(64, 1.0f), out(64);
+  const int32_t slot = 9;
+  c->layer(0).write_slots(&slot, 1, k.data(), k.data());
+  const std::vector<int32_t> pages = {1};  // token 1 is slot 9
+  const kv::QueryRun ok{pages.data(), 1, 0, 1, 1};
+  EXPECT_THROW(c->layer(0).attend_runs(&ok, 1, q.data(), 1, 1.0f, out.data()), Error);  // token 0 never written
+  const int32_t slot0 = 8;
+  c->layer(0).write_slots(&slot0, 1, k.data(), k.data());
+  c->layer(0).attend_runs(&ok, 1, q.data(), 1, 1.0f, out.data());
+  for (float x : out) EXPECT_FLOAT_EQ(x, 1.0f);
+  const std::vector<int32_t> outside = {4};  // the store has 4 pages
+  const kv::QueryRun bad{outside.data(), 1, 0, 1, 0};
+  EXPECT_THROW(c->layer(0).attend_runs(&bad, 1, q.data(), 1, 1.0f, out.data()), Error);
+  const int32_t past = 32;
+  EXPECT_THROW(c->layer(0).write_slots(&past, 1, k.data(), k.data()), Error);
+}
+
+namespace {
+
+struct BatchFixture {
+  std::unique_ptr<testutil::TinyModel> tiny = testutil::make_tiny(Arch::qwen3, gguf::TensorType::Q8_0, 21);
+  std::unique_ptr<Backend> backend = cpu::make_cpu_backend();
+  std::unique_ptr<Model> model;
+  BatchFixture() { model = std::make_unique<Model>(tiny->cfg, load_weights(tiny->cfg, tiny->t.lookup()), *backend); }
+
+  std::vector<TokenId> prompt(int n, uint64_t seed) const {
+    Rng rng(seed);
+    std::vector<TokenId> p(static_cast<size_t>(n));
+    for (auto& t : p) t = TokenId(rng.next_u64() % uint64_t(tiny->cfg.vocab_size));
+    return p;
+  }
+
+  // The sequence alone: prefill, then greedy steps through Model::forward
+  // over a one-sequence store; every step's logits.
+  std::vector<std::vector<float>> solo(const kv::CodecOptions& o, const std::vector<TokenId>& p, int steps,
+                                       std::vector<TokenId>* tokens) const {
+    const int V = tiny->cfg.vocab_size;
+    auto cache = backend->make_cache(o, model->cache_shape(int(p.size()) + steps + 1));
+    std::vector<std::vector<float>> rows;
+    std::vector<float> logits(static_cast<size_t>(V));
+    model->forward(p.data(), int(p.size()), 0, *cache, logits.data(), false);
+    rows.push_back(logits);
+    int pos = int(p.size());
+    for (int s = 0; s < steps; ++s) {
+      const TokenId next = TokenId(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      tokens->push_back(next);
+      model->forward(&next, 1, pos++, *cache, logits.data(), false);
+      rows.push_back(logits);
+    }
+    return rows;
+  }
+};
+
+SamplingParams greedy() {
+  SamplingParams s;
+  s.temperature = 0;
+  return s;
+}
+
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+// Sequences of different lengths decoded together give each its solo run:
+// the same greedy tokens and the same logits to the bit. Attention reads each
+// sequence's rows alone, and the CPU's weight products give every token the
+// same sums whatever else shares the call (up to 64 tokens per call: these
+// prompts and steps). The GPU is held to identical tokens for bf16 and q8
+// and 1e-4 for the low-bit codecs.
+TEST(BatchDecode, EachSequenceGetsItsSoloResult) {
+  BatchFixture f;
+  const int steps = 6;
+  for (const char* codec : {"none", "k8v8", "tsym3", "k8vturbo3", "rotor3_sym+qjl"}) {
+    SCOPED_TRACE(codec);
+    kv::CodecOptions o;
+    o.kv = codec;
+    kv::CacheShape shape = f.model->cache_shape(24 * 8);
+    shape.page_tokens = 8;
+    BatchDecoder dec(*f.model, f.backend->make_cache(o, shape), /*prefill_chunk=*/5);
+    // Scatter the pool first, so the sequences' pages are not in order.
+    kv::BlockTable hole(dec.pool(), 8);
+    hole.reserve(8 * 3);
+    const std::vector<int> lengths = {3, 17, 8, 30};
+    std::vector<std::vector<TokenId>> prompts;
+    std::vector<int> handles;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      prompts.push_back(f.prompt(lengths[i], 100 + i));
+      handles.push_back(dec.add(prompts.back(), greedy()));
+      if (i == 1) hole.clear();
+    }
+    std::vector<std::vector<std::vector<float>>> batched(lengths.size());
+    for (size_t i = 0; i < lengths.size(); ++i) batched[i].push_back(dec.last_logits(handles[i]));
+    for (int s = 0; s < steps; ++s) {
+      dec.step();
+      for (size_t i = 0; i < lengths.size(); ++i) batched[i].push_back(dec.last_logits(handles[i]));
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      std::vector<TokenId> solo_tokens;
+      const auto solo = f.solo(o, prompts[i], steps, &solo_tokens);
+      const std::vector<TokenId>& toks = dec.tokens(handles[i]);
+      ASSERT_EQ(toks.size(), prompts[i].size() + steps + 1);
+      EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), toks.begin() + ptrdiff_t(prompts[i].size())))
+          << "sequence " << i;
+      for (int s = 0; s <= steps; ++s)
+        EXPECT_EQ(max_diff(solo[size_t(s)], batched[i][size_t(s)]), 0.0f) << "sequence " << i << ", step " << s;
+    }
+  }
+}
+
+// Sequences join, finish and leave between steps at random; every one of
+// them is held to its solo run, and every page comes back at the end.
+TEST(BatchDecode, RandomScheduleMatchesSoloRuns) {
+  BatchFixture f;
+  kv::CodecOptions o;
+  o.kv = "k8v4";
+  kv::CacheShape shape = f.model->cache_shape(16 * 40);
+  shape.page_tokens = 16;
+  BatchDecoder dec(*f.model, f.backend->make_cache(o, shape), 7);
+  Rng rng(5);
+  struct Tracked {
+    int handle;
+    std::vector<TokenId> prompt;
+    int steps_left;
+  };
+  std::vector<Tracked> live;
+  int started = 0, finished = 0;
+  for (int tick = 0; tick < 40; ++tick) {
+    if (live.size() < 5 && rng.next_u64() % 3 != 0) {
+      Tracked t{0, f.prompt(1 + int(rng.next_u64() % 40), 1000 + uint64_t(started)), 1 + int(rng.next_u64() % 12)};
+      t.handle = dec.add(t.prompt, greedy());
+      live.push_back(t);
+      ++started;
+    }
+    dec.step();
+    for (size_t i = 0; i < live.size();) {
+      if (--live[i].steps_left > 0) {
+        ++i;
+        continue;
+      }
+      const std::vector<TokenId> got = dec.tokens(live[i].handle);
+      const int decoded = int(got.size() - live[i].prompt.size()) - 1;
+      std::vector<TokenId> solo_tokens;
+      f.solo(o, live[i].prompt, decoded, &solo_tokens);
+      EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), got.begin() + ptrdiff_t(live[i].prompt.size())))
+          << "sequence " << live[i].handle;
+      dec.remove(live[i].handle);
+      live.erase(live.begin() + ptrdiff_t(i));
+      ++finished;
+    }
+  }
+  for (const Tracked& t : live) dec.remove(t.handle);
+  EXPECT_GT(started, 8);
+  EXPECT_GT(finished, 5);
+  EXPECT_EQ(dec.pool().used_pages(), 0);
+}
+
+TEST(BatchDecode, PoolExhaustionIsAClearErrorAndCorruptsNothing) {
+  BatchFixture f;
+  kv::CodecOptions o;
+  o.kv = "k8v8";
+  kv::CacheShape shape = f.model->cache_shape(8 * 6);  // 6 pages of 8
+  shape.page_tokens = 8;
+  BatchDecoder dec(*f.model, f.backend->make_cache(o, shape), 16);
+  const auto p = f.prompt(20, 3);  // 3 pages
+  const int a = dec.add(p, greedy());
+  const int b = dec.add(f.prompt(16, 4), greedy());  // 2 pages: 1 left
+  try {
+    dec.add(f.prompt(9, 5), greedy());  // needs 2
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range);
+    EXPECT_NE(std::string(e.what()).find("KV pool is full"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dec.pool().used_pages(), 5);
+  for (int s = 0; s < 4; ++s) dec.step();  // a: 20 -> 24 cached, b: 16 -> 20 (its third page)
+  EXPECT_EQ(dec.pool().free_pages(), 0);
+  EXPECT_THROW(for (int s = 0; s < 8; ++s) dec.step(), Error);  // a needs a fourth page
+  dec.remove(b);
+  dec.step();  // room again
+  std::vector<TokenId> solo_tokens;
+  const int decoded = int(dec.tokens(a).size() - p.size()) - 1;
+  f.solo(o, p, decoded, &solo_tokens);
+  EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), dec.tokens(a).begin() + ptrdiff_t(p.size())));
+}
