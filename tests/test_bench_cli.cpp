@@ -28,7 +28,7 @@ namespace {
 
 using Out = kvq::test::CliOut;
 
-Out kvq(const std::string& args) { return kvq::test::kvq_cli(args); }
+Out run_kvq(const std::string& args) { return kvq::test::kvq_cli(args); }
 
 struct TempHome {
   fs::path p;
@@ -75,7 +75,7 @@ const char* kSweep = "bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,1
 
 TEST(BenchCli, SweepWritesCsvDatabaseReportAndPlots) {
   TempHome h;
-  const Out r = kvq(std::string(kSweep) + " --home " + h.p.string());
+  const Out r = run_kvq(std::string(kSweep) + " --home " + h.p.string());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("run 1 ok: 6 cells (6 ok, 0 flagged, 0 failed)"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("fit none"), std::string::npos) << r.out;
@@ -114,31 +114,31 @@ TEST(BenchCli, SweepWritesCsvDatabaseReportAndPlots) {
 TEST(BenchCli, ListCompareAndReport) {
   TempHome h;
   const std::string home = " --home " + h.p.string();
-  ASSERT_EQ(kvq(std::string(kSweep) + home + " --no-plots").rc, 0);
+  ASSERT_EQ(run_kvq(std::string(kSweep) + home + " --no-plots").rc, 0);
   const fs::path out = h.p / "custom-out";
-  const Out second = kvq(std::string(kSweep) + home + " --no-plots --out " + out.string());
+  const Out second = run_kvq(std::string(kSweep) + home + " --no-plots --out " + out.string());
   ASSERT_EQ(second.rc, 0) << second.err;
   EXPECT_TRUE(fs::exists(out / "report.md"));
   EXPECT_TRUE(fs::exists(out / "cells.csv"));
   EXPECT_FALSE(fs::exists(h.p / "runs" / "2"));
 
-  const Out list = kvq("bench list" + home);
+  const Out list = run_kvq("bench list" + home);
   ASSERT_EQ(list.rc, 0) << list.err;
   EXPECT_EQ(count_lines(list.out), 3u) << list.out;  // header + 2 runs
   EXPECT_NE(list.out.find("6/6"), std::string::npos) << list.out;
   EXPECT_NE(list.out.find("synthetic:tiny"), std::string::npos);
 
-  const Out cmp = kvq("bench compare 1 latest" + home);
+  const Out cmp = run_kvq("bench compare 1 latest" + home);
   ASSERT_EQ(cmp.rc, 0) << cmp.err;
   EXPECT_NE(cmp.out.find("B/A tok/s"), std::string::npos) << cmp.out;
   EXPECT_NE(cmp.out.find("| k8v4 | 256 |"), std::string::npos) << cmp.out;
   EXPECT_NE(cmp.out.find("in 6 cells"), std::string::npos) << cmp.out;
-  const Out bad = kvq("bench compare 1 99" + home);
+  const Out bad = run_kvq("bench compare 1 99" + home);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("no run 99"), std::string::npos) << bad.err;
 
   const fs::path again = h.p / "again";
-  const Out rep = kvq("bench report 1 --out " + again.string() + home);
+  const Out rep = run_kvq("bench report 1 --out " + again.string() + home);
   ASSERT_EQ(rep.rc, 0) << rep.err;
   EXPECT_NE(read(again / "report.md").find("# kvq bench run 1"), std::string::npos);
   EXPECT_EQ(count_lines(read(again / "cells.csv")), 7u);
@@ -148,18 +148,18 @@ TEST(BenchCli, ListCompareAndReport) {
 TEST(BenchCli, ClearErrorsForBadOptions) {
   TempHome h;
   const std::string home = " --home " + h.p.string();
-  const Out codec = kvq("bench -m synthetic:tiny --codecs none,turbo9 --contexts 64 --gen 4 --reps 1" + home);
+  const Out codec = run_kvq("bench -m synthetic:tiny --codecs none,turbo9 --contexts 64 --gen 4 --reps 1" + home);
   EXPECT_EQ(codec.rc, 2);
   EXPECT_NE(codec.err.find("turbo9"), std::string::npos) << codec.err;
-  const Out ctx = kvq("bench -m synthetic:tiny --codecs none --contexts 64,x --gen 4 --reps 1" + home);
+  const Out ctx = run_kvq("bench -m synthetic:tiny --codecs none --contexts 64,x --gen 4 --reps 1" + home);
   EXPECT_EQ(ctx.rc, 2);
   EXPECT_NE(ctx.err.find("'x'"), std::string::npos) << ctx.err;
-  const Out shape = kvq("bench -m synthetic:huge --codecs none --contexts 64 --gen 4 --reps 1" + home);
+  const Out shape = run_kvq("bench -m synthetic:huge --codecs none --contexts 64 --gen 4 --reps 1" + home);
   EXPECT_EQ(shape.rc, 2);
   EXPECT_NE(shape.err.find("bonsai-8b"), std::string::npos) << "lists the shapes: " << shape.err;
-  EXPECT_NE(kvq("bench -m synthetic:tiny --gen 1" + home).rc, 0);
+  EXPECT_NE(run_kvq("bench -m synthetic:tiny --gen 1" + home).rc, 0);
   for (const char* bad : {"0", "-1"}) {
-    const Out pr = kvq(std::string("bench -m synthetic:tiny --codecs none --contexts 64 --gen 4 --reps 1 --prefill-reps ") +
+    const Out pr = run_kvq(std::string("bench -m synthetic:tiny --codecs none --contexts 64 --gen 4 --reps 1 --prefill-reps ") +
                        bad + home);
     EXPECT_EQ(pr.rc, 2) << bad;
     EXPECT_NE(pr.err.find("--prefill-reps must be at least 1"), std::string::npos) << pr.err;
@@ -169,7 +169,7 @@ TEST(BenchCli, ClearErrorsForBadOptions) {
 
 TEST(BenchCli, PrefillRepsAreRecordedAndDocumentedInHelp) {
   TempHome h;
-  const Out r = kvq("bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128 --gen 6 --reps 3 --prefill-reps 2 "
+  const Out r = run_kvq("bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128 --gen 6 --reps 3 --prefill-reps 2 "
                     "-t 1 --no-plots --home " + h.p.string());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("2 prefill(s) per cell, 1 warm-up + 3 decode runs"), std::string::npos) << r.err;
@@ -178,15 +178,15 @@ TEST(BenchCli, PrefillRepsAreRecordedAndDocumentedInHelp) {
   EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE json_array_length(prefills_json) = 2 "
                         "AND json_array_length(reps_json) = 3 AND ttft_s_min <= ttft_s AND ttft_s <= ttft_s_max"),
             "4");
-  EXPECT_EQ(sql(h.db(), "SELECT max(version) FROM schema_version"), "2");
+  EXPECT_EQ(sql(h.db(), "SELECT max(version) FROM schema_version"), "3");
   const std::string csv = read(h.p / "runs" / "1" / "cells.csv");
   EXPECT_EQ(csv.rfind("run_id,codec,ctx,gen,reps,prefill_n,", 0), 0u) << csv;
-  const Out help = kvq("bench --help");
+  const Out help = run_kvq("bench --help");
   EXPECT_EQ(help.rc, 0);
   EXPECT_NE(help.out.find("--prefill-reps"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--prefill-every-run"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("re-feed the last"), std::string::npos) << help.out;
-  EXPECT_EQ(kvq("bench list --help").out.find("re-feed the last"), std::string::npos);
+  EXPECT_EQ(run_kvq("bench list --help").out.find("re-feed the last"), std::string::npos);
 }
 
 TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {
@@ -231,7 +231,7 @@ TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {
 }
 
 TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
-  const Out r = kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 -t 1");
+  const Out r = run_kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 -t 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err.find("kvq: warm-up"), std::string::npos) << "progress lines only on a terminal: " << r.err;
   EXPECT_NE(r.err.find("kvq: run 2/2: prefill 48 tokens"), std::string::npos) << r.err;
@@ -239,7 +239,7 @@ TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
   EXPECT_NE(r.err.find("KV k8v4"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("6.312 bits/value"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("WARNING"), std::string::npos) << r.err;
-  const Out one = kvq("run -m synthetic:tiny --random-prompt 8 -n 1 --repeat 2 -t 1");
+  const Out one = run_kvq("run -m synthetic:tiny --random-prompt 8 -n 1 --repeat 2 -t 1");
   EXPECT_EQ(one.rc, 2);
   EXPECT_NE(one.err.find("-n 2 or more"), std::string::npos) << one.err;
 }

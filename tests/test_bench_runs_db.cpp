@@ -338,6 +338,9 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   const auto old = db.cells(1);
   ASSERT_EQ(old.size(), 2u);
   EXPECT_EQ(old[0].codec, "k8v4");
+  EXPECT_EQ(old[0].batch, 1);  // rows from before the step batch: one sequence per step
+  EXPECT_EQ(old[0].kv_pages, 0);
+  EXPECT_FALSE(old[0].capacity);
   EXPECT_DOUBLE_EQ(old[0].ttft_s.median, 0.7);
   EXPECT_EQ(old[0].prefill_n, 3);  // the old protocol: one prefill per measured run
   EXPECT_TRUE(old[0].prefill_results.empty());
@@ -359,7 +362,7 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   EXPECT_EQ(query_text(db.handle(), "PRAGMA integrity_check"), "ok");
   // Reopening applies nothing more.
   RunsDb again(d.db());
-  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "2");
+  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "3");
 }
 
 TEST(BenchRunsDb, HomeFolderResolution) {

@@ -321,3 +321,48 @@ TEST(BenchSweep, BatchListIsChecked) {
   for (const char* bad : {"", "0", "1,,8", "8,8", "-1", "4097", "2x", "1.5"})
     EXPECT_THROW(parse_batch_list(bad), Error) << bad;
 }
+
+// Capacity mode: each codec admits as many sequences as the KV budget holds
+// (a 3-bit codec about 5x what bf16 does) and decodes them together.
+TEST(BenchSweep, CapacityModeAdmitsWhatTheBudgetHolds) {
+  OneThread one;
+  TempHome h;
+  SweepConfig cfg;
+  cfg.model = "synthetic:tiny";
+  cfg.codecs = {"none", "tsym3"};
+  cfg.contexts = {60};
+  cfg.batches = {kBatchMax};
+  cfg.gen = 4;
+  cfg.reps = 1;
+  cfg.warmup = 0;
+  cfg.threads = 1;
+  cfg.home = h.p.string();
+  auto backend = make_backend("cpu");
+  auto model = open_model(cfg.model, *backend);
+  const ModelConfig& mc = model->config();
+  const int none_one = sequences_in_budget("none", 64, mc.n_layers, mc.n_kv_heads, mc.head_dim, 1ull << 32);
+  ASSERT_GT(none_one, 0);
+  // A budget of exactly 3 `none` sequences (one 64-token page each).
+  const uint64_t page_bytes = (1ull << 32) / uint64_t(none_one);
+  cfg.kv_budget = 3 * page_bytes + page_bytes / 2;
+  EXPECT_EQ(sequences_in_budget("none", 64, mc.n_layers, mc.n_kv_heads, mc.head_dim, cfg.kv_budget), 3);
+  const int tsym3 = sequences_in_budget("tsym3", 64, mc.n_layers, mc.n_kv_heads, mc.head_dim, cfg.kv_budget);
+  EXPECT_GE(tsym3, 3 * 4);  // 3.125 bits per value against 16
+  const SweepResult r = run_sweep(cfg, {});
+  ASSERT_EQ(r.cells.size(), 2u);
+  EXPECT_EQ(r.cells[0].batch, 3);
+  EXPECT_EQ(r.cells[1].batch, tsym3);
+  for (const auto& c : r.cells) {
+    EXPECT_TRUE(c.capacity);
+    EXPECT_EQ(c.status, "ok") << c.error;
+    EXPECT_EQ(c.kv_pages, c.batch);
+  }
+  RunsDb db(runs_db_path(h.p.string()));
+  EXPECT_TRUE(db.cells(r.run_id)[1].capacity);
+  cfg.kv_budget = 0;
+  EXPECT_THROW(run_sweep(cfg, {}), Error);  // max needs a budget
+  EXPECT_EQ(parse_byte_size("120G"), 120ull << 30);
+  EXPECT_EQ(parse_byte_size("1.5k"), 1536u);
+  for (const char* bad : {"", "G", "-1G", "12X", "0"}) EXPECT_THROW(parse_byte_size(bad), Error) << bad;
+  EXPECT_EQ(parse_batch_list("1,max"), std::vector<int>({1, kBatchMax}));
+}

@@ -361,3 +361,27 @@ TEST(BatchDecode, PoolExhaustionIsAClearErrorAndCorruptsNothing) {
   f.solo(o, p, decoded, &solo_tokens);
   EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), dec.tokens(a).begin() + ptrdiff_t(p.size())));
 }
+
+// Two backends in one process, each with its own model and pool, stepping in
+// turns: neither sees the other's state (kernel settings, caches, pools), so
+// each sequence gets its solo result. (Two GPUs need a machine that has
+// them; the CUDA backend's per-device state is its DeviceContext.)
+TEST(BatchDecode, TwoBackendsInOneProcessStayApart) {
+  BatchFixture a, b;
+  kv::CodecOptions o;
+  o.kv = "k8v4";
+  kv::CacheShape shape = a.model->cache_shape(64 * 8);
+  BatchDecoder da(*a.model, a.backend->make_cache(o, shape), 8);
+  BatchDecoder db(*b.model, b.backend->make_cache(o, shape), 8);
+  const auto pa = a.prompt(12, 7), pb = b.prompt(23, 8);
+  const int sa = da.add(pa, greedy()), sb = db.add(pb, greedy());
+  for (int s = 0; s < 5; ++s) {
+    da.step();
+    db.step();
+  }
+  std::vector<TokenId> solo_a, solo_b;
+  a.solo(o, pa, 5, &solo_a);
+  b.solo(o, pb, 5, &solo_b);
+  EXPECT_TRUE(std::equal(solo_a.begin(), solo_a.end(), da.tokens(sa).begin() + ptrdiff_t(pa.size())));
+  EXPECT_TRUE(std::equal(solo_b.begin(), solo_b.end(), db.tokens(sb).begin() + ptrdiff_t(pb.size())));
+}

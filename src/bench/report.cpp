@@ -123,16 +123,16 @@ std::string plot_script(const std::string& terminal, const std::string& ext, con
 }  // namespace
 
 std::string csv_header() {
-  return "run_id,codec,ctx,gen,batch,reps,prefill_n,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
+  return "run_id,codec,ctx,gen,reps,prefill_n,status,flags,decode_tps,decode_tps_min,decode_tps_max,ttft_s,ttft_s_min,"
          "ttft_s_max,prefill_tps,prefill_tps_min,prefill_tps_max,itl_p50_ms,itl_p50_ms_min,itl_p50_ms_max,"
-         "itl_p99_ms,itl_p99_ms_min,itl_p99_ms_max,kv_seq,kv_bytes,kv_mib,bits_per_value,kv_capacity_bytes,kv_pages,"
+         "itl_p99_ms,itl_p99_ms_min,itl_p99_ms_max,kv_seq,kv_bytes,kv_mib,bits_per_value,kv_capacity_bytes,"
          "device_mem_delta,weight_bytes,step_bytes,achieved_gbs,pct_copy_bw,attn_kernels,kv_host_device_bytes,"
-         "digest,digests_agree,error\n";
+         "digest,digests_agree,batch,capacity,kv_pages,error\n";
 }
 
 std::string csv_row(int64_t run_id, const CellResult& c) {
   std::vector<std::string> f = {std::to_string(run_id), csv_field(c.codec), std::to_string(c.ctx),
-                                std::to_string(c.gen), std::to_string(c.batch), std::to_string(c.reps),
+                                std::to_string(c.gen), std::to_string(c.reps),
                                 c.measured() ? std::to_string(c.prefill_n) : std::string(), c.status,
                                 csv_field(join(c.flags, ";"))};
   const bool m = c.measured();
@@ -147,7 +147,6 @@ std::string csv_row(int64_t run_id, const CellResult& c) {
   val(mib(double(c.kv_bytes)), 4);
   val(c.bits_per_value, 4);
   f.push_back(m ? std::to_string(c.kv_capacity_bytes) : "");
-  f.push_back(m && c.kv_pages > 0 ? std::to_string(c.kv_pages) : "");
   f.push_back(m && c.device_mem_delta >= 0 ? std::to_string(c.device_mem_delta) : "");
   f.push_back(m ? std::to_string(c.weight_bytes) : "");
   val(c.step_bytes, 0);
@@ -159,6 +158,9 @@ std::string csv_row(int64_t run_id, const CellResult& c) {
                   : "");
   f.push_back(c.digest);
   f.push_back(m ? (c.digests_agree ? "1" : "0") : "");
+  f.push_back(std::to_string(c.batch));
+  f.push_back(c.capacity ? "1" : "0");
+  f.push_back(m && c.kv_pages > 0 ? std::to_string(c.kv_pages) : "");
   f.push_back(csv_field(c.error));
   return join(f, ",") + "\n";
 }
@@ -170,11 +172,11 @@ namespace {
 std::vector<CellResult> one_sequence_cells(const std::vector<CellResult>& cells) {
   std::vector<CellResult> r;
   for (const auto& c : cells)
-    if (c.batch <= 1) r.push_back(c);
+    if (c.batch <= 1 && !c.capacity) r.push_back(c);
   return r;
 }
 bool has_batches(const std::vector<CellResult>& cells) {
-  return std::any_of(cells.begin(), cells.end(), [](const CellResult& c) { return c.batch > 1; });
+  return std::any_of(cells.begin(), cells.end(), [](const CellResult& c) { return c.batch > 1 || c.capacity; });
 }
 
 Plots write_context_plots(const std::string& dir, const std::vector<CellResult>& cells,
@@ -360,13 +362,20 @@ std::string batch_section(const std::vector<CellResult>& cells) {
     }
     r << "\n";
   }
+  for (const auto& c : cells)
+    if (c.capacity) {
+      r << "Capacity mode (--batch max): each codec ran as many sequences of prompt + generated tokens as the KV "
+           "budget holds (`capacity` cells below).\n\n";
+      break;
+    }
   r << "B = 1 cells are the one-sequence protocol above (recorded steps where the backend has them); B > 1 cells "
        "prefill each sequence, then decode every sequence one token per step (ITL = one step).\n\n"
        "| codec | ctx | batch | status | aggregate tok/s | ITL p50 / p99 ms | KV MiB | KV pages | GB/s | % copy bw |\n"
        "|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& c : cells) {
-    if (c.batch <= 1) continue;
-    r << "| " << md(c.codec) << " | " << c.ctx << " | " << c.batch << " | " << c.status << " |";
+    if (c.batch <= 1 && !c.capacity) continue;
+    r << "| " << md(c.codec) << " | " << c.ctx << " | " << c.batch << (c.capacity ? " (capacity)" : "") << " | "
+      << c.status << " |";
     if (!c.measured()) {
       r << " | | | | | |\n";
       continue;

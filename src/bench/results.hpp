@@ -56,6 +56,7 @@ struct CellResult {
   int ctx = 0;        // prompt tokens L
   int gen = 0;        // generated tokens G
   int batch = 1;      // sequences decoded together (kvq bench --batch); decode_tps is their aggregate
+  bool capacity = false;  // batch is what the KV budget admitted (--batch max --kv-budget)
   std::string status = "failed";
   std::string error;                // message when status is oom/unsupported/failed
   std::vector<std::string> flags;   // "digest" (reps disagree), "dispatch", "kv_memory"

@@ -127,10 +127,12 @@ ALTER TABLE bench_cells ADD COLUMN prefills_json TEXT NOT NULL DEFAULT '[]';
 )sql",
     // 2 -> 3: the step batch (kvq bench --batch). batch: sequences decoded
     // together (1 in rows written before: one sequence per step); kv_pages:
-    // KV pool pages they held (0 for one-sequence cells).
+    // KV pool pages they held (0 for one-sequence cells); capacity: the batch
+    // is what a KV budget admitted (--batch max).
     R"sql(
 ALTER TABLE bench_cells ADD COLUMN batch INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE bench_cells ADD COLUMN kv_pages INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE bench_cells ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0;
 )sql",
 };
 constexpr int kNumMigrations = int(sizeof kMigrations / sizeof kMigrations[0]);
@@ -510,8 +512,8 @@ void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
            "itl_p99_ms, itl_p99_ms_min, itl_p99_ms_max, kv_seq, kv_bytes, kv_mib, bits_per_value, "
            "kv_capacity_bytes, device_mem_delta, weight_bytes, step_bytes, achieved_gbs, pct_copy_bw, "
            "attn_kernels, kv_host_device_bytes, dispatch_json, digest, digests_agree, reps_json, prefill_n, "
-           "prefills_json, batch, kv_pages) VALUES "
-           "(?,?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?, ?,?)");
+           "prefills_json, batch, kv_pages, capacity) VALUES "
+           "(?,?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?,?, ?,?,?,?,?,?, ?,?,?,?,?,?, ?,?, ?,?,?)");
     // Columns in the order of the INSERT above; NULL for what an unmeasured cell lacks.
     int i = 0;
     auto put = [&](const auto& v) { q.bind(++i, v); };
@@ -554,6 +556,7 @@ void RunsDb::add_cell(int64_t run_id, const CellResult& c) {
     put(prefills_to_json(c.prefill_results).dump());
     put(c.batch);
     put(c.kv_pages);
+    put(c.capacity ? 1 : 0);
     q.run();
   });
 }
@@ -565,7 +568,7 @@ std::vector<CellResult> RunsDb::cells(int64_t run_id) const {
          "prefill_tps, prefill_tps_min, prefill_tps_max, itl_p50_ms, itl_p50_ms_min, itl_p50_ms_max, "
          "itl_p99_ms, itl_p99_ms_min, itl_p99_ms_max, kv_seq, kv_bytes, bits_per_value, "
          "kv_capacity_bytes, device_mem_delta, weight_bytes, step_bytes, achieved_gbs, pct_copy_bw, "
-         "dispatch_json, digest, digests_agree, reps_json, prefill_n, prefills_json, batch, kv_pages FROM bench_cells "
+         "dispatch_json, digest, digests_agree, reps_json, prefill_n, prefills_json, batch, kv_pages, capacity FROM bench_cells "
          "WHERE run_id = ? ORDER BY cell_id");
   q.bind(1, run_id);
   std::vector<CellResult> out;
@@ -605,6 +608,7 @@ std::vector<CellResult> RunsDb::cells(int64_t run_id) const {
     c.prefill_results = prefills_from_json(json::parse(q.text(i++)));
     c.batch = int(q.integer(i++));
     c.kv_pages = int(q.integer(i++));
+    c.capacity = q.integer(i++) != 0;
     out.push_back(std::move(c));
   }
   return out;

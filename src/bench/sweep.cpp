@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "kv/codec_table.hpp"
+#include "kv/page.hpp"
 #include "model/forward.hpp"
 #include "model/model_spec.hpp"
 
@@ -167,9 +168,10 @@ std::vector<int> parse_batch_list(const std::string& list) {
     start = comma == std::string::npos ? list.size() + 1 : comma + 1;
     char* end = nullptr;
     errno = 0;
-    const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
-    KVQ_CHECK(!item.empty() && end && *end == '\0' && errno == 0 && v >= 1 && v <= 4096, Errc::invalid_argument,
-              "--batch: '", item, "' is not a sequence count from 1 to 4096 (give a list like 1,8,32,64)");
+    const long v = item == "max" ? kBatchMax : item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+    KVQ_CHECK(item == "max" || (!item.empty() && end && *end == '\0' && errno == 0 && v >= 1 && v <= 4096),
+              Errc::invalid_argument, "--batch: '", item,
+              "' is not a sequence count from 1 to 4096 or max (give a list like 1,8,32,64,max)");
     KVQ_CHECK(std::find(out.begin(), out.end(), int(v)) == out.end(), Errc::invalid_argument, "--batch: ", v,
               " is listed twice");
     out.push_back(int(v));
@@ -177,10 +179,40 @@ std::vector<int> parse_batch_list(const std::string& list) {
   return out;
 }
 
+uint64_t parse_byte_size(const std::string& text) {
+  std::string num = text;
+  uint64_t mult = 1;
+  if (!num.empty()) {
+    const char u = char(std::toupper(static_cast<unsigned char>(num.back())));
+    if (u == 'K' || u == 'M' || u == 'G' || u == 'T') {
+      mult = u == 'K' ? 1ull << 10 : u == 'M' ? 1ull << 20 : u == 'G' ? 1ull << 30 : 1ull << 40;
+      num.pop_back();
+    }
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double v = num.empty() ? -1 : std::strtod(num.c_str(), &end);
+  KVQ_CHECK(!num.empty() && end && *end == '\0' && errno == 0 && v > 0 && v * double(mult) < 1e18,
+            Errc::invalid_argument, "'", text, "' is not a size in bytes (like 120G, 512M or 4096)");
+  return uint64_t(v * double(mult));
+}
+
+int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int n_kv_heads, int head_dim,
+                        uint64_t budget) {
+  const kv::ResolvedCodec rc = kv::resolve_codec(codec_options(codec));
+  const uint64_t page_bytes = uint64_t(kv::kDefaultPageTokens) * uint64_t(n_layers) * uint64_t(n_kv_heads) *
+                              kv::codec_bytes_per_token_per_head(rc, head_dim);
+  const uint64_t per_seq = uint64_t(kv::pages_for(tokens, kv::kDefaultPageTokens)) * page_bytes;
+  return int(std::min<uint64_t>(budget / per_seq, 1u << 20));
+}
+
 SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const SweepProgress&)>& on_progress) {
   KVQ_CHECK(!cfg.codecs.empty(), Errc::invalid_argument, "no codecs to measure");
   KVQ_CHECK(!cfg.contexts.empty(), Errc::invalid_argument, "no contexts to measure");
   KVQ_CHECK(!cfg.batches.empty(), Errc::invalid_argument, "no batch sizes to measure");
+  const bool capacity = std::find(cfg.batches.begin(), cfg.batches.end(), kBatchMax) != cfg.batches.end();
+  KVQ_CHECK(!capacity || cfg.kv_budget > 0, Errc::invalid_argument,
+            "--batch max needs --kv-budget SIZE (the KV bytes to fill, e.g. 120G)");
   KVQ_CHECK(cfg.gen >= 2, Errc::invalid_argument, "--gen must be at least 2 (decode speed counts tokens 2..G)");
   KVQ_CHECK(cfg.reps >= 1, Errc::invalid_argument, "--reps must be at least 1");
   KVQ_CHECK(cfg.warmup >= 0, Errc::invalid_argument, "--warmup cannot be negative");
@@ -205,6 +237,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       {"codecs", cfg.codecs},
       {"contexts", cfg.contexts},
       {"batches", cfg.batches},
+      {"kv_budget", cfg.kv_budget},
       {"gen", cfg.gen},
       {"reps", cfg.reps},
       {"warmup", cfg.warmup},
@@ -236,11 +269,18 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     std::string codec;
     int ctx;
     int batch;
+    bool capacity;  // batch is what the KV budget admits
   };
   std::vector<Cell> plan;
   for (const auto& c : cfg.codecs)
     for (int ctx : cfg.contexts)
-      for (int b : cfg.batches) plan.push_back({c, ctx, b});
+      for (int b : cfg.batches) {
+        // Capacity mode: the codec's sequences of ctx + gen tokens that the budget holds.
+        const int admitted = b != kBatchMax ? b
+                                            : sequences_in_budget(c, ctx + cfg.gen, mc.n_layers, mc.n_kv_heads,
+                                                                  mc.head_dim, cfg.kv_budget);
+        plan.push_back({c, ctx, admitted, b == kBatchMax});
+      }
   std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec
   for (int ctx : cfg.contexts) prompts.push_back(random_prompt(ctx, mc.vocab_size, cfg.seed + uint64_t(ctx)));
 
@@ -312,7 +352,9 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
         prompts[size_t(std::find(cfg.contexts.begin(), cfg.contexts.end(), cell.ctx) - cfg.contexts.begin())];
     CellResult r;
     try {
-      if (cell.batch == 1) {
+      KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
+                cell.ctx + cfg.gen, " tokens with ", cell.codec);
+      if (cell.batch == 1 && !cell.capacity) {
         r = measure_cell(*model, codec_options(cell.codec), prompt, mo);
       } else {
         // Sequence 0 has the one-sequence cells' prompt; the others their own.
@@ -330,6 +372,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "failed", e.what());
     }
     r.batch = cell.batch;
+    r.capacity = cell.capacity;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all
     csv << csv_row(res.run_id, r) << std::flush;
     if (r.measured()) {
@@ -343,7 +386,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
 
   std::vector<CellResult> one_sequence;  // the ITL fit is over one-sequence steps
   for (const auto& c : res.cells)
-    if (c.batch == 1) one_sequence.push_back(c);
+    if (c.batch == 1 && !c.capacity) one_sequence.push_back(c);
   for (const auto& codec : cfg.codecs) {
     const ItlFit f = fit_itl(codec, one_sequence);
     if (f.n_points < 2) continue;

@@ -25,7 +25,9 @@ struct SweepConfig {
   std::string device = "cpu";
   std::vector<std::string> codecs;   // codec names (parse_codec_list)
   std::vector<int> contexts;         // prompt lengths (parse_context_list)
-  std::vector<int> batches = {1};    // sequences per decode step (parse_batch_list); 1: measure_cell
+  std::vector<int> batches = {1};    // sequences per decode step (parse_batch_list); 1: measure_cell;
+                                     // kBatchMax: as many as kv_budget holds (capacity mode)
+  uint64_t kv_budget = 0;            // bytes of KV the capacity mode fills (--kv-budget); 0: none given
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell
   int warmup = 1;                    // discarded repetitions per cell
@@ -81,8 +83,17 @@ struct SweepResult {
 // Unknown names are an Errc::invalid_argument error listing the valid ones.
 std::vector<std::string> parse_codec_list(const std::string& list);
 // "1,8,32,64": sequences decoded together per step, each 1..4096, no
-// repeats; anything else is an Errc::invalid_argument error.
+// repeats; "max" is kBatchMax (capacity mode: as many sequences of the
+// context as the KV budget holds, per codec). Anything else is an
+// Errc::invalid_argument error.
+constexpr int kBatchMax = 0;
 std::vector<int> parse_batch_list(const std::string& list);
+// "120G", "512M", "64k" or plain bytes; Errc::invalid_argument otherwise.
+uint64_t parse_byte_size(const std::string& text);
+// Sequences of `tokens` tokens that fit in `budget` bytes of a codec's
+// pages (64-token pages, every layer and KV head, K and V).
+int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int n_kv_heads, int head_dim,
+                        uint64_t budget);
 // "4k,8k,16k,100" -> {4096, 8192, 16384, 100}; k = 1024. Positive, unique.
 std::vector<int> parse_context_list(const std::string& list);
 

@@ -24,6 +24,7 @@ struct BenchArgs {
   std::string codecs = "all";
   std::string contexts = "4k,8k,16k,32k,64k";
   std::string batches = "1";
+  std::string kv_budget;
   int gen = 128;
   int reps = 3;
   int warmup = 1;
@@ -71,6 +72,7 @@ int run_bench(const BenchArgs& a) {
   cfg.codecs = bench::parse_codec_list(a.codecs);
   cfg.contexts = bench::parse_context_list(a.contexts);
   cfg.batches = bench::parse_batch_list(a.batches);
+  if (!a.kv_budget.empty()) cfg.kv_budget = bench::parse_byte_size(a.kv_budget);
   cfg.gen = a.gen;
   cfg.reps = a.reps;
   cfg.warmup = a.warmup;
@@ -195,8 +197,12 @@ KVQ_REGISTER_COMMAND(
       app.add_option("--batch", a->batches,
                      "Sequences decoded together per step, comma list (e.g. 1,8,32,64): each B > 1 cell prefills B "
                      "prompts of the context's length and decodes them one token each per step over one paged KV "
-                     "pool; decode tok/s is then their aggregate")
+                     "pool; decode tok/s is then their aggregate. max: as many sequences as --kv-budget holds "
+                     "(capacity mode, per codec)")
           ->capture_default_str();
+      app.add_option("--kv-budget", a->kv_budget,
+                     "KV bytes the capacity mode (--batch max) fills, e.g. 120G: each codec admits as many sequences "
+                     "of the context + --gen tokens as fit, in 64-token pages");
       app.add_option("--gen", a->gen, "Tokens generated per decode run (decode tok/s counts tokens 2..gen)")
           ->check(CLI::Range(2, 1 << 20))
           ->capture_default_str();

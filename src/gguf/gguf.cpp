@@ -529,10 +529,6 @@ uint64_t File::get_u64_or(std::string_view key, uint64_t def) const {
   const Value* v = find(key);
   return v ? with_key(path_, key, [&] { return v->as_u64(); }) : def;
 }
-double File::get_f64_or(std::string_view key, double def) const {
-  const Value* v = find(key);
-  return v ? with_key(path_, key, [&] { return v->as_f64(); }) : def;
-}
 bool File::get_bool_or(std::string_view key, bool def) const {
   const Value* v = find(key);
   return v ? with_key(path_, key, [&] { return v->as_bool(); }) : def;

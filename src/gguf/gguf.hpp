@@ -105,7 +105,6 @@ class File {
   const std::string& get_string(std::string_view key) const;
   // Optional accessors with defaults.
   uint64_t get_u64_or(std::string_view key, uint64_t def) const;
-  double get_f64_or(std::string_view key, double def) const;
   bool get_bool_or(std::string_view key, bool def) const;
   std::string get_string_or(std::string_view key, std::string def) const;
 

@@ -70,11 +70,6 @@ std::string tensor_type_names() {
   return s;
 }
 
-const TensorTypeInfo* tensor_type_table(size_t* count) {
-  if (count) *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
-
 std::optional<TensorType> tensor_type_from_name(std::string_view name) {
   for (const auto& t : kTable)
     if (iequals(name, t.name)) return t.type;

@@ -44,8 +44,6 @@ const char* tensor_type_name(TensorType t);
 const char* ggml_type_id_name(uint32_t type_id);
 // "F32, F16, ...": every type kvq supports, for messages and help text.
 std::string tensor_type_names();
-// Every type kvq supports, in table order (for listings and tests).
-const TensorTypeInfo* tensor_type_table(size_t* count);
 // True for the K-quant types (256-weight super-blocks).
 bool is_k_quant(TensorType t);
 // Bytes for a row of n weights; throws Errc::format if n is not a multiple of the block size.

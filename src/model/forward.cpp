@@ -104,7 +104,7 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
   const size_t vocab = size_t(cfg_.vocab_size);
   check_fits(cache, pos, n);
-  if (n == 1 && step_graphs_) {
+  if (n == 1 && step_graphs_ && !r.graphs_failed_) {
     decode_step(r, ids[0], pos, cache);
     backend_.download(r.logits_->data(), logits, vocab);
     return;
@@ -148,7 +148,7 @@ int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, 
   KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
             " logits of a model with ", cfg_.vocab_size);
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
-  if (step_graphs_) {
+  if (step_graphs_ && !r.graphs_failed_) {
     decode_step(r, id, pos, cache);
   } else {
     check_fits(cache, pos, 1);
@@ -199,11 +199,11 @@ void Model::decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache) {
         ++r.recordings_;
       } catch (const Error& e) {
         // Nothing of this step ran while recording: say why, stop recording
-        // for this model and run the step directly (decoding stays correct,
-        // only slower). Tests assert that steps are replayed.
+        // for this sequence and run the step directly (decoding stays
+        // correct, only slower). Tests assert that steps are replayed.
         be.record_abort();
         r.step_graph_.reset();
-        step_graphs_ = false;
+        r.graphs_failed_ = true;
         log_warn("recording the decode step failed, running without step graphs: ", e.what());
         run_layers(r, b, cache);
         lm_head_row(r, 0);

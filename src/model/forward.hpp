@@ -47,6 +47,9 @@ class RunState {
   std::unique_ptr<StepGraph> step_graph_;
   uint64_t warm_cache_ = 0;
   int recordings_ = 0;
+  // Set when recording a step failed: this sequence then runs its steps
+  // directly (other sequences of the model keep their recordings).
+  bool graphs_failed_ = false;
 };
 
 class Model {
@@ -105,8 +108,7 @@ class Model {
   // model (off also drops the model's own recording).
   void set_step_graphs(bool on);
   bool step_graphs() const { return step_graphs_; }
-  // The model's own run state (the overloads without one).
-  const RunState& own_run_state() const { return own_run_; }
+  // Whether the model's own run state (the overloads without one) holds a recording.
   bool step_graph_recorded() const { return own_run_.step_graph_recorded(); }
 
  private:
