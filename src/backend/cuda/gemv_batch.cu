@@ -4,12 +4,15 @@
 // small B and by per-weight ALU work (B dot products per decoded weight) at
 // large B; docs/perf.md ("Batched GEMV") has the arithmetic.
 //
-// Launch: 8 warps per CTA, two CTAs per SM (__launch_bounds__(256, 2), at
-// most ~110 KB of shared memory each), about two CTAs per SM in the grid.
+// Launch: 16 warps per CTA and one CTA per SM (GemvBatchRequest::
+// warps_per_cta = 8: 8 warps, two CTAs per SM), up to 200 (110) KB of shared
+// memory per CTA, at most 128 registers per thread (__launch_bounds__(512,
+// 1)), a grid of about one (two) CTAs per SM: every CTA stages all B input
+// rows, so the fewer CTAs the less of x is read from L2.
 // A task is R consecutive rows of one output matrix (for swiglu the same R
 // rows of gate and of up); CTA c owns the contiguous tasks
 // [c * tasks_per_cta, (c + 1) * tasks_per_cta), its warp w the tasks
-// w, w + 8, ... of that range. R = 2 when (matrices per task) x B <= 8 so
+// w, w + warps, ... of that range. R = 2 when (matrices per task) x B <= 16 so
 // that each staged input value read from shared memory serves two rows, else
 // 1 (registers: a task holds (matrices x R x B) fp32 sums per lane).
 // K-quants always take R = 1.
@@ -50,7 +53,7 @@
 //   float ss_seg[B][T / 128]               sum of x^2 per 128 staged columns
 //   float ss_total[16], inv_rms[16]        per input row
 //   float sums[slots][N]                   N = matrices x R x B16 per task, B16 the
-//                                          bucket; slots = 8 (one per warp) with one
+//                                          bucket; slots = warps (one per warp) with one
 //                                          tile, tasks_per_cta with several
 // The RMSNorm of row b: u_b = x_b * g is staged and 1/rms_b multiplies the
 // finished dot products (as gemv() does); ss is summed per 128-column
@@ -74,10 +77,7 @@ using gguf::TensorType;
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kCtasPerSm = 2;
-constexpr size_t kSmemBudget = 110 * 1024;  // per CTA; two fit in an SM's 228 KB
+constexpr int kMaxThreads = 16 * 32;  // the largest CTA (GemvBatchRequest::warps_per_cta)
 constexpr int kMaxOut = 3;
 constexpr int kSegCols = 128;   // a warp stages 128 columns (a float4 per lane) of one row at a time
 constexpr int kTileAlign = 256;  // tile widths: K-quant super-blocks, whole int8 unit groups
@@ -114,7 +114,10 @@ __host__ __device__ constexpr size_t staged_row_bytes(TensorType t, int tile) {
 template <TensorType T, int BB, bool kPair>
 struct Shape {
   static constexpr int kMats = kPair ? 2 : 1;
-  static constexpr int kRows = !is_kquant(T) && kMats * BB <= 8 ? 2 : 1;
+  // Q1_0 also holds 8 bit-mask words per loaded row: 4 rows x 8 inputs
+  // would spill, so its SwiGLU pairs take 2 rows only up to B = 4.
+  static constexpr int kRows =
+      !is_kquant(T) && kMats * BB <= (T == TensorType::Q1_0 && kPair ? 8 : 16) ? 2 : 1;
   static constexpr int kLoaded = kMats * kRows;  // rows of weights a lane holds per step
   static constexpr int kSums = kLoaded * BB;     // per-lane fp32 sums of one task (a power of two)
 };
@@ -189,11 +192,12 @@ __device__ void stage_tile(const BatchArgs& a, unsigned char* smem, int col0, in
   const int segs = (ncols + kSegCols - 1) / kSegCols;
   const int items = a.batch * segs;
   float* ss_seg = reinterpret_cast<float*>(smem + a.ss_offset);
-  for (int base = warp; base < items; base += kWarps * kStageBatch) {
+  const int warps = blockDim.x >> 5;
+  for (int base = warp; base < items; base += warps * kStageBatch) {
     float4 v[kStageBatch];
 #pragma unroll
     for (int k = 0; k < kStageBatch; ++k) {
-      const int item = base + k * kWarps;
+      const int item = base + k * warps;
       v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (item < items) {
         const int b = item / segs, seg = item - b * segs;
@@ -203,8 +207,8 @@ __device__ void stage_tile(const BatchArgs& a, unsigned char* smem, int col0, in
     }
 #pragma unroll
     for (int k = 0; k < kStageBatch; ++k) {
-      const int item = base + k * kWarps;
-      if (item >= items) break;  // warp-uniform
+      const int item = base + k * warps;
+      if (item >= items) continue;  // warp-uniform
       const int b = item / segs, seg = item - b * segs;
       const int lc = seg * kSegCols + 4 * lane;
       float4 u = v[k];
@@ -291,7 +295,7 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
   if constexpr (T == TensorType::F32) {
 #pragma unroll
     for (int b = 0; b < BB; ++b) {
-      if (b >= t.batch) break;
+      if (b >= t.batch) continue;  // (continue, not break: a constant trip count keeps the loop unrolled)
       const float4 u = t.uf4(b)[il];
 #pragma unroll
       for (int n = 0; n < NW; ++n) {
@@ -319,7 +323,7 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
     }
 #pragma unroll
     for (int b = 0; b < BB; ++b) {
-      if (b >= t.batch) break;
+      if (b >= t.batch) continue;
       const float4 ua = t.uf4(b)[2 * il], ub = t.uf4(b)[2 * il + 1];
 #pragma unroll
       for (int n = 0; n < NW; ++n) {
@@ -336,7 +340,7 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
   } else if constexpr (T == TensorType::Q8_0) {
 #pragma unroll
     for (int b = 0; b < BB; ++b) {
-      if (b >= t.batch) break;
+      if (b >= t.batch) continue;
       const int4 u = t.uq(b)[swz(il)];
       const float us = t.us(b)[il >> 1];
 #pragma unroll
@@ -361,7 +365,7 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
     }
 #pragma unroll
     for (int b = 0; b < BB; ++b) {
-      if (b >= t.batch) break;
+      if (b >= t.batch) continue;
       const int4 ua = t.uq(b)[swz(2 * il)], ub = t.uq(b)[swz(2 * il + 1)];
       const float us = t.us(b)[il];
       const int usum = t.usum(b)[il];
@@ -394,7 +398,7 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
       }
 #pragma unroll
       for (int b = 0; b < BB; ++b) {
-        if (b >= t.batch) break;
+        if (b >= t.batch) continue;
         const int4 ua = t.uq(b)[swz(8 * il + 2 * k)], ub = t.uq(b)[swz(8 * il + 2 * k + 1)];
         const float us = t.us(b)[4 * il + k];
         const int usum = t.usum(b)[4 * il + k];
@@ -583,26 +587,36 @@ __device__ __forceinline__ float dot16(const float (&w)[16], const float4* u4, f
 // N >= 32, lane l holds in v[k] (k < N / 32) the total of value k + (N / 32) l;
 // for N < 32, v[0] of lane l is the total of value l >> (5 - log2 N). Every
 // value's total is summed over the same butterfly tree as warp_sum.
+// Steps are instantiated one by one (template recursion) so that every
+// index is a constant: a loop over steps with a step-dependent inner trip
+// count stayed rolled and put v in local memory.
 template <int N>
-__device__ __forceinline__ void transpose_reduce(float (&v)[N], int lane) {
-  constexpr int kLog = N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
-#pragma unroll
-  for (int s = 0; s < kLog; ++s) {
-    const int o = 16 >> s;
+constexpr int log2_of() {
+  return N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
+}
+template <int N, int S>
+__device__ __forceinline__ void transpose_reduce_step(float (&v)[N], int lane) {
+  if constexpr (S < log2_of<N>()) {
+    constexpr int o = 16 >> S, h = N >> (S + 1);
     const bool upper = (lane & o) != 0;
 #pragma unroll
-    for (int i = 0; i < (N >> (s + 1)); ++i) {
+    for (int i = 0; i < h; ++i) {
       // Select values, not addresses (a select of two array elements can
       // become a dynamically indexed local array).
-      const float lower_half = v[i], upper_half = v[i + (N >> (s + 1))];
+      const float lower_half = v[i], upper_half = v[i + h];
       const float send = upper ? lower_half : upper_half;
       const float keep = upper ? upper_half : lower_half;
       v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
+    transpose_reduce_step<N, S + 1>(v, lane);
   }
+}
+template <int N>
+__device__ __forceinline__ void transpose_reduce(float (&v)[N], int lane) {
+  transpose_reduce_step<N, 0>(v, lane);
   if constexpr (N < 32) {
 #pragma unroll
-    for (int o = 16 >> kLog; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    for (int o = 16 >> log2_of<N>(); o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
   }
 }
 
@@ -669,11 +683,12 @@ __device__ __forceinline__ void finish_task(const BatchArgs& a, int task, float*
 }
 
 template <TensorType T, int BB, bool kPair>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_batch_kernel(BatchArgs a) {
+// (512, 1): at most 128 registers, so that 16 warps fit an SM (or two CTAs of 8).
+__global__ void __launch_bounds__(kMaxThreads, 1) gemv_batch_kernel(BatchArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   using S = Shape<T, BB, kPair>;
   constexpr int R = S::kRows, NW = S::kLoaded, N = S::kSums;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int task_lo = blockIdx.x * a.tasks_per_cta;
   const int task_hi = min(a.n_tasks, task_lo + a.tasks_per_cta);
   const float* inv_rms = reinterpret_cast<const float*>(smem + a.rms_offset) + kGemvBatchMax;
@@ -732,7 +747,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_batch_kernel(BatchA
       while (task < task_hi) {
         int next_task = task, next_step = step + 1;
         if (next_step == steps) {
-          next_task += kWarps;
+          next_task += warps;
           next_step = 0;
         }
         if (next_task < task_hi) load(next, next_task, chunk_lo + lane + 32 * next_step);
@@ -755,43 +770,51 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_batch_kernel(BatchA
       constexpr int kRec = kq::code_bytes(T), kSc = kq::scale_count(T);
       const int slot_sb = lane / K::kLanes, j = lane % K::kLanes;
       const int sb_lo = col0 / 256, sb_hi = (col0 + ncols) / 256;
-      // Pairs at B >= 8 decode gate and up in turn (the two decoded runs would not fit in registers).
-      constexpr bool kKSerial = NW * BB >= 16 && NW > 1;
+      // Pairs at B >= 4 load and decode gate and up in turn (both rows'
+      // records and decoded runs next to 2 x B sums would spill).
+      constexpr bool kKSerial = NW > 1 && BB >= 4;
       stage_step<T>(a, smem, col0, ncols, first, last);
-      for (int task = task_lo + warp; task < task_hi; task += kWarps) {
+      for (int task = task_lo + warp; task < task_hi; task += warps) {
         float acc[NW][BB] = {};
         for (int sb = sb_lo + slot_sb; sb < sb_hi; sb += kSlots) {
-          typename K::Data d[NW];
-#pragma unroll
-          for (int n = 0; n < NW; ++n) {
+          const int ub = (sb - sb_lo) * 256;  // the super-block's first column in the tile
+          auto load_part = [&](int n) {
             const uint8_t* codes;
             const uint16_t* scales;
             row_of(task, n, codes, scales);
-            d[n] = K::load(codes + size_t(sb) * kRec, scales + size_t(sb) * kSc, j);
-          }
-          const int ub = (sb - sb_lo) * 256;  // the super-block's first column in the tile
+            return K::load(codes + size_t(sb) * kRec, scales + size_t(sb) * kSc, j);
+          };
+          if constexpr (kKSerial) {
+            // One matrix's record and 16 decoded weights at a time; each
+            // input is read once per matrix.
 #pragma unroll
-          for (int run = 0; run < K::kRuns; ++run) {
-            const int off = (ub + K::offset(j, run)) / 4;
-            if constexpr (kKSerial) {
-              // One matrix's 16 weights at a time (registers), each input read once per matrix.
+            for (int n = 0; n < NW; ++n) {
+              const typename K::Data d = load_part(n);
 #pragma unroll
-              for (int n = 0; n < NW; ++n) {
+              for (int run = 0; run < K::kRuns; ++run) {
+                const int off = (ub + K::offset(j, run)) / 4;
                 float w[16];
-                K::decode(d[n], j, run, w);
+                K::decode(d, j, run, w);
 #pragma unroll
                 for (int b = 0; b < BB; ++b) {
-                  if (b >= a.batch) break;
+                  if (b >= a.batch) continue;
                   acc[n][b] = dot16(w, view.uf4(b) + off, acc[n][b]);
                 }
               }
-            } else {
+            }
+          } else {
+            typename K::Data d[NW];
+#pragma unroll
+            for (int n = 0; n < NW; ++n) d[n] = load_part(n);
+#pragma unroll
+            for (int run = 0; run < K::kRuns; ++run) {
+              const int off = (ub + K::offset(j, run)) / 4;
               float w[NW][16];
 #pragma unroll
               for (int n = 0; n < NW; ++n) K::decode(d[n], j, run, w[n]);
 #pragma unroll
               for (int b = 0; b < BB; ++b) {
-                if (b >= a.batch) break;
+                if (b >= a.batch) continue;
 #pragma unroll
                 for (int n = 0; n < NW; ++n) acc[n][b] = dot16(w[n], view.uf4(b) + off, acc[n][b]);
               }
@@ -806,13 +829,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) gemv_batch_kernel(BatchA
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+// Launch shapes: 16 warps, one CTA per SM (the default: every CTA stages
+// all B input rows, so fewer CTAs read less of x from L2), or 8 warps, two
+// CTAs per SM (a CTA's staging overlaps the other's streaming).
+struct LaunchShape {
+  int warps, ctas_per_sm;
+  size_t smem_budget;  // per CTA
+};
+LaunchShape launch_shape(int warps_per_cta) {
+  return warps_per_cta == 8 ? LaunchShape{8, 2, 110 * 1024} : LaunchShape{16, 1, 200 * 1024};
+}
+
 // Grid, tiles and shared-memory layout of one launch (top of this file).
 template <TensorType T, int BB, bool kPair>
-void launch(BatchArgs a, cudaStream_t stream) {
+void launch(BatchArgs a, const LaunchShape& shape, cudaStream_t stream) {
   using S = Shape<T, BB, kPair>;
   const size_t sum_bytes = size_t(S::kSums) * sizeof(float);
-  // About kCtasPerSm CTAs per SM: each stages the inputs once for all its tasks.
-  int grid = std::max(1, std::min((a.n_tasks + kWarps - 1) / kWarps, kCtasPerSm * sm_count()));
+  const size_t budget = shape.smem_budget;
+  // About ctas_per_sm CTAs per SM: each stages the inputs once for all its tasks.
+  int grid = std::max(1, std::min((a.n_tasks + shape.warps - 1) / shape.warps, shape.ctas_per_sm * sm_count()));
   int tasks_per_cta = (a.n_tasks + grid - 1) / grid;
   auto smem_for = [&](int tile, size_t sums) {
     const size_t data = size_t(a.batch) * (stages_int8(T) ? size_t(tile) + size_t(tile / 32) * 8 : size_t(tile) * 4);
@@ -823,54 +858,54 @@ void launch(BatchArgs a, cudaStream_t stream) {
   };
   const int full = (a.cols + kTileAlign - 1) / kTileAlign * kTileAlign;
   int tile = full;
-  if (smem_for(full, kWarps * sum_bytes) > kSmemBudget) {
+  if (smem_for(full, shape.warps * sum_bytes) > budget) {
     // Several tiles: every task keeps its sums in shared memory between
     // tiles; more CTAs (fewer tasks each) when they would take half the budget.
-    while (size_t(tasks_per_cta) * sum_bytes > kSmemBudget / 2 && tasks_per_cta > 1) {
+    while (size_t(tasks_per_cta) * sum_bytes > budget / 2 && tasks_per_cta > 1) {
       grid *= 2;
       tasks_per_cta = (a.n_tasks + grid - 1) / grid;
     }
     // At least two tiles (full >= 512 here: 256 columns of 16 rows always fit),
     // so that the sums live in the per-task slots sized below.
-    tile = std::clamp(int(kSmemBudget / (size_t(a.batch) * staged_row_bytes(T, kTileAlign))) * kTileAlign, kTileAlign,
+    tile = std::clamp(int(budget / (size_t(a.batch) * staged_row_bytes(T, kTileAlign))) * kTileAlign, kTileAlign,
                       full - kTileAlign);
-    while (tile > kTileAlign && smem_for(tile, size_t(tasks_per_cta) * sum_bytes) > kSmemBudget) tile -= kTileAlign;
+    while (tile > kTileAlign && smem_for(tile, size_t(tasks_per_cta) * sum_bytes) > budget) tile -= kTileAlign;
   }
   a.tile_cols = tile;
   a.n_tiles = (a.cols + tile - 1) / tile;
   a.tasks_per_cta = tasks_per_cta;
   grid = (a.n_tasks + tasks_per_cta - 1) / tasks_per_cta;
-  const size_t smem = smem_for(tile, (a.n_tiles == 1 ? size_t(kWarps) : size_t(tasks_per_cta)) * sum_bytes);
-  KVQ_CHECK(smem <= 200 * 1024, Errc::out_of_range, "GPU batched GEMV: ", a.n_tasks, " tasks x ", a.cols,
+  const size_t smem = smem_for(tile, (a.n_tiles == 1 ? size_t(shape.warps) : size_t(tasks_per_cta)) * sum_bytes);
+  KVQ_CHECK(smem <= 220 * 1024, Errc::out_of_range, "GPU batched GEMV: ", a.n_tasks, " tasks x ", a.cols,
             " columns need ", smem, " bytes of shared memory");
   auto* kernel = gemv_batch_kernel<T, BB, kPair>;
-  resident_ctas(kernel, smem, kThreads);  // raises the kernel's shared-memory opt-in
-  launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
+  resident_ctas(kernel, smem, shape.warps * 32);  // raises the kernel's shared-memory opt-in
+  launch_dependent(kernel, dim3(grid), dim3(shape.warps * 32), smem, stream, a);
 }
 
 template <TensorType T, bool kPair>
-void launch_bucket(const BatchArgs& a, cudaStream_t stream) {
-  if (a.batch <= 1) return launch<T, 1, kPair>(a, stream);
-  if (a.batch <= 2) return launch<T, 2, kPair>(a, stream);
-  if (a.batch <= 4) return launch<T, 4, kPair>(a, stream);
-  if (a.batch <= 8) return launch<T, 8, kPair>(a, stream);
-  return launch<T, 16, kPair>(a, stream);
+void launch_bucket(const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream) {
+  if (a.batch <= 1) return launch<T, 1, kPair>(a, shape, stream);
+  if (a.batch <= 2) return launch<T, 2, kPair>(a, shape, stream);
+  if (a.batch <= 4) return launch<T, 4, kPair>(a, shape, stream);
+  if (a.batch <= 8) return launch<T, 8, kPair>(a, shape, stream);
+  return launch<T, 16, kPair>(a, shape, stream);
 }
 
 template <bool kPair>
-void dispatch(TensorType t, const BatchArgs& a, cudaStream_t stream) {
+void dispatch(TensorType t, const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream) {
   switch (t) {
-    case TensorType::F32: return launch_bucket<TensorType::F32, kPair>(a, stream);
-    case TensorType::F16: return launch_bucket<TensorType::F16, kPair>(a, stream);
-    case TensorType::BF16: return launch_bucket<TensorType::BF16, kPair>(a, stream);
-    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, stream);
-    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, stream);
-    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, stream);
-    case TensorType::Q2_K: return launch_bucket<TensorType::Q2_K, kPair>(a, stream);
-    case TensorType::Q3_K: return launch_bucket<TensorType::Q3_K, kPair>(a, stream);
-    case TensorType::Q4_K: return launch_bucket<TensorType::Q4_K, kPair>(a, stream);
-    case TensorType::Q5_K: return launch_bucket<TensorType::Q5_K, kPair>(a, stream);
-    case TensorType::Q6_K: return launch_bucket<TensorType::Q6_K, kPair>(a, stream);
+    case TensorType::F32: return launch_bucket<TensorType::F32, kPair>(a, shape, stream);
+    case TensorType::F16: return launch_bucket<TensorType::F16, kPair>(a, shape, stream);
+    case TensorType::BF16: return launch_bucket<TensorType::BF16, kPair>(a, shape, stream);
+    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, shape, stream);
+    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, shape, stream);
+    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, shape, stream);
+    case TensorType::Q2_K: return launch_bucket<TensorType::Q2_K, kPair>(a, shape, stream);
+    case TensorType::Q3_K: return launch_bucket<TensorType::Q3_K, kPair>(a, shape, stream);
+    case TensorType::Q4_K: return launch_bucket<TensorType::Q4_K, kPair>(a, shape, stream);
+    case TensorType::Q5_K: return launch_bucket<TensorType::Q5_K, kPair>(a, shape, stream);
+    case TensorType::Q6_K: return launch_bucket<TensorType::Q6_K, kPair>(a, shape, stream);
   }
   fail(Errc::internal, "GPU batched GEMV: no kernel for ", gguf::tensor_type_name(t));
 }
@@ -879,7 +914,7 @@ void dispatch(TensorType t, const BatchArgs& a, cudaStream_t stream) {
 template <bool kPair>
 int rows_per_task(TensorType t, int batch) {
   const int bb = batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : batch <= 8 ? 8 : 16;
-  return !is_kquant(t) && (kPair ? 2 : 1) * bb <= 8 ? 2 : 1;  // Shape::kRows
+  return !is_kquant(t) && (kPair ? 2 : 1) * bb <= (t == TensorType::Q1_0 && kPair ? 8 : 16) ? 2 : 1;  // Shape::kRows
 }
 
 // One launch of at most kGemvBatchMax rows (the request is checked).
@@ -905,8 +940,9 @@ void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream) {
     a.task_end[i] = tasks;
   }
   a.n_tasks = tasks;
-  if (pair) dispatch<true>(w0.type, a, stream);
-  else dispatch<false>(w0.type, a, stream);
+  const LaunchShape shape = launch_shape(req.warps_per_cta);
+  if (pair) dispatch<true>(w0.type, a, shape, stream);
+  else dispatch<false>(w0.type, a, shape, stream);
 }
 
 }  // namespace
@@ -917,6 +953,8 @@ void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream) {
             " requested (1..3 outputs, a batch >= 1, with an input)");
   KVQ_CHECK(req.epilogue != GemvEpilogue::swiglu || req.n_out == 2, Errc::internal,
             "GPU batched GEMV: swiglu needs exactly two matrices (gate, up)");
+  KVQ_CHECK(req.warps_per_cta == 8 || req.warps_per_cta == 16, Errc::internal,
+            "GPU batched GEMV: warps_per_cta is ", req.warps_per_cta, " (8 or 16)");
   const GpuMatrix& w0 = *req.out[0].w;
   KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU batched GEMV: unsupported ",
             gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");

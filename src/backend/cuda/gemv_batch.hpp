@@ -48,6 +48,9 @@ struct GemvBatchRequest {
   GemvOut out[3];                      // y: device, [batch][w->rows] fp32 row-major
   int n_out = 1;
   GemvEpilogue epilogue = GemvEpilogue::store;
+  // Launch shape: 16 (one CTA of 16 warps per SM) or 8 (two CTAs of 8 per
+  // SM); for A/B measurements in the kernel lab.
+  int warps_per_cta = 16;
 };
 
 void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream);
