@@ -8,7 +8,9 @@
 // warps_per_cta = 8: 8 warps, two CTAs per SM), up to 200 (110) KB of shared
 // memory per CTA, at most 128 registers per thread (__launch_bounds__(512,
 // 1)), a grid of about one (two) CTAs per SM: every CTA stages all B input
-// rows, so the fewer CTAs the less of x is read from L2.
+// rows, so the fewer CTAs the less of x is read from L2. K-quant SwiGLU pairs
+// at B >= 8 run as one CTA of 8 warps per SM with up to 255 registers
+// (Shape::kWideRegs).
 // A task is R consecutive rows of one output matrix (for swiglu the same R
 // rows of gate and of up); CTA c owns the contiguous tasks
 // [c * tasks_per_cta, (c + 1) * tasks_per_cta), its warp w the tasks
@@ -40,7 +42,7 @@
 //     runs of 16); Q2_K/Q3_K: 4 lanes per super-block, 64 weights (four runs
 //     of 16); a warp step covers 4 (8) super-blocks. Each run is dequantized
 //     once to 16 fp32 weights, bit-identical to the CPU's, then dotted with
-//     the B inputs.
+//     the B inputs (pairs at B = 4: gate's record, then up's, for registers).
 //
 // Shared memory (dynamic, bytes from 0; B = the launch's batch, T = tile_cols):
 //   staged tile, fp32 types (F32/F16/BF16, K-quants):
@@ -77,7 +79,6 @@ using gguf::TensorType;
 
 namespace {
 
-constexpr int kMaxThreads = 16 * 32;  // the largest CTA (GemvBatchRequest::warps_per_cta)
 constexpr int kMaxOut = 3;
 constexpr int kSegCols = 128;   // a warp stages 128 columns (a float4 per lane) of one row at a time
 constexpr int kTileAlign = 256;  // tile widths: K-quant super-blocks, whole int8 unit groups
@@ -120,6 +121,11 @@ struct Shape {
       !is_kquant(T) && kMats * BB <= (T == TensorType::Q1_0 && kPair ? 8 : 16) ? 2 : 1;
   static constexpr int kLoaded = kMats * kRows;  // rows of weights a lane holds per step
   static constexpr int kSums = kLoaded * BB;     // per-lane fp32 sums of one task (a power of two)
+  // K-quant pairs from B = 8 hold 2 x B sums next to two records and two
+  // decoded runs: more than 128 registers, so they run as one CTA of 8 warps
+  // per SM with up to 255 (the others: 16 warps, at most 128).
+  static constexpr bool kWideRegs = is_kquant(T) && kPair && BB >= 8;
+  static constexpr int kMaxWarps = kWideRegs ? 8 : 16;
 };
 
 struct BatchArgs {
@@ -683,8 +689,9 @@ __device__ __forceinline__ void finish_task(const BatchArgs& a, int task, float*
 }
 
 template <TensorType T, int BB, bool kPair>
-// (512, 1): at most 128 registers, so that 16 warps fit an SM (or two CTAs of 8).
-__global__ void __launch_bounds__(kMaxThreads, 1) gemv_batch_kernel(BatchArgs a) {
+// (512, 1): at most 128 registers, so that 16 warps fit an SM (or two CTAs
+// of 8); (256, 1) for the K-quant pairs of Shape::kWideRegs.
+__global__ void __launch_bounds__(Shape<T, BB, kPair>::kMaxWarps * 32, 1) gemv_batch_kernel(BatchArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   using S = Shape<T, BB, kPair>;
   constexpr int R = S::kRows, NW = S::kLoaded, N = S::kSums;
@@ -770,9 +777,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_batch_kernel(BatchArgs a)
       constexpr int kRec = kq::code_bytes(T), kSc = kq::scale_count(T);
       const int slot_sb = lane / K::kLanes, j = lane % K::kLanes;
       const int sb_lo = col0 / 256, sb_hi = (col0 + ncols) / 256;
-      // Pairs at B >= 4 load and decode gate and up in turn (both rows'
-      // records and decoded runs next to 2 x B sums would spill).
-      constexpr bool kKSerial = NW > 1 && BB >= 4;
+      // Pairs at B = 4 load and decode gate and up in turn (both rows'
+      // records and decoded runs next to 2 x 4 sums would spill at 128
+      // registers); from B = 8 they have 255 (Shape::kWideRegs).
+      constexpr bool kKSerial = NW > 1 && BB == 4;
       stage_step<T>(a, smem, col0, ncols, first, last);
       for (int task = task_lo + warp; task < task_hi; task += warps) {
         float acc[NW][BB] = {};
@@ -842,8 +850,9 @@ LaunchShape launch_shape(int warps_per_cta) {
 
 // Grid, tiles and shared-memory layout of one launch (top of this file).
 template <TensorType T, int BB, bool kPair>
-void launch(BatchArgs a, const LaunchShape& shape, cudaStream_t stream) {
+void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream) {
   using S = Shape<T, BB, kPair>;
+  const LaunchShape shape = S::kWideRegs ? LaunchShape{8, 1, 200 * 1024} : requested;
   const size_t sum_bytes = size_t(S::kSums) * sizeof(float);
   const size_t budget = shape.smem_budget;
   // About ctas_per_sm CTAs per SM: each stages the inputs once for all its tasks.
