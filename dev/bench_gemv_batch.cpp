@@ -1,7 +1,7 @@
 // Kernel lab: the batched decode GEMV (backend/cuda/gemv_batch.hpp) on the
 // four fused launches of one bonsai-8b / Qwen3-8B layer (d_model 4096, q 4096,
 // kv 1024, d_ff 12288), for B = 1, 2, 4, 8, 16 input rows per launch.
-//   kvq_bench_gemv_batch [iters] [type ...]     (default types: Q1_0 Q8_0 Q4_K BF16)
+//   kvq_bench_gemv_batch [--warps 16|8] [iters] [type ...]   (default types: Q1_0 Q8_0 Q4_K BF16)
 // Per type, launch kind and B:
 //   us        time of one launch (CUDA events around a loop over rotating
 //             copies of the weights, divided by the copies; median of iters
@@ -117,19 +117,25 @@ struct Launch {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::max(3, std::atoi(argv[1])) : 20;
+  int warps = 16;  // GemvBatchRequest::warps_per_cta
+  std::vector<const char*> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--warps" && i + 1 < argc) warps = std::atoi(argv[++i]);
+    else args.push_back(argv[i]);
+  }
+  const int iters = !args.empty() ? std::max(3, std::atoi(args[0])) : 20;
   std::vector<TensorType> types;
-  for (int i = 2; i < argc; ++i) {
+  for (size_t i = 1; i < args.size(); ++i) {
     bool found = false;
     for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16, TensorType::Q8_0, TensorType::Q4_0,
                          TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K, TensorType::Q4_K, TensorType::Q5_K,
                          TensorType::Q6_K})
-      if (argv[i] == std::string(gguf::tensor_type_name(t))) {
+      if (args[i] == std::string(gguf::tensor_type_name(t))) {
         types.push_back(t);
         found = true;
       }
     if (!found) {
-      std::fprintf(stderr, "unknown weight type %s (F32 F16 BF16 Q8_0 Q4_0 Q1_0 Q2_K..Q6_K)\n", argv[i]);
+      std::fprintf(stderr, "unknown weight type %s (F32 F16 BF16 Q8_0 Q4_0 Q1_0 Q2_K..Q6_K)\n", args[i]);
       return 2;
     }
   }
@@ -138,7 +144,8 @@ int main(int argc, char** argv) {
   constexpr int kMaxB = 16;
 
   const double copy_gbs = lab::copy_bandwidth_gbs(size_t(2) << 30);
-  std::printf("device-to-device copy %.0f GB/s (read+write); bonsai-8b layer shapes, median of %d\n", copy_gbs, iters);
+  std::printf("device-to-device copy %.0f GB/s (read+write); bonsai-8b layer shapes, median of %d; %d warps per CTA\n",
+              copy_gbs, iters, warps);
 
   // Inputs and outputs for up to 16 rows (x never overlaps an output).
   cuda::DeviceBuffer<float> x(size_t(kMaxB) * kDff), norm(kDff);
@@ -181,6 +188,7 @@ int main(int argc, char** argv) {
           req.norm_eps = 1e-6f;
           req.n_out = int(set.size());
           req.epilogue = l.epilogue;
+          req.warps_per_cta = warps;
           for (size_t m = 0; m < set.size(); ++m) req.out[m] = {&set[m], y[m].data()};
           cuda::gemv_batch(req, nullptr);
         }

@@ -137,52 +137,57 @@ TEST_P(GemvBatchTest, MatchesCpuReference) {
   cuda::DeviceBuffer<float> dx(x.size()), dg(g.size());
   dx.upload(x);
   dg.upload(g);
-  std::vector<std::vector<float>> y0(n_out);
-  std::vector<std::unique_ptr<gputest::Guarded>> dy;
-  for (int m = 0; m < n_out; ++m) {
-    const size_t n = size_t(c.batch) * c.rows[m];
-    if (c.epilogue == GemvEpilogue::store) {
-      dy.push_back(std::make_unique<gputest::Guarded>(n));  // NaN: every element must be written
-    } else {
-      y0[m] = gputest::normal(rng, n);
-      dy.push_back(std::make_unique<gputest::Guarded>(n, &y0[m]));
+  // Both launch shapes (GemvBatchRequest::warps_per_cta), each on fresh outputs.
+  for (int warps : {16, 8}) {
+    SCOPED_TRACE(std::to_string(warps) + " warps per CTA");
+    std::vector<std::vector<float>> y0(n_out);
+    std::vector<std::unique_ptr<gputest::Guarded>> dy;
+    for (int m = 0; m < n_out; ++m) {
+      const size_t n = size_t(c.batch) * c.rows[m];
+      if (c.epilogue == GemvEpilogue::store) {
+        dy.push_back(std::make_unique<gputest::Guarded>(n));  // NaN: every element must be written
+      } else {
+        y0[m] = gputest::normal(rng, n);
+        dy.push_back(std::make_unique<gputest::Guarded>(n, &y0[m]));
+      }
     }
-  }
-  cuda::GemvBatchRequest req;
-  req.x = dx.data();
-  req.batch = c.batch;
-  req.norm_weight = c.norm ? dg.data() : nullptr;
-  req.norm_eps = eps;
-  req.n_out = n_out;
-  req.epilogue = c.epilogue;
-  for (int m = 0; m < n_out; ++m) req.out[m] = {&mats[m].gpu, dy[m]->data()};
-  cuda::gemv_batch(req, nullptr);
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    cuda::GemvBatchRequest req;
+    req.x = dx.data();
+    req.batch = c.batch;
+    req.norm_weight = c.norm ? dg.data() : nullptr;
+    req.norm_eps = eps;
+    req.n_out = n_out;
+    req.epilogue = c.epilogue;
+    req.warps_per_cta = warps;
+    for (int m = 0; m < n_out; ++m) req.out[m] = {&mats[m].gpu, dy[m]->data()};
+    cuda::gemv_batch(req, nullptr);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
 
-  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
-  for (int m = 0; m < n_out; ++m) {
-    const std::vector<float> y = dy[m]->result();  // checks the sentinels
-    const int rows = c.rows[m];
-    for (int b = 0; b < c.batch; ++b) {
-      for (int r = 0; r < rows; ++r) {
-        const size_t i = size_t(b) * rows + r;
-        double want = refs[m].value[i], tol = refs[m].bound[i];
-        if (c.epilogue == GemvEpilogue::add) {
-          want += y0[m][i];
-          tol += 1e-6 * std::fabs(want);
-        } else if (c.epilogue == GemvEpilogue::swiglu) {
-          if (m == 1) {
-            ASSERT_EQ(y[i], y0[1][i]) << "swiglu wrote the up output, input " << b << " row " << r;
-            continue;
+    auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+    for (int m = 0; m < n_out; ++m) {
+      const std::vector<float> y = dy[m]->result();  // checks the sentinels
+      const int rows = c.rows[m];
+      for (int b = 0; b < c.batch; ++b) {
+        for (int r = 0; r < rows; ++r) {
+          const size_t i = size_t(b) * rows + r;
+          double want = refs[m].value[i], tol = refs[m].bound[i];
+          if (c.epilogue == GemvEpilogue::add) {
+            want += y0[m][i];
+            tol += 1e-6 * std::fabs(want);
+          } else if (c.epilogue == GemvEpilogue::swiglu) {
+            if (m == 1) {
+              ASSERT_EQ(y[i], y0[1][i]) << "swiglu wrote the up output, input " << b << " row " << r;
+              continue;
+            }
+            const double gv = refs[0].value[i], uv = refs[1].value[i], eg = refs[0].bound[i], eu = refs[1].bound[i];
+            want = silu(gv) * uv;
+            tol = 1.1 * eg * (std::fabs(uv) + eu) + (std::fabs(silu(gv)) + 1.1 * eg) * eu + 1e-6 * std::fabs(want) +
+                  1e-6;
           }
-          const double gv = refs[0].value[i], uv = refs[1].value[i], eg = refs[0].bound[i], eu = refs[1].bound[i];
-          want = silu(gv) * uv;
-          tol = 1.1 * eg * (std::fabs(uv) + eu) + (std::fabs(silu(gv)) + 1.1 * eg) * eu + 1e-6 * std::fabs(want) +
-                1e-6;
+          ASSERT_TRUE(std::isfinite(y[i])) << "output " << m << " input " << b << " row " << r << " not written";
+          ASSERT_LE(std::fabs(y[i] - want), tol)
+              << "output " << m << " input " << b << " row " << r << " gpu " << y[i] << " ref " << want;
         }
-        ASSERT_TRUE(std::isfinite(y[i])) << "output " << m << " input " << b << " row " << r << " not written";
-        ASSERT_LE(std::fabs(y[i] - want), tol)
-            << "output " << m << " input " << b << " row " << r << " gpu " << y[i] << " ref " << want;
       }
     }
   }
