@@ -8,7 +8,8 @@
 // test_gemv.cpp's: fp32 summation (2 ulp per level of a lane's chain plus
 // the tree) over sum |w u|, plus, for the types that round u to int8 per 32
 // values, sum |w| * step / 2 with step = amax / 127 of each group of u; with a
-// norm all of it is scaled by 1/rms and a few ulps of 1/rms are added.
+// norm all of it is scaled by 1/rms, plus the rounding of 1/rms itself (its
+// fp32 sum of squares, derived in reference()).
 // Skips cleanly when no GPU is present.
 #include <gtest/gtest.h>
 
