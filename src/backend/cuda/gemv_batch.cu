@@ -134,6 +134,7 @@ struct BatchArgs {
   float* y[kMaxOut];
   int rows[kMaxOut];
   int task_end[kMaxOut];  // cumulative: output s owns tasks [task_end[s-1], task_end[s])
+  int n_out;
   int n_tasks;
   int tasks_per_cta;
   const float* x;
@@ -853,6 +854,14 @@ template <TensorType T, int BB, bool kPair>
 void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream) {
   using S = Shape<T, BB, kPair>;
   const LaunchShape shape = S::kWideRegs ? LaunchShape{8, 1, 200 * 1024} : requested;
+  // Tasks of S::kRows rows per output (SwiGLU's up matrix has none: its rows
+  // ride along with the gate's).
+  int tasks = 0;
+  for (int i = 0; i < a.n_out; ++i) {
+    if (!kPair || i == 0) tasks += (a.rows[i] + S::kRows - 1) / S::kRows;
+    a.task_end[i] = tasks;
+  }
+  a.n_tasks = tasks;
   const size_t sum_bytes = size_t(S::kSums) * sizeof(float);
   const size_t budget = shape.smem_budget;
   // About ctas_per_sm CTAs per SM: each stages the inputs once for all its tasks.
@@ -919,18 +928,10 @@ void dispatch(TensorType t, const BatchArgs& a, const LaunchShape& shape, cudaSt
   fail(Errc::internal, "GPU batched GEMV: no kernel for ", gguf::tensor_type_name(t));
 }
 
-// Rows per task of a (type, bucket, pair) instance, for the task count.
-template <bool kPair>
-int rows_per_task(TensorType t, int batch) {
-  const int bb = batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : batch <= 8 ? 8 : 16;
-  return !is_kquant(t) && (kPair ? 2 : 1) * bb <= (t == TensorType::Q1_0 && kPair ? 8 : 16) ? 2 : 1;  // Shape::kRows
-}
-
 // One launch of at most kGemvBatchMax rows (the request is checked).
 void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream) {
   const GpuMatrix& w0 = *req.out[0].w;
   const bool pair = req.epilogue == GemvEpilogue::swiglu;
-  const int R = pair ? rows_per_task<true>(w0.type, req.batch) : rows_per_task<false>(w0.type, req.batch);
   BatchArgs a{};
   a.x = req.x;
   a.norm = req.norm_weight;
@@ -938,17 +939,14 @@ void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream) {
   a.cols = int(w0.cols);
   a.batch = req.batch;
   a.epilogue = req.epilogue;
-  int tasks = 0;
+  a.n_out = req.n_out;
   for (int i = 0; i < req.n_out; ++i) {
     const GpuMatrix& w = *req.out[i].w;
     a.codes[i] = w.codes.data();
     a.scales[i] = w.scales.data();
     a.y[i] = req.out[i].y;
     a.rows[i] = int(w.rows);
-    if (!pair || i == 0) tasks += int((w.rows + R - 1) / R);
-    a.task_end[i] = tasks;
   }
-  a.n_tasks = tasks;
   const LaunchShape shape = launch_shape(req.warps_per_cta);
   if (pair) dispatch<true>(w0.type, a, shape, stream);
   else dispatch<false>(w0.type, a, shape, stream);
