@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -384,4 +385,44 @@ TEST(BatchDecode, TwoBackendsInOneProcessStayApart) {
   b.solo(o, pb, 5, &solo_b);
   EXPECT_TRUE(std::equal(solo_a.begin(), solo_a.end(), da.tokens(sa).begin() + ptrdiff_t(pa.size())));
   EXPECT_TRUE(std::equal(solo_b.begin(), solo_b.end(), db.tokens(sb).begin() + ptrdiff_t(pb.size())));
+}
+
+// Greedy steps chosen by the backend (logits left where they are) pick what
+// the host sampler picks from the downloaded logits.
+TEST(BatchDecode, BackendChoiceEqualsHostGreedy) {
+  BatchFixture f;
+  kv::CodecOptions o;
+  o.kv = "tsym3";
+  const kv::CacheShape shape = f.model->cache_shape(64 * 8);
+  BatchDecoder host(*f.model, f.backend->make_cache(o, shape), 8);
+  BatchDecoder dev(*f.model, f.backend->make_cache(o, shape), 8);
+  dev.set_keep_logits(false);
+  std::vector<int> hs, ds;
+  for (int i = 0; i < 3; ++i) {
+    const auto p = f.prompt(5 + 9 * i, 40 + uint64_t(i));
+    hs.push_back(host.add(p, greedy()));
+    ds.push_back(dev.add(p, greedy()));
+  }
+  for (int s = 0; s < 6; ++s) {
+    host.step();
+    dev.step();
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(host.tokens(hs[size_t(i)]), dev.tokens(ds[size_t(i)])) << i;
+    EXPECT_TRUE(dev.last_logits(ds[size_t(i)]).empty());
+  }
+}
+
+TEST(StepBatch, ArgmaxRowsFollowsTheGreedyRule) {
+  auto be = cpu::make_cpu_backend();
+  const float nan = std::nanf("");
+  const std::vector<float> x = {1, 3, 3, 0, /**/ nan, -1, nan, -2, /**/ nan, -INFINITY, nan, nan};
+  int32_t idx[3];
+  float val[3];
+  be->argmax_rows(x.data(), 3, 4, 4, idx, val);
+  EXPECT_EQ(idx[0], 1);
+  EXPECT_EQ(val[0], 3.0f);
+  EXPECT_EQ(idx[1], 1);
+  EXPECT_EQ(val[1], -1.0f);
+  EXPECT_EQ(val[2], -INFINITY);  // nothing finite: callers report it
 }

@@ -25,6 +25,20 @@ int32_t Backend::argmax(const float* x, size_t n) {
   return int32_t(best);
 }
 
+void Backend::argmax_rows(const float* x, int rows, size_t n, size_t stride, int32_t* out, float* value) {
+  std::vector<float> host(n);
+  for (int r = 0; r < rows; ++r) {
+    download(x + size_t(r) * stride, host.data(), n);
+    // The greedy Sampler's rule: NaN counts as -inf, the lowest index wins ties.
+    auto v = [&](size_t i) { return std::isnan(host[i]) ? -INFINITY : host[i]; };
+    size_t best = 0;
+    for (size_t i = 1; i < n; ++i)
+      if (v(i) > v(best)) best = i;
+    out[r] = int32_t(best);
+    value[r] = v(best);
+  }
+}
+
 void Backend::norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
                           const Matrix* const* ws, float* const* ys, int count) {
   rms_norm(x, norm_w, n, dim, eps, h);

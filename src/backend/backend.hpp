@@ -157,6 +157,11 @@ class Backend {
   // unless all are NaN/-inf (then 0), lowest index on ties: the same choice
   // as the greedy Sampler. Default: download and scan on the host.
   virtual int32_t argmax(const float* x, size_t n);
+  // The same for `rows` rows (row r at x + r * stride) into out[0..rows)
+  // and each chosen value into value[0..rows) (host memory; NaN and -inf
+  // rows give -inf, so a caller can tell a broken row). Default: a download
+  // and host scan per row.
+  virtual void argmax_rows(const float* x, int rows, size_t n, size_t stride, int32_t* out, float* value);
 
   // --- recorded decode steps (optional; the CUDA backend uses CUDA graphs)
   // Launching ~1000 small kernels per token costs more than their work, so a

@@ -39,6 +39,7 @@ CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
             " backend has no paged KV store yet: it decodes one sequence per step (kvq bench --batch 1)");
   kv::Cache& cache = *store;
   BatchDecoder dec(model, std::move(store), chunk);
+  dec.set_keep_logits(false);  // greedy: the backend chooses, the logits stay where they are
 
   CellResult c;
   c.codec = cache.codec_name();

@@ -332,8 +332,10 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     mo.prefill_every_run = cfg.prefill_every_run;
     mo.prefill_chunk = cfg.prefill_chunk;
     mo.copy_bw = copy_bw;
-    mo.on_prefill_rep = [&](int j, int) {
+    p.prefill_reps = cfg.prefill_every_run ? 0 : cfg.prefill_reps;
+    mo.on_prefill_rep = [&](int j, int total) {
       p.prefill_rep = j;
+      p.prefill_reps = total;  // a batch cell prefills each of its sequences once
       p.prefill_done = p.prefill_total = 0;
       report();
     };

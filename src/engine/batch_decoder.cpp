@@ -79,12 +79,31 @@ void BatchDecoder::step() {
     batch_.add_sequence(&s.tokens.back(), 1, s.cached, s.table.pages().data(), int(s.table.pages().size()), P,
                         StepBatch::Logits::last);
   }
-  logits_.resize(ids.size() * size_t(vocab_));
-  model_.forward(batch_, *store_, logits_.data(), *run_);
-  for (size_t r = 0; r < ids.size(); ++r) {
-    Sequence& s = *seqs_[size_t(ids[r])];
-    ++s.cached;
-    sample(s, logits_.data() + r * size_t(vocab_));
+  bool greedy = !keep_logits_;
+  for (int i : ids) {
+    const SamplingParams& p = seqs_[size_t(i)]->sampler.params();
+    greedy = greedy && p.temperature <= 0.0f && !p.uses_history();
+  }
+  if (greedy) {
+    // The backend picks each sequence's token (NaN never wins; the
+    // Sampler's greedy rule).
+    chosen_.resize(ids.size());
+    model_.forward_argmax(batch_, *store_, vocab_, chosen_.data(), *run_);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      Sequence& s = *seqs_[size_t(ids[r])];
+      ++s.cached;
+      s.logits.clear();
+      s.sampler.accept(chosen_[r]);
+      s.tokens.push_back(chosen_[r]);
+    }
+  } else {
+    logits_.resize(ids.size() * size_t(vocab_));
+    model_.forward(batch_, *store_, logits_.data(), *run_);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      Sequence& s = *seqs_[size_t(ids[r])];
+      ++s.cached;
+      sample(s, logits_.data() + r * size_t(vocab_));
+    }
   }
   ++steps_;
 }

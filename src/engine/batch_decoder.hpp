@@ -55,6 +55,11 @@ class BatchDecoder {
   // Tokens of a sequence in the KV store.
   int cached(int seq) const;
 
+  // With keep_logits off, a step whose every sequence samples greedily
+  // without penalties lets the backend choose the tokens (the logits stay on
+  // the device; last_logits() is then empty). On by default.
+  void set_keep_logits(bool keep) { keep_logits_ = keep; }
+
   kv::PagePool& pool() { return pool_; }
   kv::Cache& store() { return *store_; }
   Model& model() { return model_; }
@@ -82,6 +87,8 @@ class BatchDecoder {
   std::vector<std::unique_ptr<Sequence>> seqs_;
   StepBatch batch_;
   std::vector<float> logits_;
+  std::vector<int32_t> chosen_;
+  bool keep_logits_ = true;
   int steps_ = 0;
 };
 

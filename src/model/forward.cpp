@@ -138,6 +138,32 @@ void Model::forward(const StepBatch& b, kv::Cache& cache, float* logits, RunStat
   }
 }
 
+void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int32_t* out, RunState& r) {
+  KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
+            " logits of a model with ", cfg_.vocab_size);
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
+  run_layers(r, b, cache);
+  Backend& be = backend_;
+  const int d = cfg_.d_model;
+  const std::vector<int32_t>& want = b.logit_rows;
+  for (size_t i = 0; i < want.size();) {
+    size_t j = i + 1;
+    while (j < want.size() && want[j] == want[j - 1] + 1 && int(j - i) < kLogitRows) ++j;
+    const int rows = int(j - i);
+    const Matrix* head = &output_;
+    float* logits = r.logits_->data();
+    be.norm_matmul(r.x_->data() + size_t(want[i]) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head,
+                   &logits, 1);
+    r.chosen_value_.resize(size_t(rows));
+    be.argmax_rows(logits, rows, size_t(vocab), size_t(cfg_.vocab_size), out + i, r.chosen_value_.data());
+    for (int k = 0; k < rows; ++k)
+      KVQ_CHECK(std::isfinite(r.chosen_value_[size_t(k)]), Errc::format, "the model produced no finite logit for row ",
+                want[i + size_t(k)], " of the step (the largest is ", r.chosen_value_[size_t(k)],
+                "): its weights or activations hold NaN/inf");
+    i = j;
+  }
+}
+
 void Model::check_fits(const kv::Cache& cache, int pos, int n) const {
   const int64_t max_tokens = cache.shape().max_tokens;
   KVQ_CHECK(pos >= 0 && int64_t(pos) + n <= max_tokens, Errc::out_of_range, "tokens [", pos, ", ", pos + n,

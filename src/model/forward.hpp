@@ -50,6 +50,7 @@ class RunState {
   // Set when recording a step failed: this sequence then runs its steps
   // directly (other sequences of the model keep their recordings).
   bool graphs_failed_ = false;
+  std::vector<float> chosen_value_;  // forward_argmax: each row's winning logit
 };
 
 class Model {
@@ -92,6 +93,11 @@ class Model {
   // writes every token's K/V at its slot and writes the logits of
   // batch.logit_rows, in that order, to host memory: [rows][vocab].
   void forward(const StepBatch& batch, kv::Cache& cache, float* logits, RunState& run);
+  // The same step, but only the greedy choice among the first `vocab` logits
+  // of each of batch.logit_rows goes to out[i] (host), computed by the
+  // backend: the logits never leave it (B x vocab floats a step otherwise).
+  // A row whose logits are all NaN or -inf is an Errc::format error.
+  void forward_argmax(const StepBatch& batch, kv::Cache& cache, int vocab, int32_t* out, RunState& run);
 
   // One decode step of token `id` at `pos` that returns the greedy choice:
   // the index of the largest of the first `vocab` logits (NaN never wins,

@@ -184,6 +184,36 @@ TEST_F(CudaOps, SwigluAndAddMatchCpu) {
   }
 }
 
+// argmax over rows on the device vs the host rule (Backend's default: NaN is
+// -inf, the lowest index wins ties), with the winning values; rows of odd
+// lengths in a padded stride, ties, NaN, and a row of only NaN / -inf.
+TEST_F(CudaOps, ArgmaxRowsFollowsTheGreedyRule) {
+  auto cpu_be = cpu::make_cpu_backend();
+  for (int n : {1, 37, 151936}) {
+    for (int rows : {1, 3, 64}) {
+      const size_t stride = size_t(n) + 5;
+      std::vector<float> x = normal(rng, stride * rows);
+      if (n > 10) {
+        x[3] = std::numeric_limits<float>::quiet_NaN();                 // NaN never wins
+        x[stride + 7] = x[stride + 9] = 1e30f;                          // tie: the lower index
+        if (rows > 2)
+          for (int i = 0; i < n; ++i) x[2 * stride + size_t(i)] = i % 2 ? -INFINITY : std::nanf("");
+      }
+      std::vector<int32_t> want(size_t(rows)), got(size_t(rows));
+      std::vector<float> want_v(size_t(rows)), got_v(size_t(rows));
+      cpu_be->argmax_rows(x.data(), rows, size_t(n), stride, want.data(), want_v.data());
+      Guarded dx(x.size(), &x);
+      gpu->argmax_rows(dx.data(), rows, size_t(n), stride, got.data(), got_v.data());
+      EXPECT_EQ(got, want) << n << " x " << rows;
+      for (int r = 0; r < rows; ++r) EXPECT_EQ(got_v[size_t(r)], want_v[size_t(r)]) << n << " row " << r;
+      if (rows > 2 && n > 10) EXPECT_EQ(got_v[2], -INFINITY);
+      if (n > 10) EXPECT_EQ(got[1], 7);
+      gpu->argmax_rows(dx.data(), rows, size_t(n), stride, got.data(), got_v.data());  // state left clean
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 const TensorType kTypes[] = {TensorType::F32,  TensorType::F16,  TensorType::BF16, TensorType::Q8_0,
                              TensorType::Q4_0, TensorType::Q1_0, TensorType::Q2_K, TensorType::Q3_K,
                              TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};

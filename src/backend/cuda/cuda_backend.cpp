@@ -324,6 +324,23 @@ class CudaBackend final : public Backend {
     return best;
   }
 
+  void argmax_rows(const float* x, int rows, size_t n, size_t stride, int32_t* out, float* value) override {
+    KVQ_CHECK(rows > 0 && n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", rows, " rows of ", n);
+    if (rows_work_rows_ < rows) {
+      rows_out_.resize(size_t(rows));
+      rows_value_.resize(size_t(rows));
+      rows_work_.resize(2 * size_t(rows));
+      KVQ_CUDA_CHECK(cudaMemset(rows_work_.data(), 0, rows_work_.bytes()));
+      rows_work_rows_ = rows;
+    }
+    cuda::argmax_rows(x, rows, int(n), stride, rows_out_.data(), rows_value_.data(), rows_work_.data(), stream_);
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(out, rows_out_.data(), size_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                   stream_));
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(value, rows_value_.data(), size_t(rows) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   // --- recorded decode steps: CUDA graphs captured on stream_
   bool supports_step_graphs() const override { return true; }
   void begin_step(const StepBatch& batch) override {
@@ -568,6 +585,11 @@ class CudaBackend final : public Backend {
   // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).
   DeviceBuffer<int32_t> step_dev_, argmax_dev_;
   DeviceBuffer<unsigned long long> argmax_work_;  // cuda::argmax's cross-CTA state (zero between calls)
+  // argmax_rows: results and cross-CTA state for up to rows_work_rows_ rows.
+  DeviceBuffer<int32_t> rows_out_;
+  DeviceBuffer<float> rows_value_;
+  DeviceBuffer<unsigned long long> rows_work_;
+  int rows_work_rows_ = 0;
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
   // A step's q left raw by qk_rope_write_kv for the attention of the same

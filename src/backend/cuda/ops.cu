@@ -292,14 +292,15 @@ __global__ void __launch_bounds__(128)
   trace_warp_event(trace, 1);
 }
 
-// Greedy argmax in one launch over many CTAs. Each candidate is the 64-bit
+// Greedy argmax in one launch over many CTAs, one row of x per grid row
+// (blockIdx.y; row r starts at x + r * stride). Each candidate is the 64-bit
 // key (order-preserving bits of the value << 32) | (~index), so the largest
 // key is the largest value with the lowest index among equals; NaN maps to
-// -inf and -0 to +0 (the host rule compares values, not bits). Every CTA
-// folds its best key into work[0] with atomicMax and takes a ticket in
-// work[1]; the last CTA, which therefore sees every CTA's key, writes the
-// index and resets both words to 0, so the next call (or graph replay) starts
-// clean.
+// -inf and -0 to +0 (the host rule compares values, not bits). Every CTA of
+// a row folds its best key into the row's work[0] with atomicMax and takes a
+// ticket in its work[1]; the last CTA of the row, which therefore sees every
+// CTA's key, writes the index and resets both words to 0, so the next call
+// (or graph replay) starts clean.
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxMaxCtas = 264;
 
@@ -311,12 +312,15 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
   return (static_cast<unsigned long long>(ordered) << 32) | static_cast<uint32_t>(~uint32_t(i));
 }
 
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
-                                                                int32_t* __restrict__ out,
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n, size_t stride,
+                                                                int32_t* __restrict__ out, float* __restrict__ value,
                                                                 unsigned long long* __restrict__ work) {
   __shared__ unsigned long long warp_best[kArgmaxThreads / 32];
   allow_dependents();
   wait_for_predecessor();
+  x += size_t(blockIdx.y) * stride;
+  out += blockIdx.y;
+  work += 2 * size_t(blockIdx.y);
   unsigned long long best = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     best = max(best, argmax_key(x[i], i));
@@ -332,6 +336,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     const unsigned long long final_key = atomicExch(&work[0], 0ull);
     work[1] = 0;
     *out = int32_t(~uint32_t(final_key & 0xffffffffull));
+    if (value) {  // the winning value back from its ordered bits (NaN was -inf)
+      const uint32_t ordered = uint32_t(final_key >> 32);
+      value[blockIdx.y] = __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
+    }
   }
 }
 
@@ -395,9 +403,16 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
 }
 
 void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream) {
-  KVQ_CHECK(n > 0, Errc::internal, "argmax over an empty vector");
-  const int grid = std::min(kArgmaxMaxCtas, (n + kArgmaxThreads - 1) / kArgmaxThreads);
-  launch_dependent(argmax_kernel, dim3(grid), dim3(kArgmaxThreads), 0, stream, x, n, out, work);
+  argmax_rows(x, 1, n, size_t(n), out, nullptr, work, stream);
+}
+
+void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, float* value, unsigned long long* work,
+                 cudaStream_t stream) {
+  KVQ_CHECK(n > 0 && rows > 0 && rows <= 65535, Errc::internal, "argmax over ", rows, " rows of ", n, " values");
+  // Rows share the SMs: fewer CTAs per row as rows grow, at least one.
+  const int per_row = std::max(1, std::min(kArgmaxMaxCtas / rows, (n + kArgmaxThreads - 1) / kArgmaxThreads));
+  launch_dependent(argmax_kernel, dim3(per_row, rows), dim3(kArgmaxThreads), 0, stream, x, n, stride, out, value,
+                   work);
 }
 
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream) {

@@ -43,6 +43,12 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
 // device memory, zero before the first call; every call leaves them zero.
 // Calls sharing a work buffer must not run concurrently.
 void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream);
+// The same for `rows` rows (row r at x + r * stride) into out[0..rows), and
+// each row's largest value into value[0..rows) when value is not null (-inf
+// when the row holds only NaN and -inf); work: 2 words per row, the same
+// contract.
+void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, float* value,
+                 unsigned long long* work, cudaStream_t stream);
 
 // The single-token form of: per-head RMSNorm of q and k (each only when its
 // weight is non-null), RoPE of both at position pos (or *pos_dev when set),
