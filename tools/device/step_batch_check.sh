@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the step batch (issue 25): build for sm_90, run the
+# GPU tests that cover it (or all of them), the batched-GEMV lab, then
+# `kvq bench --batch` on synthetic bonsai-8b and the one-sequence reference.
+# Usage on the device (after `source .deps/debs.sh unpack .deps`):
+#   bash tools/device/step_batch_check.sh [GTEST_FILTER]
+#   BATCH_CODECS (default none,tsym3,k8vturbo2), BATCHES (1,8,32,64), BATCH_CTX (512),
+#   REF_CONTEXTS (4k,16k,65408; empty: skip the one-sequence reference)
+# Results in $OUT: log.txt, gpu_tests.txt, batch.tgz (report, cells.csv, runs.db).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/kvq-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/tmp/cmake.log 2>&1 ||
+  { tail -30 /tmp/cmake.log; exit 1; }
+time cmake --build build-gpu -j "$(nproc)" --target kvq kvq_gpu_tests kvq_bench_gemv_batch 2>&1 | grep -E "error|FAILED" | head -20
+echo "== gpu tests (${1:-all})"
+if [ -n "${1:-}" ]; then
+  build-gpu/tests/kvq_gpu_tests --gtest_filter="$1" >"$OUT/gpu_tests.txt" 2>&1
+else
+  (cd build-gpu && ctest -L gpu -j 4 >"$OUT/gpu_tests.txt" 2>&1)
+fi
+grep -E "^\[  PASSED|^\[  FAILED|tests passed|FAILED|Failed" "$OUT/gpu_tests.txt" | head -30
+echo "== batched GEMV lab"
+timeout 90 build-gpu/kvq_bench_gemv_batch 20 2>&1 | tail -30
+K=build-gpu/kvq
+H=/tmp/kvq-home
+echo "== kvq bench --batch"
+timeout 240 $K bench -m synthetic:bonsai-8b --device cuda --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" \
+  --contexts "${BATCH_CTX:-512}" --batch "${BATCHES:-1,8,32,64}" --gen 128 --reps 3 --home "$H" --out "$H/batch" 2>&1 |
+  grep -v "^\[" | tail -20
+if [ -n "${REF_CONTEXTS-4k,16k,65408}" ]; then
+  echo "== one sequence per step (reference)"
+  timeout 150 $K bench -m synthetic:bonsai-8b --device cuda --codecs none --contexts "${REF_CONTEXTS-4k,16k,65408}" \
+    --gen 128 --reps 3 --home "$H" --out "$H/ref" 2>&1 | grep -v "^\[" | tail -6
+fi
+(cd "$H" && tar czf "$OUT/batch.tgz" .)
+echo "== done"
