@@ -191,9 +191,10 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
   json b;
   try {
     b = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& pe) {
+  } catch (const json::exception& pe) {
     // nlohmann's message names the byte offset and what it expected (invalid
-    // UTF-8 in a string is reported here too).
+    // UTF-8 in a string is reported here too; a number beyond a double's
+    // range, 1e309, is an out_of_range error, also the client's fault).
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
                    str("the request body is not valid JSON: ", pe.what()));
   }
@@ -209,20 +210,45 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
 
   // Options kvq does not implement: refused rather than silently ignored.
   if (get_int(b, "n", 1, 1, 128) != 1) unsupported("n", "one choice per request (n = 1)");
-  if (field(b, "tools") && !field(b, "tools")->empty()) unsupported("tools", "tool calling is not implemented");
+  // Fields that would change the answer are served or refused, never ignored.
+  for (const char* name : {"grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "guided_decoding_backend", "structured_outputs", "regex"})
+    if (field(b, name)) unsupported(name, "structured output (grammars, schemas) is not implemented");
+  if (const json* t = field(b, "tools")) {
+    if (!t->is_array()) bad_request("tools", "'tools' must be an array, not ", type_name(*t));
+    if (!t->empty()) unsupported("tools", "tool calling is not implemented");
+  }
+  if (const json* tc = field(b, "tool_choice")) {
+    if (!tc->is_string() || (tc->get<std::string>() != "none" && tc->get<std::string>() != "auto"))
+      unsupported("tool_choice", "tool calling is not implemented (only \"none\" and \"auto\", which mean no tool)");
+  }
   if (field(b, "functions")) unsupported("functions", "function calling is not implemented");
+  if (field(b, "function_call")) unsupported("function_call", "function calling is not implemented");
   if (const json* rf = field(b, "response_format")) {
     if (!rf->is_object() || get_string(*rf, "type", "text") != "text")
       unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schemas)");
   }
-  if (const json* lb = field(b, "logit_bias"); lb && !lb->empty()) unsupported("logit_bias", "not implemented");
+  if (const json* lb = field(b, "logit_bias")) {
+    if (!lb->is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias, not ", type_name(*lb));
+    if (!lb->empty()) unsupported("logit_bias", "biasing tokens is not implemented (an empty object is accepted)");
+  }
+  if (get_int(b, "min_tokens", 0, 0, INT32_MAX) != 0) unsupported("min_tokens", "not implemented (0 is accepted)");
+  r.ignore_eos = get_bool(b, "ignore_eos", false);
+  if (const json* st = field(b, "stop_token_ids")) {
+    if (!st->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (st->size() > 64) bad_request("stop_token_ids", "'stop_token_ids' has ", st->size(), " ids; at most 64");
+    for (const json& v : *st) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        bad_request("stop_token_ids", "'stop_token_ids' must hold only non-negative integer token ids");
+      r.stop_token_ids.push_back(TokenId(v.get<int64_t>()));
+    }
+  }
   if (e == Endpoint::completion) {
-    if (get_bool(b, "echo", false)) unsupported("echo", "the prompt is not echoed");
+    r.echo = get_bool(b, "echo", false);
     if (get_int(b, "best_of", 1, 1, 128) != 1) unsupported("best_of", "one candidate per request");
     if (!get_string(b, "suffix", "").empty()) unsupported("suffix", "no fill-in-the-middle");
   }
 
-  // Sampling.
   r.sampling = d.sampling;
   SamplingParams& s = r.sampling;
   s.temperature = get_float(b, "temperature", s.temperature, 0.0, 2.0);
@@ -393,7 +419,7 @@ json response_json(Endpoint e, const ResponseId& rid, const std::string& text, c
 }
 
 json chunk_json(Endpoint e, const ResponseId& rid, const std::string& text, bool first, const char* finish,
-                const json& logprobs, const Usage* usage) {
+                const json& logprobs, bool usage_null) {
   json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
   if (e == Endpoint::chat) {
     json delta = json::object();
@@ -409,7 +435,7 @@ json chunk_json(Endpoint e, const ResponseId& rid, const std::string& text, bool
             {"model", rid.model},
             {"system_fingerprint", "kvq-" KVQ_VERSION},
             {"choices", json::array({choice})}};
-  if (usage) c["usage"] = usage_json(*usage);
+  if (usage_null) c["usage"] = nullptr;
   return c;
 }
 
