@@ -242,7 +242,7 @@ TEST(ServerHttp, BadInputIsA4xxWithTheErrorEnvelopeAndTheServerKeepsServing) {
   auto m = s.client().Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("kvq_requests_total{route=\"/v1/completions\",status=\"413\"} 1"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("kvq_requests_total{route=\"other\",status=\"404\"} 1"), std::string::npos);
+  EXPECT_NE(m->body.find("kvq_requests_total{route=\"other\",status=\"404\"} 1"), std::string::npos) << m->body;
 }
 
 TEST(ServerHttp, ApiKeyIsRequiredOnV1Routes) {

@@ -247,6 +247,7 @@ struct Server::Impl {
     std::string body;
     size_t reserved = 0;               // bytes of body_budget held
     size_t discarded = 0;              // body bytes read and dropped (after an error)
+    bool preflight = false;            // a CORS OPTIONS request
     std::unique_ptr<ApiError> error;   // answer this once the body is in
     std::vector<std::pair<std::string, std::string>> error_headers;
     std::shared_ptr<Exchange> ex;
@@ -413,10 +414,8 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
         throw ApiError(431, "invalid_request_error", "too_many_headers", "",
                        str("the request has ", n_headers, " header lines; the server takes at most ", o.max_headers));
       if (rq->method == "OPTIONS" && !o.cors_origin.empty()) {
-        return queue(c, rq, 204, "", "text/plain",
-                     {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
-                      {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
-                      {"Access-Control-Max-Age", "600"}});
+        rq->preflight = true;  // answered once the request is in
+        return MHD_YES;
       }
       if (rq->route == Route::none)
         throw ApiError(404, "invalid_request_error", "unknown_url", "",
@@ -429,7 +428,9 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
         throw ApiError(405, "invalid_request_error", "method_not_allowed", "",
                        str(rq->method, " is not allowed on ", rq->url, "; use ", want));
       }
-      if (std::string(want) == "GET") return answer_get(c, rq);
+      // Answered once the whole request is in: a response queued earlier
+      // makes libmicrohttpd close the connection (no keep-alive, no pipelining).
+      if (std::string(want) == "GET") return MHD_YES;
       // A POST: its body comes next.
       if (rq->route == Route::chat || rq->route == Route::completion) check_auth(c);
       if (stopping) throw shutting_down();
@@ -441,14 +442,15 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
         rq->body.reserve(size_t(n));
       }
     } catch (const ApiError& e) {
-      // A request without a body, or with a large one, is answered now (and
-      // the connection closes after the answer: the body is not read). A
-      // smaller body is read and dropped first, so that a client still
-      // sending it does not lose the answer to a reset.
+      // A request with a large body is answered now, and the connection
+      // closes after the answer (the body is not read). Others are answered
+      // once the request is in (a small body is read and dropped), so that
+      // the connection stays open and a client still sending does not lose
+      // the answer to a reset.
       const char* cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
       const bool chunked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding") != nullptr;
       const bool has_body = chunked || (cl && std::strtoull(cl, nullptr, 10) > 0);
-      if (has_body && (chunked || std::strtoull(cl, nullptr, 10) <= discard_limit())) {
+      if (!has_body || chunked || std::strtoull(cl, nullptr, 10) <= discard_limit()) {
         rq->error = std::make_unique<ApiError>(e);
         return MHD_YES;
       }
@@ -489,6 +491,19 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
     const MHD_Result r = queue_error(c, rq, *rq->error, h);
     rq->error.reset();
     return r;
+  }
+
+  if (rq->preflight)
+    return queue(c, rq, 204, "", "text/plain",
+                 {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                  {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+                  {"Access-Control-Max-Age", "600"}});
+  if (rq->method == "GET" || rq->method == "HEAD") {
+    try {
+      return answer_get(c, rq);
+    } catch (const ApiError& e) {
+      return queue_error(c, rq, e);
+    }
   }
 
   if (!rq->ex) {  // the body is complete: parse it off the event loop
@@ -905,6 +920,14 @@ Server::Server(Engine& engine, ServerOptions opts) : impl_(std::make_unique<Impl
   const Tokenizer& tok = engine.tokenizer();
   for (int i = 0; i < tok.vocab_size(); ++i) m.max_piece_bytes = std::max(m.max_piece_bytes, tok.bytes_of(i).size());
   m.body_budget = std::max<size_t>(4 * m.o.max_body, 1u << 20);
+  // Request bodies and prompts are large, short-lived blocks allocated on
+  // one thread and freed on another. glibc raises its mmap threshold after
+  // each large free (up to 32 MiB), after which such blocks come from the
+  // arenas and stay resident when freed; a fixed threshold keeps every block
+  // of 1 MiB or more in its own mapping, returned to the system on free.
+  // (Process-wide; the engine's large buffers are unaffected: they are mapped
+  // either way.)
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 }
 
 Server::~Server() { stop(0); }
