@@ -217,23 +217,28 @@ TEST(ServerHostile, SlowlorisAndIdleFloodsCostNoWorker) {
               idle.fds.size(), ms_since(t1));
 }
 
-// The request-head deadline closes connections whose head does not arrive in
-// time, however they trickle.
+// The request-head and body deadlines close connections whose head or body
+// does not arrive in time, however they trickle.
 TEST(ServerHostile, RequestHeadsHaveADeadline) {
   ServerOptions o;
   o.head_timeout_s = 1;
+  o.body_timeout_s = 1;
   Served s(o);
   Crowd slow(s.port, 50, kSlowHead);
   Crowd idle(s.port, 50, "");
+  // Bodies announced and never finished (they hold no body budget meanwhile).
+  Crowd slow_body(s.port, 20, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"prompt\": ");
+  EXPECT_GT(timed_completion(s.port), 0);
   const auto t0 = Clock::now();
   int closed = 0;
-  for (int i = 0; i < 100 && closed < 100; ++i) {
+  for (int i = 0; i < 100 && closed < 120; ++i) {
     slow.trickle();
+    slow_body.trickle();
     std::this_thread::sleep_for(100ms);
-    closed = slow.closed_by_server() + idle.closed_by_server();
+    closed = slow.closed_by_server() + idle.closed_by_server() + slow_body.closed_by_server();
   }
-  EXPECT_EQ(closed, 100) << "request heads outlived the head deadline";
-  std::printf("[measured] 50 slow + 50 idle heads closed by the server within %.1f s (deadline 1 s)\n",
+  EXPECT_EQ(closed, 120) << "request heads or bodies outlived their deadline";
+  std::printf("[measured] 50 slow + 50 idle heads and 20 slow bodies closed by the server within %.1f s (deadlines 1 s)\n",
               ms_since(t0) / 1000.0);
   EXPECT_GT(timed_health(s.port), 0);
 }

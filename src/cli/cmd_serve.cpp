@@ -171,6 +171,10 @@ KVQ_REGISTER_COMMAND("serve", "OpenAI-compatible HTTP server (chat/completions, 
                                       "Seconds a connection has to send a request head (line and headers)")
                            ->capture_default_str()
                            ->check(CLI::Range(0.1, 3600.0));
+                       app.add_option("--body-timeout", o.body_timeout_s,
+                                      "Seconds a request body has to arrive after its head")
+                           ->capture_default_str()
+                           ->check(CLI::Range(0.1, 3600.0));
                        app.add_option("--idle-timeout", o.idle_timeout_s,
                                       "Seconds without traffic after which a connection is closed")
                            ->capture_default_str()

@@ -227,6 +227,7 @@ struct Server::Impl {
     int fd = -1;
     Clock::time_point since;
     bool in_head = true;
+    bool in_body = false;  // a request body is arriving (since `since`)
     bool cut = false;
   };
   std::mutex conns_mu;
@@ -438,8 +439,17 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
       if (cl) {
         const unsigned long long n = std::strtoull(cl, nullptr, 10);
         if (n > o.max_body) throw too_large();
-        if (!reserve(rq->reserved, size_t(n))) throw busy("too many request bodies are being received");
-        rq->body.reserve(size_t(n));
+        if (body_bytes.load() + n > body_budget) throw busy("too many request bodies are being received");
+        // Budget is taken as bytes arrive (a client that announces a body and
+        // sends nothing holds none of it); the body's deadline bounds the wait.
+      }
+      {
+        std::lock_guard<std::mutex> lock(conns_mu);
+        auto it = conns.find(c);
+        if (it != conns.end()) {
+          it->second.in_body = true;
+          it->second.since = Clock::now();
+        }
       }
     } catch (const ApiError& e) {
       // A request with a large body is answered now, and the connection
@@ -507,6 +517,11 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
   }
 
   if (!rq->ex) {  // the body is complete: parse it off the event loop
+    {
+      std::lock_guard<std::mutex> lock(conns_mu);
+      auto it = conns.find(c);
+      if (it != conns.end()) it->second.in_body = false;
+    }
     auto ex = std::make_shared<Exchange>();
     ex->conn = c;
     const MHD_ConnectionInfo* ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -819,7 +834,7 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
   }
 }
 
-// Every kWatchEvery: closes connections whose request head is late, and
+// Every kWatchEvery: closes connections whose request head or body is late, and
 // marks requests whose client hung up (the kernel knows, whatever the
 // response's framing or encoding; nothing is written to find out).
 void Server::Impl::watch() {
@@ -829,7 +844,8 @@ void Server::Impl::watch() {
     {
       std::lock_guard<std::mutex> lock(conns_mu);
       for (auto& [c, k] : conns)
-        if (k.in_head && !k.cut && seconds(now - k.since) > o.head_timeout_s) {
+        if (!k.cut && ((k.in_head && seconds(now - k.since) > o.head_timeout_s) ||
+                       (k.in_body && seconds(now - k.since) > o.body_timeout_s))) {
           k.cut = true;  // MHD sees the shut socket and closes the connection
           ::shutdown(k.fd, SHUT_RDWR);
         }
@@ -994,6 +1010,7 @@ int Server::bind() {
       auto it = s.conns.find(c);
       if (it != s.conns.end()) {
         it->second.in_head = true;
+        it->second.in_body = false;
         it->second.since = Clock::now();
       }
     }

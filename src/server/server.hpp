@@ -7,7 +7,7 @@
 // One event-loop thread (epoll) owns every connection: an idle or slow
 // connection costs a file descriptor and a bounded memory pool
 // (--max-header-bytes), never a thread. Each connection's request head must
-// arrive within --head-timeout; idle keep-alive connections close after
+// arrive within --head-timeout and its body within --body-timeout; idle keep-alive connections close after
 // --idle-timeout; at most --max-connections are open. Request bodies are
 // bounded one by one (--max-body) and together (4 x --max-body in flight);
 // parsing and tokenizing run on a small fixed pool, never on the event loop.
@@ -43,6 +43,7 @@ struct ServerOptions {
 
   // Limits on what a client can hold (see the comment at the top).
   double head_timeout_s = 10;      // a request head (line + headers) must arrive within this
+  double body_timeout_s = 60;      // a request body must arrive within this (from the end of its head)
   int idle_timeout_s = 60;         // a connection with no traffic for this long is closed
   int max_connections = 1024;      // open connections; more are closed at accept
   int max_headers = 100;           // request header lines; more get 431
