@@ -145,7 +145,9 @@ TEST(ServerApi, BadRequestsNameTheField) {
       {P, R"({"prompt": 5})", 400, "prompt", ""},
       {P, R"({"prompt": [1, "a"]})", 400, "prompt", ""},
       {P, R"({"prompt": [-1]})", 400, "prompt", ""},
-      {P, R"({"prompt": ["a", "b"]})", 400, "prompt", "unsupported_parameter"},
+      {P, R"({"prompt": ["a", 5]})", 400, "prompt", ""},
+      {P, R"({"prompt": ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a"]})", 400,
+       "prompt", ""},  // 17 prompts: at most 16
       {P, R"({"prompt": "x", "echo": 1})", 400, "echo", ""},
       // Numbers beyond a double's range are the client's malformed JSON, not a 500.
       {C, ("{" + m + R"(, "temperature": 1e309})"), 400, "", "invalid_json"},
@@ -331,6 +333,13 @@ TEST(ServerApi, CheapFieldsAreServed) {
   EXPECT_EQ(r.stop_token_ids, (std::vector<TokenId>{3, 7}));
   const ApiRequest p = parse_request(Endpoint::completion, R"({"prompt": "x", "echo": true})", d);
   EXPECT_TRUE(p.echo);
+  const ApiRequest b = parse_request(Endpoint::completion, R"({"prompt": ["a", [5, 6], "c"]})", d);
+  EXPECT_EQ(b.prompt, "a");
+  EXPECT_FALSE(b.prompt_is_ids);
+  ASSERT_EQ(b.more_prompts.size(), 2u);
+  EXPECT_EQ(b.more_prompts[0].ids, (std::vector<TokenId>{5, 6}));
+  EXPECT_TRUE(b.more_prompts[0].is_ids);
+  EXPECT_EQ(b.more_prompts[1].text, "c");
 }
 
 TEST(ServerApi, APublicBindWithoutAKeyIsWarnedAbout) {

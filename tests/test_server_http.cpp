@@ -397,6 +397,28 @@ TEST(ServerHttp, MethodsCorsAuthSchemeTokenizeAndCheapFields) {
   // ignore_eos: runs to max_tokens even where greedy would end.
   const json ig = post({{"prompt", "x"}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}});
   EXPECT_EQ(ig["usage"]["completion_tokens"], 40);
+  // A batch of prompts: one choice each, in order, as if sent alone; usage summed.
+  const json other = post({{"prompt", "x = 1"}, {"max_tokens", 4}, {"temperature", 0}});
+  const json batch = post({{"prompt", json::array({"def f():", "x = 1"})}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(batch["choices"].size(), 2u) << batch;
+  EXPECT_EQ(batch["choices"][0]["index"], 0);
+  EXPECT_EQ(batch["choices"][1]["index"], 1);
+  EXPECT_EQ(batch["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(batch["choices"][1]["text"], other["choices"][0]["text"]);
+  EXPECT_EQ(batch["usage"]["completion_tokens"],
+            plain["usage"]["completion_tokens"].get<int>() + other["usage"]["completion_tokens"].get<int>());
+  r = s.client("s3cret").Post("/v1/completions",
+                              json{{"prompt", json::array({"def f():", "x = 1"})}, {"max_tokens", 4}, {"temperature", 0},
+                                   {"stream", true}}.dump(), kJson);
+  ASSERT_TRUE(r);
+  std::string streamed[2];
+  for (const std::string& d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    const json c = json::parse(d);
+    streamed[c["choices"][0]["index"].get<int>()] += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed[0], plain["choices"][0]["text"]);
+  EXPECT_EQ(streamed[1], other["choices"][0]["text"]);
   // Streamed without include_usage: no chunk has a usage key.
   r = s.client("s3cret").Post("/v1/completions",
                               json{{"prompt", "def f():"}, {"max_tokens", 3}, {"stream", true}}.dump(), kJson);

@@ -132,28 +132,46 @@ void parse_messages(const json& body, ApiRequest& r, const Defaults& d) {
 void parse_prompt(const json& body, ApiRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required: a string or an array of token ids");
-  auto ids_from = [&](const json& a) {
+  auto ids_of = [&](const json& a) {
+    std::vector<TokenId> ids;
     for (const json& v : a) {
       if (!v.is_number_integer()) bad_request("prompt", "'prompt' as an array must hold only integer token ids");
       const int64_t id = v.get<int64_t>();
       if (id < 0 || id > INT32_MAX) bad_request("prompt", "'prompt' holds the token id ", id, ", which is out of range");
-      r.prompt_ids.push_back(TokenId(id));
+      ids.push_back(TokenId(id));
     }
-    r.prompt_is_ids = true;
+    return ids;
   };
+  auto one = [&](const json& v) {
+    ApiRequest::Prompt out;
+    if (v.is_string()) {
+      out.text = v.get<std::string>();
+    } else if (v.is_array()) {
+      out.ids = ids_of(v);
+      out.is_ids = true;
+    } else {
+      bad_request("prompt", "a prompt of a batch must be a string or an array of token ids, not ", type_name(v));
+    }
+    return out;
+  };
+  std::vector<ApiRequest::Prompt> all;
   if (p->is_string()) {
-    r.prompt = p->get<std::string>();
+    all.push_back(one(*p));
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
-    ids_from(*p);
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    r.prompt = (*p)[0].get<std::string>();
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
-    ids_from((*p)[0]);
-  } else if (p->is_array() && p->size() > 1) {
-    unsupported("prompt", "one prompt per request (batches of prompts are not served; send them as separate requests)");
+    all.push_back(one(*p));
+  } else if (p->is_array() && !p->empty()) {
+    // A batch: each prompt gets its own choice (index = its position).
+    if (p->size() > ApiRequest::kMaxPrompts)
+      bad_request("prompt", "'prompt' has ", p->size(), " prompts; at most ", ApiRequest::kMaxPrompts,
+                  " per request");
+    for (const json& v : *p) all.push_back(one(v));
   } else {
-    bad_request("prompt", "'prompt' must be a string or an array of token ids, not ", type_name(*p));
+    bad_request("prompt", "'prompt' must be a string, an array of token ids or an array of prompts, not ", type_name(*p));
   }
+  r.prompt = all[0].text;
+  r.prompt_ids = all[0].ids;
+  r.prompt_is_ids = all[0].is_ids;
+  r.more_prompts.assign(all.begin() + 1, all.end());
 }
 
 std::vector<std::string> parse_stop(const json& body, const std::vector<std::string>& dflt) {

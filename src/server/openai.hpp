@@ -81,6 +81,15 @@ struct ApiRequest {
   bool ignore_eos = false;            // generate past end-of-generation tokens
   std::vector<TokenId> stop_token_ids;  // more tokens that end generation
   bool echo = false;                  // completions: the prompt text starts the answer
+  // Completions with a batch of prompts: prompts 2..n (prompt / prompt_ids
+  // hold the first); each is generated in turn and answered as its own choice.
+  struct Prompt {
+    std::string text;
+    std::vector<TokenId> ids;
+    bool is_ids = false;
+  };
+  static constexpr size_t kMaxPrompts = 16;
+  std::vector<Prompt> more_prompts;
 };
 
 // Parses and checks a request body. Malformed JSON (invalid UTF-8 included),

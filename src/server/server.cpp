@@ -324,8 +324,8 @@ struct Server::Impl {
   void dispatch(Request& rq);  // on a parse thread
   void completion(std::shared_ptr<Exchange> ex, Route route, std::string body);
   void tokenize(Exchange& ex, Route route, const std::string& body);
-  void generate(std::shared_ptr<Exchange> ex, Endpoint ep, ApiRequest req, Job job, ResponseId rid,
-                Clock::time_point arrival, std::unique_ptr<FairQueue::Ticket> ticket);
+  void generate(std::shared_ptr<Exchange> ex, Endpoint ep, ApiRequest req, std::vector<Job> jobs, ResponseId rid,
+                Clock::time_point arrival, std::vector<std::unique_ptr<FairQueue::Ticket>> tickets);
   void watch();
   void shut(double drain_s);
 
@@ -701,95 +701,80 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
   }
 
   const char* prompt_param = ep == Endpoint::chat ? "messages" : "prompt";
-  // No token holds more than max_piece_bytes bytes of text, so a prompt of
-  // more than ctx * max_piece_bytes bytes cannot fit: refused before the
-  // tokenizer spends time and memory on it.
-  size_t text_bytes = r.prompt.size();
-  for (const ChatMessage& m : r.messages) text_bytes += m.content.size();
-  if (text_bytes > size_t(o.ctx) * max_piece_bytes)
-    throw ApiError(400, "invalid_request_error", "context_length_exceeded", prompt_param,
-                   str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but the prompt has ",
-                       text_bytes, " bytes of text, more than that many tokens can hold; shorten the prompt"));
+  // The prompts: one, or a completions batch (each its own choice).
+  std::vector<ApiRequest::Prompt> inputs{{r.prompt, r.prompt_ids, r.prompt_is_ids}};
+  inputs.insert(inputs.end(), r.more_prompts.begin(), r.more_prompts.end());
+  std::vector<Job> jobs;
+  for (const ApiRequest::Prompt& in : inputs) {
+    ApiRequest one = r;  // small: the prompt fields are replaced below
+    one.more_prompts.clear();
+    one.prompt = in.text;
+    one.prompt_ids = in.ids;
+    one.prompt_is_ids = in.is_ids;
+    // No token holds more than max_piece_bytes bytes of text, so a prompt of
+    // more than ctx * max_piece_bytes bytes cannot fit: refused before the
+    // tokenizer spends time and memory on it.
+    size_t text_bytes = one.prompt_is_ids ? 0 : one.prompt.size();
+    for (const ChatMessage& m : one.messages) text_bytes += m.content.size();
+    if (text_bytes > size_t(o.ctx) * max_piece_bytes)
+      throw ApiError(400, "invalid_request_error", "context_length_exceeded", prompt_param,
+                     str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but the prompt has ",
+                         text_bytes, " bytes of text, more than that many tokens can hold; shorten the prompt"));
 
-  std::vector<TokenId> prompt = prompt_tokens(r, engine.tokenizer(), o.chat_template, engine.vocab());
-  const int n = int(prompt.size());
-  if (n >= o.ctx)
-    throw ApiError(400, "invalid_request_error", "context_length_exceeded", prompt_param,
-                   str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but the prompt has ", n,
-                       " tokens, leaving no room for a completion; shorten the prompt"));
-  if (r.max_tokens > 0 && int64_t(n) + r.max_tokens > o.ctx)
-    throw ApiError(400, "invalid_request_error", "context_length_exceeded", "max_tokens",
-                   str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but ", int64_t(n) + r.max_tokens,
-                       " were requested (", n, " in the prompt, ", r.max_tokens,
-                       " for the completion); lower max_tokens or shorten the prompt"));
-
-  Job job;
-  job.prompt = std::move(prompt);
-  job.kv_codec = r.kv_codec;
-  // The cache holds what this request can use: prompt + max_tokens, or the
-  // whole context when it may run to the end.
-  job.ctx = r.max_tokens > 0 ? n + r.max_tokens : o.ctx;
-  job.gen.n_predict = r.max_tokens;
-  job.gen.stop = r.stop;
-  job.gen.sampling = r.sampling;
-  job.gen.token_logits = r.logprobs >= 0;
-  job.gen.stop_at_eog = !r.ignore_eos;
-  job.gen.stop_tokens.insert(job.gen.stop_tokens.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
-  std::unique_ptr<FairQueue::Ticket> ticket = engine.enter();
-  if (!ticket)
-    throw ApiError(429, "rate_limit_error", "queue_full", "",
-                   str("the server is busy: ", engine.max_waiting(), " requests are already waiting (--max-queue); retry later"));
+    std::vector<TokenId> prompt = prompt_tokens(one, engine.tokenizer(), o.chat_template, engine.vocab());
+    const int n = int(prompt.size());
+    if (n >= o.ctx)
+      throw ApiError(400, "invalid_request_error", "context_length_exceeded", prompt_param,
+                     str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but the prompt has ", n,
+                         " tokens, leaving no room for a completion; shorten the prompt"));
+    if (r.max_tokens > 0 && int64_t(n) + r.max_tokens > o.ctx)
+      throw ApiError(400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                     str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but ",
+                         int64_t(n) + r.max_tokens, " were requested (", n, " in the prompt, ", r.max_tokens,
+                         " for the completion); lower max_tokens or shorten the prompt"));
+    Job job;
+    job.prompt = std::move(prompt);
+    job.kv_codec = r.kv_codec;
+    // The cache holds what this request can use: prompt + max_tokens, or the
+    // whole context when it may run to the end.
+    job.ctx = r.max_tokens > 0 ? n + r.max_tokens : o.ctx;
+    job.gen.n_predict = r.max_tokens;
+    job.gen.stop = r.stop;
+    job.gen.sampling = r.sampling;
+    job.gen.token_logits = r.logprobs >= 0;
+    job.gen.stop_at_eog = !r.ignore_eos;
+    job.gen.stop_tokens.insert(job.gen.stop_tokens.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+    jobs.push_back(std::move(job));
+  }
+  // One place in the queue per prompt, all taken now (or none: 429).
+  std::vector<std::unique_ptr<FairQueue::Ticket>> tickets;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    tickets.push_back(engine.enter());
+    if (!tickets.back())
+      throw ApiError(429, "rate_limit_error", "queue_full", "",
+                     str("the server is busy: ", engine.max_waiting(), " requests are already waiting (--max-queue)",
+                         jobs.size() > 1 ? str(" and this batch needs ", jobs.size(), " places") : std::string(),
+                         "; retry later"));
+  }
   // One thread per admitted request (at most --max-queue + 1): it waits for
   // the model, then writes the answer into the exchange.
   work_begin();
   std::thread(
-      [this, ex, ep, job = std::move(job), r = std::move(r), arrival, t = std::move(ticket)]() mutable {
-        generate(ex, ep, std::move(r), std::move(job), new_response_id(ep, o.model_id), arrival, std::move(t));
+      [this, ex, ep, jobs = std::move(jobs), r = std::move(r), arrival, t = std::move(tickets)]() mutable {
+        generate(ex, ep, std::move(r), std::move(jobs), new_response_id(ep, o.model_id), arrival, std::move(t));
         work_end();
       })
       .detach();
 }
 
-void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiRequest req, Job job, ResponseId rid,
-                            Clock::time_point arrival, std::unique_ptr<FairQueue::Ticket> ticket) {
+void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiRequest req, std::vector<Job> jobs,
+                            ResponseId rid, Clock::time_point arrival,
+                            std::vector<std::unique_ptr<FairQueue::Ticket>> tickets) {
   Exchange& ex = *exp;
   const Tokenizer& tok = engine.tokenizer();
   const bool sse = req.stream;
   auto send_event = [&](const json& j) { ex.push("data: " + dump(j) + "\n\n"); };
   auto abandon = [&] { return cancel_all.load() || ex.gone.load(); };
-
-  std::string text;
-  if (req.echo) text = req.prompt_is_ids ? tok.decode(req.prompt_ids) : req.prompt;
-  if (sse) {
-    ex.start_stream();
-    // Chat streams open with the assistant role, as OpenAI's do.
-    if (ep == Endpoint::chat) send_event(chunk_json(ep, rid, "", true, nullptr, nullptr, req.include_usage));
-    if (!text.empty()) send_event(chunk_json(ep, rid, text, false, nullptr, nullptr, req.include_usage));
-  }
-  std::vector<TokenLogprob> lps;  // all of them (non-streamed) or those not yet sent (streamed)
-  size_t lps_offset = text.size();  // completion text length before lps[0]
-  int n_tokens = 0;
-  Clock::time_point prev;
-  GenerateOptions& g = job.gen;
-  g.on_token = [&](TokenId id, const float* logits) {
-    const auto now = Clock::now();
-    if (n_tokens++ == 0)
-      metrics.ttft().observe(seconds(now - arrival));
-    else
-      metrics.itl().observe(seconds(now - prev));
-    prev = now;
-    if (logits && !tok.is_eog(id)) lps.push_back(token_logprob(logits, engine.vocab(), id, req.logprobs));
-    return !abandon();
-  };
-  auto on_text = [&](const std::string& piece) {
-    if (sse) {
-      const json lp = req.logprobs >= 0 ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
-      send_event(chunk_json(ep, rid, piece, false, nullptr, lp, req.include_usage));
-      lps.clear();
-      lps_offset = text.size() + piece.size();
-    }
-    text += piece;
-  };
   auto fail = [&](const ApiError& err) {
     if (sse) {
       send_event(error_json(err));
@@ -799,38 +784,94 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
       ex.respond_error(err);
     }
   };
+  // A chunk of choice `index`.
+  auto chunk = [&](size_t index, const std::string& text, bool first, const char* finish, const json& lp) {
+    json c = chunk_json(ep, rid, text, first, finish, lp, req.include_usage);
+    c["choices"][0]["index"] = index;
+    return c;
+  };
+  if (sse) ex.start_stream();
 
-  std::optional<GenerateResult> r;
-  try {
-    r = engine.run(*ticket, job, on_text, abandon);
-  } catch (const std::exception& e) {
-    log_warn("serve: ", rid.id, ": ", e.what());
-    fail(ApiError(500, "server_error", "", "", str("generation failed: ", e.what())));
-    return;
-  }
-  ticket.reset();  // the place in the queue is given up
-  if (!r || r->stop_reason == StopReason::cancelled) {
-    if (ex.gone) {
-      metrics.cancelled();
-      ex.finish();
+  json choices = json::array();
+  Usage usage;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    Job& job = jobs[k];
+    std::string text;
+    if (req.echo) {
+      const ApiRequest::Prompt in = k == 0 ? ApiRequest::Prompt{req.prompt, req.prompt_ids, req.prompt_is_ids}
+                                           : req.more_prompts[k - 1];
+      text = in.is_ids ? tok.decode(in.ids) : in.text;
+    }
+    if (sse) {
+      // Chat streams open with the assistant role, as OpenAI's do.
+      if (ep == Endpoint::chat) send_event(chunk(k, "", true, nullptr, nullptr));
+      if (!text.empty()) send_event(chunk(k, text, false, nullptr, nullptr));
+    }
+    std::vector<TokenLogprob> lps;    // all of them (non-streamed) or those not yet sent (streamed)
+    size_t lps_offset = text.size();  // completion text length before lps[0]
+    int n_tokens = 0;
+    Clock::time_point prev;
+    GenerateOptions& g = job.gen;
+    g.on_token = [&](TokenId id, const float* logits) {
+      const auto now = Clock::now();
+      if (n_tokens++ == 0)
+        metrics.ttft().observe(seconds(now - arrival));
+      else
+        metrics.itl().observe(seconds(now - prev));
+      prev = now;
+      if (logits && !tok.is_eog(id)) lps.push_back(token_logprob(logits, engine.vocab(), id, req.logprobs));
+      return !abandon();
+    };
+    auto on_text = [&](const std::string& piece) {
+      if (sse) {
+        const json lp = req.logprobs >= 0 ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
+        send_event(chunk(k, piece, false, nullptr, lp));
+        lps.clear();
+        lps_offset = text.size() + piece.size();
+      }
+      text += piece;
+    };
+
+    std::optional<GenerateResult> r;
+    try {
+      r = engine.run(*tickets[k], job, on_text, abandon);
+    } catch (const std::exception& e) {
+      log_warn("serve: ", rid.id, ": ", e.what());
+      fail(ApiError(500, "server_error", "", "", str("generation failed: ", e.what())));
       return;
     }
-    fail(shutting_down());  // the server is stopping: say so to a client that is still there
-    return;
+    tickets[k].reset();  // this prompt's place in the queue is given up
+    if (!r || r->stop_reason == StopReason::cancelled) {
+      if (ex.gone) {
+        metrics.cancelled();
+        ex.finish();
+        return;
+      }
+      fail(shutting_down());  // the server is stopping: say so to a client that is still there
+      return;
+    }
+    usage.prompt_tokens += int(job.prompt.size());
+    usage.completion_tokens += int(r->tokens.size());
+    metrics.tokens(int(job.prompt.size()), int(r->tokens.size()));
+    const char* finish = finish_reason(r->stop_reason);
+    if (sse) {
+      const json lp = req.logprobs >= 0 && !lps.empty() ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
+      send_event(chunk(k, "", false, finish, lp));
+    } else {
+      const json lp = req.logprobs >= 0 ? logprobs_json(ep, tok, lps, 0) : json(nullptr);
+      json one = response_json(ep, rid, text, finish, Usage{}, lp)["choices"][0];
+      one["index"] = k;
+      choices.push_back(std::move(one));
+    }
   }
-
-  const Usage usage{int(job.prompt.size()), int(r->tokens.size())};
-  metrics.tokens(usage.prompt_tokens, usage.completion_tokens);
-  const char* finish = finish_reason(r->stop_reason);
   if (sse) {
-    const json lp = req.logprobs >= 0 && !lps.empty() ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
-    send_event(chunk_json(ep, rid, "", false, finish, lp, req.include_usage));
     if (req.include_usage) send_event(usage_chunk_json(ep, rid, usage));
     ex.push("data: [DONE]\n\n");
     ex.finish();
   } else {
-    const json lp = req.logprobs >= 0 ? logprobs_json(ep, tok, lps, 0) : json(nullptr);
-    ex.respond(200, dump(response_json(ep, rid, text, finish, usage, lp)) + "\n", "application/json");
+    json resp = response_json(ep, rid, "", "stop", usage, nullptr);
+    resp["choices"] = std::move(choices);
+    ex.respond(200, dump(resp) + "\n", "application/json");
   }
 }
 
