@@ -701,25 +701,34 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
   }
 
   const char* prompt_param = ep == Endpoint::chat ? "messages" : "prompt";
-  // The prompts: one, or a completions batch (each its own choice).
-  std::vector<ApiRequest::Prompt> inputs{{r.prompt, r.prompt_ids, r.prompt_is_ids}};
-  inputs.insert(inputs.end(), r.more_prompts.begin(), r.more_prompts.end());
-  std::vector<Job> jobs;
-  for (const ApiRequest::Prompt& in : inputs) {
-    ApiRequest one = r;  // small: the prompt fields are replaced below
-    one.more_prompts.clear();
-    one.prompt = in.text;
-    one.prompt_ids = in.ids;
-    one.prompt_is_ids = in.is_ids;
-    // No token holds more than max_piece_bytes bytes of text, so a prompt of
-    // more than ctx * max_piece_bytes bytes cannot fit: refused before the
-    // tokenizer spends time and memory on it.
-    size_t text_bytes = one.prompt_is_ids ? 0 : one.prompt.size();
-    for (const ChatMessage& m : one.messages) text_bytes += m.content.size();
+  // No token holds more than max_piece_bytes bytes of text, so a prompt of
+  // more than ctx * max_piece_bytes bytes cannot fit: refused before the
+  // tokenizer (or a copy) spends time and memory on it.
+  auto check_bytes = [&](size_t text_bytes) {
     if (text_bytes > size_t(o.ctx) * max_piece_bytes)
       throw ApiError(400, "invalid_request_error", "context_length_exceeded", prompt_param,
                      str("this model's maximum context length is ", o.ctx, " tokens (--ctx), but the prompt has ",
                          text_bytes, " bytes of text, more than that many tokens can hold; shorten the prompt"));
+  };
+  {
+    size_t chat_bytes = 0;
+    for (const ChatMessage& m : r.messages) chat_bytes += m.content.size();
+    check_bytes(chat_bytes);
+    check_bytes(r.prompt.size());
+    for (const ApiRequest::Prompt& in : r.more_prompts) check_bytes(in.text.size());
+  }
+  // The prompts: one, or a completions batch (each its own choice).
+  std::vector<ApiRequest::Prompt> inputs{{r.prompt, r.prompt_ids, r.prompt_is_ids}};
+  inputs.insert(inputs.end(), r.more_prompts.begin(), r.more_prompts.end());
+  std::vector<Job> jobs;
+  for (ApiRequest::Prompt& in : inputs) {
+    ApiRequest one;  // what prompt_tokens reads
+    one.endpoint = r.endpoint;
+    one.messages = std::move(r.messages);  // chat: one prompt; generate() does not read them
+    one.enable_thinking = r.enable_thinking;
+    one.prompt = std::move(in.text);
+    one.prompt_ids = std::move(in.ids);
+    one.prompt_is_ids = in.is_ids;
 
     std::vector<TokenId> prompt = prompt_tokens(one, engine.tokenizer(), o.chat_template, engine.vocab());
     const int n = int(prompt.size());
@@ -976,7 +985,7 @@ Server::Server(Engine& engine, ServerOptions opts) : impl_(std::make_unique<Impl
   m.started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const Tokenizer& tok = engine.tokenizer();
   for (int i = 0; i < tok.vocab_size(); ++i) m.max_piece_bytes = std::max(m.max_piece_bytes, tok.bytes_of(i).size());
-  m.body_budget = std::max<size_t>(4 * m.o.max_body, 1u << 20);
+  m.body_budget = std::max<size_t>(2 * m.o.max_body, 1u << 20);
   // Request bodies and prompts are large, short-lived blocks allocated on
   // one thread and freed on another. glibc raises its mmap threshold after
   // each large free (up to 32 MiB), after which such blocks come from the

@@ -9,7 +9,7 @@
 // (--max-header-bytes), never a thread. Each connection's request head must
 // arrive within --head-timeout and its body within --body-timeout; idle keep-alive connections close after
 // --idle-timeout; at most --max-connections are open. Request bodies are
-// bounded one by one (--max-body) and together (4 x --max-body in flight);
+// bounded one by one (--max-body) and together (2 x --max-body in flight);
 // parsing and tokenizing run on a small fixed pool, never on the event loop.
 //
 // A completion's output goes from its generation thread into a per-request
