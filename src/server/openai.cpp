@@ -83,7 +83,8 @@ std::string get_string(const json& o, const char* name, const std::string& dflt)
 
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
 std::string message_content(const json& c, const std::string& where) {
-  if (c.is_string()) return c.get<std::string>();
+  // Moved out of the request's JSON (parse_request's own, read once).
+  if (c.is_string()) return std::move(const_cast<json&>(c).get_ref<std::string&>());
   if (!c.is_array()) bad_request(where, "'", where, "' must be a string or an array of text parts, not ", type_name(c));
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
@@ -145,7 +146,9 @@ void parse_prompt(const json& body, ApiRequest& r) {
   auto one = [&](const json& v) {
     ApiRequest::Prompt out;
     if (v.is_string()) {
-      out.text = v.get<std::string>();
+      // Moved out of the request's JSON (parse_request's own, read once): a
+      // prompt of megabytes is not copied.
+      out.text = std::move(const_cast<json&>(v).get_ref<std::string&>());
     } else if (v.is_array()) {
       out.ids = ids_of(v);
       out.is_ids = true;
@@ -168,8 +171,8 @@ void parse_prompt(const json& body, ApiRequest& r) {
   } else {
     bad_request("prompt", "'prompt' must be a string, an array of token ids or an array of prompts, not ", type_name(*p));
   }
-  r.prompt = all[0].text;
-  r.prompt_ids = all[0].ids;
+  r.prompt = std::move(all[0].text);
+  r.prompt_ids = std::move(all[0].ids);
   r.prompt_is_ids = all[0].is_ids;
   r.more_prompts.assign(all.begin() + 1, all.end());
 }

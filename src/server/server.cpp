@@ -718,8 +718,16 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
     for (const ApiRequest::Prompt& in : r.more_prompts) check_bytes(in.text.size());
   }
   // The prompts: one, or a completions batch (each its own choice).
-  std::vector<ApiRequest::Prompt> inputs{{r.prompt, r.prompt_ids, r.prompt_is_ids}};
-  inputs.insert(inputs.end(), r.more_prompts.begin(), r.more_prompts.end());
+  // (Copied only when echo needs them again; else moved: a prompt can be megabytes.)
+  std::vector<ApiRequest::Prompt> inputs;
+  if (r.echo) {
+    inputs.push_back({r.prompt, r.prompt_ids, r.prompt_is_ids});
+    inputs.insert(inputs.end(), r.more_prompts.begin(), r.more_prompts.end());
+  } else {
+    inputs.push_back({std::move(r.prompt), std::move(r.prompt_ids), r.prompt_is_ids});
+    for (ApiRequest::Prompt& in : r.more_prompts) inputs.push_back(std::move(in));
+    r.more_prompts.clear();
+  }
   std::vector<Job> jobs;
   for (ApiRequest::Prompt& in : inputs) {
     ApiRequest one;  // what prompt_tokens reads
