@@ -11,6 +11,7 @@
 #include "server/fair_queue.hpp"
 #include "server/metrics.hpp"
 #include "server/openai.hpp"
+#include "server/server.hpp"
 
 using namespace kvq;
 using namespace kvq::server;
@@ -144,8 +145,26 @@ TEST(ServerApi, BadRequestsNameTheField) {
       {P, R"({"prompt": 5})", 400, "prompt", ""},
       {P, R"({"prompt": [1, "a"]})", 400, "prompt", ""},
       {P, R"({"prompt": [-1]})", 400, "prompt", ""},
-      {P, R"({"prompt": ["a", "b"]})", 400, "prompt", "unsupported_parameter"},
-      {P, R"({"prompt": "x", "echo": true})", 400, "echo", "unsupported_parameter"},
+      {P, R"({"prompt": ["a", 5]})", 400, "prompt", ""},
+      {P, R"({"prompt": ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a", "a"]})", 400,
+       "prompt", ""},  // 17 prompts: at most 16
+      {P, R"({"prompt": "x", "echo": 1})", 400, "echo", ""},
+      // Numbers beyond a double's range are the client's malformed JSON, not a 500.
+      {C, ("{" + m + R"(, "temperature": 1e309})"), 400, "", "invalid_json"},
+      {P, R"({"prompt": "x", "max_tokens": -1e400})", 400, "", "invalid_json"},
+      // Fields that would change the answer: served, or refused naming the field (never ignored).
+      {C, ("{" + m + R"(, "grammar": "root ::= \"a\""})"), 400, "grammar", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "json_schema": {"type": "object"}})"), 400, "json_schema", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "guided_json": {"type": "object"}})"), 400, "guided_json", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "guided_regex": "a+"})"), 400, "guided_regex", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "min_tokens": 5})"), 400, "min_tokens", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "tool_choice": "required"})"), 400, "tool_choice", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "tools": {}})"), 400, "tools", ""},
+      {C, ("{" + m + R"(, "logit_bias": []})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "ignore_eos": "yes"})"), 400, "ignore_eos", ""},
+      {C, ("{" + m + R"(, "stop_token_ids": [-1]})"), 400, "stop_token_ids", ""},
+      {C, ("{" + m + R"(, "stop_token_ids": 5})"), 400, "stop_token_ids", ""},
+      {C, ("{" + m + R"(, "response_format": {"type": "json_object"}})"), 400, "response_format", "unsupported_parameter"},
       {P, R"({"prompt": "x", "logprobs": 50})", 400, "logprobs", ""},
   };
   for (const Case& c : cases) {
@@ -173,13 +192,18 @@ TEST(ServerApi, ErrorEnvelopeAndResponseShapes) {
   EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["total_tokens"], 7);
-  const json first = chunk_json(Endpoint::chat, rid, "", true, nullptr, nullptr, nullptr);
+  const json first = chunk_json(Endpoint::chat, rid, "", true, nullptr, nullptr);
   EXPECT_EQ(first["choices"][0]["delta"], json::parse(R"({"role": "assistant", "content": ""})"));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
-  const json last = chunk_json(Endpoint::chat, rid, "", false, "length", nullptr, nullptr);
+  const json last = chunk_json(Endpoint::chat, rid, "", false, "length", nullptr);
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
+  // Usage only in the usage chunk: no key without stream_options.include_usage, null with it.
+  EXPECT_FALSE(first.contains("usage"));
+  EXPECT_FALSE(last.contains("usage"));
+  const json last_u = chunk_json(Endpoint::chat, rid, "", false, "length", nullptr, /*usage_null=*/true);
+  EXPECT_TRUE(last_u.contains("usage") && last_u["usage"].is_null());
   const json text = chunk_json(Endpoint::completion, new_response_id(Endpoint::completion, "m"), "x", false, nullptr,
-                               nullptr, nullptr);
+                               nullptr);
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["text"], "x");
   EXPECT_EQ(usage_chunk_json(Endpoint::chat, rid, Usage{1, 1})["choices"], json::array());
@@ -298,4 +322,35 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   EXPECT_TRUE(has("kvq_requests_running 1"));
   EXPECT_TRUE(has("kvq_kv_cache_bytes 12345"));
   EXPECT_EQ(t.back(), '\n');
+}
+
+TEST(ServerApi, CheapFieldsAreServed) {
+  const Defaults d;
+  const ApiRequest r = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}],
+      "ignore_eos": true, "stop_token_ids": [3, 7], "min_tokens": 0, "logit_bias": {}, "tools": [],
+      "tool_choice": "none"})", d);
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<TokenId>{3, 7}));
+  const ApiRequest p = parse_request(Endpoint::completion, R"({"prompt": "x", "echo": true})", d);
+  EXPECT_TRUE(p.echo);
+  const ApiRequest b = parse_request(Endpoint::completion, R"({"prompt": ["a", [5, 6], "c"]})", d);
+  EXPECT_EQ(b.prompt, "a");
+  EXPECT_FALSE(b.prompt_is_ids);
+  ASSERT_EQ(b.more_prompts.size(), 2u);
+  EXPECT_EQ(b.more_prompts[0].ids, (std::vector<TokenId>{5, 6}));
+  EXPECT_TRUE(b.more_prompts[0].is_ids);
+  EXPECT_EQ(b.more_prompts[1].text, "c");
+}
+
+TEST(ServerApi, APublicBindWithoutAKeyIsWarnedAbout) {
+  ServerOptions o;
+  o.host = "0.0.0.0";
+  EXPECT_NE(startup_warnings(o).find("--api-key"), std::string::npos);
+  o.api_key = "k";
+  EXPECT_EQ(startup_warnings(o), "");
+  o.api_key.clear();
+  for (const char* h : {"127.0.0.1", "localhost", "::1"}) {
+    o.host = h;
+    EXPECT_EQ(startup_warnings(o), "") << h;
+  }
 }

@@ -3,20 +3,7 @@
 // streaming equals non-streaming, every bad input is a 4xx with OpenAI's
 // envelope and the server keeps serving, the queue bound is a 429, and a
 // client that disconnects stops its generation and frees its cache.
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <omp.h>
-
-#include <atomic>
-#include <chrono>
-#include <thread>
-
-#include "backend/cpu/cpu_backend.hpp"
-#include "engine/session.hpp"
-#include "gguf/gguf.hpp"
-#include "model/forward.hpp"
-#include "server/server.hpp"
-#include "tokenizer/tokenizer.hpp"
+#include "server_test_util.hpp"
 
 using namespace kvq;
 using namespace kvq::server;
@@ -24,94 +11,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string kModel = std::string(KVQ_SOURCE_DIR) + "/models/kvq-tiny-code.gguf";
-const char* const kJson = "application/json";
-
-// One compute thread, here and on the engine thread: ctest runs other suites
-// beside this one, and OpenMP teams on a shared core mostly wait.
-void one_thread() { omp_set_num_threads(1); }
-
-struct Model_ {
-  Model_() { one_thread(); }
-  std::unique_ptr<Backend> backend = cpu::make_cpu_backend();
-  std::unique_ptr<Model> model = Model::open(kModel, *backend);
-  Tokenizer tok = Tokenizer::from_gguf(*model->file());
-  int vocab() const { return std::min(tok.vocab_size(), model->config().vocab_size); }
-};
-
-Model_& tiny() {
-  static Model_ m;
-  return m;
-}
-
-// A server over the tiny model on a free loopback port, serving on a thread.
-struct Served {
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Server> server;
-  std::thread thread;
-  int port = 0;
-
-  explicit Served(ServerOptions o = {}, int max_queue = 4, int ctx = 256) {
-    Model_& m = tiny();
-    SessionFactory factory = [&m](const std::string& codec, int ctx, std::function<void(int, int)> on_chunk) {
-      kv::CodecOptions c;
-      c.kv = codec.empty() ? "none" : codec;
-      SessionOptions so;
-      so.ctx = ctx;
-      so.on_prefill_progress = std::move(on_chunk);
-      return std::make_unique<Session>(*m.model, m.backend->make_cache(c, m.model->cache_shape(ctx)), &m.tok, so);
-    };
-    EngineSetup setup;
-    setup.make_session = factory;
-    setup.max_waiting = max_queue;
-    setup.thread_init = one_thread;
-    engine = std::make_unique<Engine>(m.tok, m.vocab(), setup);
-    o.port = 0;
-    o.model_id = "tiny";
-    o.default_codec = "none";
-    o.ctx = ctx;
-    o.chat_template = ChatTemplate::chatml;
-    server = std::make_unique<Server>(*engine, o);
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-  }
-  ~Served() {
-    server->stop();
-    thread.join();
-  }
-  httplib::Client client(const std::string& key = "") const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(120, 0);
-    if (!key.empty()) c.set_bearer_token_auth(key.c_str());
-    return c;
-  }
-  httplib::Result post(const std::string& path, const std::string& body, const std::string& key = "") const {
-    return client(key).Post(path.c_str(), body, kJson);
-  }
-  json post_json(const std::string& path, const json& body, int want_status = 200) const {
-    auto r = post(path, body.dump());
-    EXPECT_TRUE(r) << path;
-    if (!r) return json();
-    EXPECT_EQ(r->status, want_status) << r->body;
-    return json::parse(r->body);
-  }
-  // Polls GET /metrics until `pred` holds on its text (bounded: a stuck server fails the test).
-  bool metrics_until(const std::function<bool(const std::string&)>& pred) const {
-    for (int i = 0; i < 600; ++i) {
-      auto r = client().Get("/metrics");
-      if (r && pred(r->body)) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
-  }
-};
-
-// The value of an un-labelled metric line "name value".
-double metric(const std::string& text, const std::string& name) {
-  const size_t at = text.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + name.size() + 2));
-}
+using namespace kvq::server::testing;
 
 // The engine's own greedy answer for a prompt.
 std::string reference(const std::vector<TokenId>& prompt, int n) {
@@ -185,7 +85,7 @@ TEST(ServerHttp, ChatAnswersLikeTheEngineAndStreamsTheSameText) {
   EXPECT_EQ(text, want);
   const json fin = json::parse(events[events.size() - 3]);
   EXPECT_EQ(fin["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(fin["usage"], r["usage"]);
+  EXPECT_TRUE(fin.contains("usage") && fin["usage"].is_null());  // OpenAI: null but in the usage chunk
   const json usage = json::parse(events[events.size() - 2]);  // stream_options.include_usage
   EXPECT_EQ(usage["choices"], json::array());
   EXPECT_EQ(usage["usage"], r["usage"]);
@@ -309,7 +209,7 @@ TEST(ServerHttp, BadInputIsA4xxWithTheErrorEnvelopeAndTheServerKeepsServing) {
       {"POST", "/v1/completions", long_prompt, 400, "context_length_exceeded"},
       {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 1000})", 400, "context_length_exceeded"},
       {"POST", "/v1/completions", std::string(70 * 1024, ' '), 413, "request_too_large"},
-      {"GET", "/v1/chat/completions", "", 404, "unknown_url"},
+      {"GET", "/v1/chat/completions", "", 405, "method_not_allowed"},
       {"GET", "/nothing/here", "", 404, "unknown_url"},
       {"GET", "/v1/models/other", "", 404, "model_not_found"},
   };
@@ -342,7 +242,7 @@ TEST(ServerHttp, BadInputIsA4xxWithTheErrorEnvelopeAndTheServerKeepsServing) {
   auto m = s.client().Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("kvq_requests_total{route=\"/v1/completions\",status=\"413\"} 1"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("kvq_requests_total{route=\"other\",status=\"404\"} 2"), std::string::npos);
+  EXPECT_NE(m->body.find("kvq_requests_total{route=\"other\",status=\"404\"} 1"), std::string::npos) << m->body;
 }
 
 TEST(ServerHttp, ApiKeyIsRequiredOnV1Routes) {
@@ -423,4 +323,111 @@ TEST(ServerHttp, APortInUseIsAnError) {
   Server second(*s.engine, o);
   EXPECT_THROW(second.bind(), Error);  // not a silent second listener (SO_REUSEPORT)
   EXPECT_EQ(s.client().Get("/health")->status, 200);
+}
+
+// 405 with Allow for a wrong method on a known path; CORS only behind
+// --cors; the auth scheme in any case; tokenize / detokenize; the cheap
+// generation fields (ignore_eos, stop_token_ids, echo); usage only with
+// include_usage.
+TEST(ServerHttp, MethodsCorsAuthSchemeTokenizeAndCheapFields) {
+  ServerOptions o;
+  o.api_key = "s3cret";
+  o.cors_origin = "https://app.example";
+  Served s(o);
+  auto r = s.client().Get("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "method_not_allowed");
+  r = s.client().Post("/health", "", kJson);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  // Preflight: no key needed, the origin and methods allowed.
+  r = s.client().Options("/v1/chat/completions",
+                         {{"Origin", "https://app.example"}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_NE(r->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  // "bearer" in lower case, and extra spaces, are fine (RFC 9110: the scheme is case-insensitive).
+  const std::string body = json{{"prompt", "def f():"}, {"max_tokens", 3}, {"temperature", 0}}.dump();
+  for (const char* h : {"bearer s3cret", "BEARER s3cret", "Bearer   s3cret"}) {
+    r = s.client().Post("/v1/completions", {{"Authorization", h}}, body, kJson);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << h << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  }
+  r = s.client().Post("/v1/completions", {{"Authorization", "Basic s3cret"}}, body, kJson);
+  EXPECT_EQ(r->status, 401);
+
+  // tokenize / detokenize round trip.
+  r = s.client().Post("/tokenize", json{{"prompt", "def add(a, b):"}}.dump(), kJson);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json t = json::parse(r->body);
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  EXPECT_EQ(t["tokens"].get<std::vector<TokenId>>(), tiny().tok.encode("def add(a, b):", false));
+  r = s.client().Post("/detokenize", json{{"tokens", t["tokens"]}}.dump(), kJson);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["prompt"], "def add(a, b):");
+  r = s.client().Post("/detokenize", json{{"tokens", {-1}}}.dump(), kJson);
+  EXPECT_EQ(r->status, 400);
+
+  auto post = [&](const json& b) {
+    auto res = s.client("s3cret").Post("/v1/completions", b.dump(), kJson);
+    EXPECT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body);
+  };
+  // echo: the prompt starts the text.
+  const json plain = post({{"prompt", "def f():"}, {"max_tokens", 4}, {"temperature", 0}});
+  const json echoed = post({{"prompt", "def f():"}, {"max_tokens", 4}, {"temperature", 0}, {"echo", true}});
+  EXPECT_EQ(echoed["choices"][0]["text"], "def f():" + plain["choices"][0]["text"].get<std::string>());
+  // stop_token_ids: the first greedy token (found from its logprobs entry) ends generation.
+  const json lp = post({{"prompt", "def f():"}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 0}});
+  const std::string first_piece = lp["choices"][0]["logprobs"]["tokens"][0].get<std::string>();
+  TokenId first = -1;
+  for (int id = 0; id < tiny().vocab() && first < 0; ++id)
+    if (tiny().tok.bytes_of(id) == first_piece) first = id;
+  ASSERT_GE(first, 0) << first_piece;
+  const json stopped = post({{"prompt", "def f():"}, {"max_tokens", 4}, {"temperature", 0}, {"stop_token_ids", {first}}});
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], 1) << stopped;
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  // ignore_eos: runs to max_tokens even where greedy would end.
+  const json ig = post({{"prompt", "x"}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(ig["usage"]["completion_tokens"], 40);
+  // A batch of prompts: one choice each, in order, as if sent alone; usage summed.
+  const json other = post({{"prompt", "x = 1"}, {"max_tokens", 4}, {"temperature", 0}});
+  const json batch = post({{"prompt", json::array({"def f():", "x = 1"})}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(batch["choices"].size(), 2u) << batch;
+  EXPECT_EQ(batch["choices"][0]["index"], 0);
+  EXPECT_EQ(batch["choices"][1]["index"], 1);
+  EXPECT_EQ(batch["choices"][0]["text"], plain["choices"][0]["text"]);
+  EXPECT_EQ(batch["choices"][1]["text"], other["choices"][0]["text"]);
+  EXPECT_EQ(batch["usage"]["completion_tokens"],
+            plain["usage"]["completion_tokens"].get<int>() + other["usage"]["completion_tokens"].get<int>());
+  r = s.client("s3cret").Post("/v1/completions",
+                              json{{"prompt", json::array({"def f():", "x = 1"})}, {"max_tokens", 4}, {"temperature", 0},
+                                   {"stream", true}}.dump(), kJson);
+  ASSERT_TRUE(r);
+  std::string streamed[2];
+  for (const std::string& d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    const json c = json::parse(d);
+    streamed[c["choices"][0]["index"].get<int>()] += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed[0], plain["choices"][0]["text"]);
+  EXPECT_EQ(streamed[1], other["choices"][0]["text"]);
+  // Streamed without include_usage: no chunk has a usage key.
+  r = s.client("s3cret").Post("/v1/completions",
+                              json{{"prompt", "def f():"}, {"max_tokens", 3}, {"stream", true}}.dump(), kJson);
+  ASSERT_TRUE(r);
+  int chunks = 0;
+  for (const std::string& d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    EXPECT_FALSE(json::parse(d).contains("usage")) << d;
+    ++chunks;
+  }
+  EXPECT_GE(chunks, 2);
 }

@@ -4,7 +4,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev \
-  libsqlite3-dev libpcre2-dev libicu-dev libcpp-httplib-dev gnuplot-nox clang libclang-rt-14-dev"
+  libsqlite3-dev libpcre2-dev libicu-dev libcpp-httplib-dev libmicrohttpd-dev gnuplot-nox clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 # Node.js + npm (reference tokenizers in tools/tokref): any installation will do;

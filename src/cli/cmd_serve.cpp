@@ -1,11 +1,16 @@
 // kvq serve: an OpenAI-compatible HTTP server over one model (src/server/).
 // Prints "kvq serve: listening on http://HOST:PORT" on stderr once it accepts
-// requests; SIGINT/SIGTERM stop it (running generations are cancelled).
+// requests. SIGINT/SIGTERM stop it gracefully: no new connections, /health
+// 503, running requests finish within --drain-timeout and are then cancelled.
+// A second signal exits at once.
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -37,6 +42,14 @@ int serve(ServeArgs& a) {
     kv::resolve_codec(c);
   }
 
+  // Connections cost a descriptor each: allow as many as the hard limit does.
+  {
+    rlimit r{};
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+      r.rlim_cur = r.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &r);
+    }
+  }
   // SIGINT/SIGTERM are taken by a waiting thread (blocked here before any
   // other thread exists, so every thread inherits the mask).
   sigset_t stop_signals;
@@ -94,20 +107,34 @@ int serve(ServeArgs& a) {
   server::Server srv(engine, so);
   const int port = srv.bind();
 
-  std::thread signals([&srv, stop_signals] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    std::fprintf(stderr, "kvq serve: stopping (signal %d)\n", sig);
-    srv.stop();
-  });
-  signals.detach();  // blocked in sigwait until a signal; ends with the process
-
   std::fprintf(stderr, "kvq serve: model '%s', context %d tokens, kv %s, chat template %s, max queue %d\n",
                so.model_id.c_str(), ctx, so.default_codec.c_str(), chat_template_name(so.chat_template), a.max_queue);
   if (!so.api_key.empty()) std::fprintf(stderr, "kvq serve: /v1/* require the API key (Authorization: Bearer ...)\n");
+  std::fputs(server::startup_warnings(so).c_str(), stderr);
   std::fprintf(stderr, "kvq serve: listening on http://%s:%d\n", so.host.c_str(), port);
   std::fflush(stderr);
-  srv.listen();
+
+  // The server runs on its own threads; this one waits for the signals.
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "kvq serve: stopping (signal %d): draining for up to %g s; a second signal exits now\n", sig,
+               so.drain_timeout_s);
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    srv.stop();
+    stopped = true;
+  });
+  const timespec tick{0, 100 * 1000 * 1000};
+  while (!stopped) {
+    siginfo_t info;
+    if (sigtimedwait(&stop_signals, &info, &tick) > 0) {
+      std::fprintf(stderr, "kvq serve: second signal (%d): exiting now\n", info.si_signo);
+      std::fflush(stderr);
+      std::_Exit(128 + info.si_signo);
+    }
+  }
+  stopper.join();
+  std::fprintf(stderr, "kvq serve: stopped\n");
   return 0;
 }
 
@@ -132,6 +159,41 @@ KVQ_REGISTER_COMMAND("serve", "OpenAI-compatible HTTP server (chat/completions, 
                            ->capture_default_str();
                        app.add_option("--max-body", a->max_body_mib, "Largest request body in MiB; larger get HTTP 413")
                            ->capture_default_str();
+                       auto& o = a->server;
+                       app.add_option("--cors", o.cors_origin,
+                                      "Allow browsers from this origin (e.g. https://app.example or *): CORS headers "
+                                      "and preflight answers");
+                       app.add_option("--drain-timeout", o.drain_timeout_s,
+                                      "Seconds running requests may finish after SIGTERM/SIGINT before they are cancelled")
+                           ->capture_default_str()
+                           ->check(CLI::Range(0.0, 3600.0));
+                       app.add_option("--head-timeout", o.head_timeout_s,
+                                      "Seconds a connection has to send a request head (line and headers)")
+                           ->capture_default_str()
+                           ->check(CLI::Range(0.1, 3600.0));
+                       app.add_option("--body-timeout", o.body_timeout_s,
+                                      "Seconds a request body has to arrive after its head")
+                           ->capture_default_str()
+                           ->check(CLI::Range(0.1, 3600.0));
+                       app.add_option("--idle-timeout", o.idle_timeout_s,
+                                      "Seconds without traffic after which a connection is closed")
+                           ->capture_default_str()
+                           ->check(CLI::Range(1, 86400));
+                       app.add_option("--max-connections", o.max_connections,
+                                      "Open connections; more are closed at once")
+                           ->capture_default_str()
+                           ->check(CLI::Range(1, 1000000));
+                       app.add_option("--max-headers", o.max_headers, "Request header lines; more get HTTP 431")
+                           ->capture_default_str()
+                           ->check(CLI::Range(1, 10000));
+                       app.add_option("--max-header-bytes", o.max_header_bytes,
+                                      "Bytes of a request head; more get HTTP 431")
+                           ->capture_default_str()
+                           ->check(CLI::Range(size_t(8) << 10, size_t(16) << 20));
+                       app.add_option("--parse-threads", o.parse_threads,
+                                      "Threads that parse and tokenize requests (bounds their memory)")
+                           ->capture_default_str()
+                           ->check(CLI::Range(1, 256));
                        app.add_option("--model-name", a->model_name,
                                       "Model id clients use and /v1/models lists (default: the file name without .gguf)");
                        return [a] { return serve(*a); };

@@ -15,7 +15,8 @@ std::string num(double v) {
   return std::string(buf, r.ptr);
 }
 
-const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"};
+const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{id}",
+                               "/tokenize", "/detokenize", "/health", "/metrics"};
 
 }  // namespace
 

@@ -83,7 +83,8 @@ std::string get_string(const json& o, const char* name, const std::string& dflt)
 
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
 std::string message_content(const json& c, const std::string& where) {
-  if (c.is_string()) return c.get<std::string>();
+  // Moved out of the request's JSON (parse_request's own, read once).
+  if (c.is_string()) return std::move(const_cast<json&>(c).get_ref<std::string&>());
   if (!c.is_array()) bad_request(where, "'", where, "' must be a string or an array of text parts, not ", type_name(c));
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
@@ -132,28 +133,48 @@ void parse_messages(const json& body, ApiRequest& r, const Defaults& d) {
 void parse_prompt(const json& body, ApiRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required: a string or an array of token ids");
-  auto ids_from = [&](const json& a) {
+  auto ids_of = [&](const json& a) {
+    std::vector<TokenId> ids;
     for (const json& v : a) {
       if (!v.is_number_integer()) bad_request("prompt", "'prompt' as an array must hold only integer token ids");
       const int64_t id = v.get<int64_t>();
       if (id < 0 || id > INT32_MAX) bad_request("prompt", "'prompt' holds the token id ", id, ", which is out of range");
-      r.prompt_ids.push_back(TokenId(id));
+      ids.push_back(TokenId(id));
     }
-    r.prompt_is_ids = true;
+    return ids;
   };
+  auto one = [&](const json& v) {
+    ApiRequest::Prompt out;
+    if (v.is_string()) {
+      // Moved out of the request's JSON (parse_request's own, read once): a
+      // prompt of megabytes is not copied.
+      out.text = std::move(const_cast<json&>(v).get_ref<std::string&>());
+    } else if (v.is_array()) {
+      out.ids = ids_of(v);
+      out.is_ids = true;
+    } else {
+      bad_request("prompt", "a prompt of a batch must be a string or an array of token ids, not ", type_name(v));
+    }
+    return out;
+  };
+  std::vector<ApiRequest::Prompt> all;
   if (p->is_string()) {
-    r.prompt = p->get<std::string>();
+    all.push_back(one(*p));
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
-    ids_from(*p);
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    r.prompt = (*p)[0].get<std::string>();
-  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
-    ids_from((*p)[0]);
-  } else if (p->is_array() && p->size() > 1) {
-    unsupported("prompt", "one prompt per request (batches of prompts are not served; send them as separate requests)");
+    all.push_back(one(*p));
+  } else if (p->is_array() && !p->empty()) {
+    // A batch: each prompt gets its own choice (index = its position).
+    if (p->size() > ApiRequest::kMaxPrompts)
+      bad_request("prompt", "'prompt' has ", p->size(), " prompts; at most ", ApiRequest::kMaxPrompts,
+                  " per request");
+    for (const json& v : *p) all.push_back(one(v));
   } else {
-    bad_request("prompt", "'prompt' must be a string or an array of token ids, not ", type_name(*p));
+    bad_request("prompt", "'prompt' must be a string, an array of token ids or an array of prompts, not ", type_name(*p));
   }
+  r.prompt = std::move(all[0].text);
+  r.prompt_ids = std::move(all[0].ids);
+  r.prompt_is_ids = all[0].is_ids;
+  r.more_prompts.assign(all.begin() + 1, all.end());
 }
 
 std::vector<std::string> parse_stop(const json& body, const std::vector<std::string>& dflt) {
@@ -191,9 +212,10 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
   json b;
   try {
     b = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& pe) {
+  } catch (const json::exception& pe) {
     // nlohmann's message names the byte offset and what it expected (invalid
-    // UTF-8 in a string is reported here too).
+    // UTF-8 in a string is reported here too; a number beyond a double's
+    // range, 1e309, is an out_of_range error, also the client's fault).
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
                    str("the request body is not valid JSON: ", pe.what()));
   }
@@ -209,20 +231,45 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
 
   // Options kvq does not implement: refused rather than silently ignored.
   if (get_int(b, "n", 1, 1, 128) != 1) unsupported("n", "one choice per request (n = 1)");
-  if (field(b, "tools") && !field(b, "tools")->empty()) unsupported("tools", "tool calling is not implemented");
+  // Fields that would change the answer are served or refused, never ignored.
+  for (const char* name : {"grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "guided_decoding_backend", "structured_outputs", "regex"})
+    if (field(b, name)) unsupported(name, "structured output (grammars, schemas) is not implemented");
+  if (const json* t = field(b, "tools")) {
+    if (!t->is_array()) bad_request("tools", "'tools' must be an array, not ", type_name(*t));
+    if (!t->empty()) unsupported("tools", "tool calling is not implemented");
+  }
+  if (const json* tc = field(b, "tool_choice")) {
+    if (!tc->is_string() || (tc->get<std::string>() != "none" && tc->get<std::string>() != "auto"))
+      unsupported("tool_choice", "tool calling is not implemented (only \"none\" and \"auto\", which mean no tool)");
+  }
   if (field(b, "functions")) unsupported("functions", "function calling is not implemented");
+  if (field(b, "function_call")) unsupported("function_call", "function calling is not implemented");
   if (const json* rf = field(b, "response_format")) {
     if (!rf->is_object() || get_string(*rf, "type", "text") != "text")
       unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schemas)");
   }
-  if (const json* lb = field(b, "logit_bias"); lb && !lb->empty()) unsupported("logit_bias", "not implemented");
+  if (const json* lb = field(b, "logit_bias")) {
+    if (!lb->is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias, not ", type_name(*lb));
+    if (!lb->empty()) unsupported("logit_bias", "biasing tokens is not implemented (an empty object is accepted)");
+  }
+  if (get_int(b, "min_tokens", 0, 0, INT32_MAX) != 0) unsupported("min_tokens", "not implemented (0 is accepted)");
+  r.ignore_eos = get_bool(b, "ignore_eos", false);
+  if (const json* st = field(b, "stop_token_ids")) {
+    if (!st->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (st->size() > 64) bad_request("stop_token_ids", "'stop_token_ids' has ", st->size(), " ids; at most 64");
+    for (const json& v : *st) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        bad_request("stop_token_ids", "'stop_token_ids' must hold only non-negative integer token ids");
+      r.stop_token_ids.push_back(TokenId(v.get<int64_t>()));
+    }
+  }
   if (e == Endpoint::completion) {
-    if (get_bool(b, "echo", false)) unsupported("echo", "the prompt is not echoed");
+    r.echo = get_bool(b, "echo", false);
     if (get_int(b, "best_of", 1, 1, 128) != 1) unsupported("best_of", "one candidate per request");
     if (!get_string(b, "suffix", "").empty()) unsupported("suffix", "no fill-in-the-middle");
   }
 
-  // Sampling.
   r.sampling = d.sampling;
   SamplingParams& s = r.sampling;
   s.temperature = get_float(b, "temperature", s.temperature, 0.0, 2.0);
@@ -393,7 +440,7 @@ json response_json(Endpoint e, const ResponseId& rid, const std::string& text, c
 }
 
 json chunk_json(Endpoint e, const ResponseId& rid, const std::string& text, bool first, const char* finish,
-                const json& logprobs, const Usage* usage) {
+                const json& logprobs, bool usage_null) {
   json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
   if (e == Endpoint::chat) {
     json delta = json::object();
@@ -409,7 +456,7 @@ json chunk_json(Endpoint e, const ResponseId& rid, const std::string& text, bool
             {"model", rid.model},
             {"system_fingerprint", "kvq-" KVQ_VERSION},
             {"choices", json::array({choice})}};
-  if (usage) c["usage"] = usage_json(*usage);
+  if (usage_null) c["usage"] = nullptr;
   return c;
 }
 

@@ -78,6 +78,18 @@ struct ApiRequest {
   int logprobs = -1;                  // -1: none; else alternatives listed per token
   std::string kv_codec;               // empty: the server's --kv
   bool enable_thinking = true;        // chat_template_kwargs.enable_thinking
+  bool ignore_eos = false;            // generate past end-of-generation tokens
+  std::vector<TokenId> stop_token_ids;  // more tokens that end generation
+  bool echo = false;                  // completions: the prompt text starts the answer
+  // Completions with a batch of prompts: prompts 2..n (prompt / prompt_ids
+  // hold the first); each is generated in turn and answered as its own choice.
+  struct Prompt {
+    std::string text;
+    std::vector<TokenId> ids;
+    bool is_ids = false;
+  };
+  static constexpr size_t kMaxPrompts = 16;
+  std::vector<Prompt> more_prompts;
 };
 
 // Parses and checks a request body. Malformed JSON (invalid UTF-8 included),
@@ -124,9 +136,11 @@ ResponseId new_response_id(Endpoint e, const std::string& model);
 json response_json(Endpoint e, const ResponseId& rid, const std::string& text, const char* finish,
                    const Usage& usage, const json& logprobs);
 // One streamed chunk of choice 0: `text` appended; role set in the first chat
-// chunk; finish non-null in the last (which also carries usage).
+// chunk; finish non-null in the last. usage_null: "usage": null, as OpenAI
+// sends on every chunk but the usage chunk when stream_options.include_usage
+// is set (without it, chunks have no usage key).
 json chunk_json(Endpoint e, const ResponseId& rid, const std::string& text, bool first, const char* finish,
-                const json& logprobs, const Usage* usage);
+                const json& logprobs, bool usage_null = false);
 // The chunk stream_options.include_usage asks for: no choices, usage only.
 json usage_chunk_json(Endpoint e, const ResponseId& rid, const Usage& usage);
 

@@ -1,11 +1,23 @@
-// `kvq serve`'s HTTP side: OpenAI-compatible routes over cpp-httplib.
+// `kvq serve`'s HTTP side: OpenAI-compatible routes over GNU libmicrohttpd.
 //
 //   POST /v1/chat/completions, /v1/completions   (stream: true -> server-sent events, then [DONE])
+//   POST /tokenize, /detokenize                  (token ids of a text, text of token ids)
 //   GET  /v1/models, /health, /metrics           (metrics: Prometheus text)
 //
-// Requests wait for the model in a fair FIFO (Engine); beyond --max-queue
-// waiting they get 429. A client that goes away stops its generation (its
-// KV cache is freed). Every error is a 4xx/5xx with OpenAI's error envelope.
+// One event-loop thread (epoll) owns every connection: an idle or slow
+// connection costs a file descriptor and a bounded memory pool
+// (--max-header-bytes), never a thread. Each connection's request head must
+// arrive within --head-timeout and its body within --body-timeout; idle keep-alive connections close after
+// --idle-timeout; at most --max-connections are open. Request bodies are
+// bounded one by one (--max-body) and together (2 x --max-body in flight);
+// parsing and tokenizing run on a small fixed pool, never on the event loop.
+//
+// A completion's output goes from its generation thread into a per-request
+// channel (Exchange) that the event loop drains into the socket: the engine
+// never writes to sockets. Requests wait for the model in a fair FIFO
+// (Engine); beyond --max-queue waiting they get 429. A client that goes away
+// (seen through the socket, whatever the response's encoding) stops its
+// generation. Every error is a 4xx/5xx with OpenAI's error envelope.
 #pragma once
 
 #include <cstddef>
@@ -28,8 +40,23 @@ struct ServerOptions {
   std::string default_codec;       // --kv, reported by /v1/models
   ChatTemplate chat_template = ChatTemplate::chatml;
   Defaults defaults;               // sampling and length when a request leaves them out
-  int http_threads = 0;            // 0: enough for --max-queue waiting + running + spare
+
+  // Limits on what a client can hold (see the comment at the top).
+  double head_timeout_s = 10;      // a request head (line + headers) must arrive within this
+  double body_timeout_s = 60;      // a request body must arrive within this (from the end of its head)
+  int idle_timeout_s = 60;         // a connection with no traffic for this long is closed
+  int max_connections = 1024;      // open connections; more are closed at accept
+  int max_headers = 100;           // request header lines; more get 431
+  size_t max_header_bytes = 32u << 10;  // request head size; more get 431
+  int parse_threads = 2;           // threads that parse and tokenize requests
+  int backlog = 0;                 // listen backlog; 0: 4 x (max queue) + 512, capped at 4096
+  std::string cors_origin;         // non-empty: CORS headers for this origin (--cors), preflight answered
+  double drain_timeout_s = 30;     // stop(): in-flight requests may finish for this long
 };
+
+// Lines `kvq serve` prints at start about risky options (a public bind
+// without an API key); empty when there is nothing to say.
+std::string startup_warnings(const ServerOptions& o);
 
 class Server {
  public:
@@ -38,14 +65,18 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds host:port (port 0 picks a free one) and returns the port; a port in
-  // use or a bad host is a kvq::Error.
+  // Binds host:port (port 0 picks a free one), starts accepting and returns
+  // the port; a port in use or a bad host is a kvq::Error.
   int bind();
-  // Serves until stop(); call bind() first.
+  // Blocks until stop() has finished; call bind() first.
   void listen();
-  // Stops accepting, makes waiting requests give up and running ones stop;
-  // listen() returns. Safe from any thread.
+  // Stops accepting new connections at once; /health answers 503 and new
+  // completions 503 on connections still open; in-flight requests may finish
+  // for drain_timeout_s (default: the options'), then are cancelled; then
+  // every connection closes and listen() returns. Safe from any thread; a
+  // second call while the first drains cancels at once.
   void stop();
+  void stop(double drain_timeout_s);
   int port() const;
 
  private:

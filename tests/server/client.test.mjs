@@ -182,3 +182,39 @@ test('--api-key: /v1 needs the bearer key, /health does not', async () => {
     assert.equal(await keyed.stop(), 0);
   }
 });
+
+test('an SDK abort of a non-streamed request cancels it (the SDK sends Accept-Encoding: gzip)', async () => {
+  const before = await metric(srv.url, 'kvq_requests_cancelled_total');
+  const ac = new AbortController();
+  const req = client.completions.create({ model: MODEL, prompt: 'x = 1\nx = 1\nx = 1\n', max_tokens: 480, temperature: 0 },
+                                        { signal: ac.signal });
+  await until(async () => (await metric(srv.url, 'kvq_requests_running')) === 1, 'the request to run');
+  ac.abort();
+  await assert.rejects(req);
+  await until(async () => (await metric(srv.url, 'kvq_requests_cancelled_total')) === before + 1, 'the cancellation', 20);
+  await until(async () => (await metric(srv.url, 'kvq_requests_running')) === 0, 'the engine to be free', 20);
+});
+
+test('SIGTERM drains a running request; a second signal exits at once', async () => {
+  const s1 = await startServer(['--ctx', '1024', '--drain-timeout', '60']);
+  const c1 = new OpenAI({ baseURL: s1.baseURL, apiKey: 'unused', maxRetries: 0 });
+  const running = c1.completions.create({ model: MODEL, prompt: 'x = 1\nx = 1\nx = 1\n', max_tokens: 40, temperature: 0 });
+  await until(async () => (await metric(s1.url, 'kvq_requests_running')) === 1, 'the request to run');
+  s1.kill('SIGTERM');
+  const r = await running;  // finished, not cancelled
+  assert.equal(r.usage.completion_tokens, 40);
+  assert.equal(await s1.exited, 0);
+
+  const s2 = await startServer(['--ctx', '4096', '--drain-timeout', '600']);
+  const c2 = new OpenAI({ baseURL: s2.baseURL, apiKey: 'unused', maxRetries: 0 });
+  const endless = c2.completions.create({ model: MODEL, prompt: 'x = 1\nx = 1\nx = 1\n', max_tokens: 3000, temperature: 0 });
+  endless.catch(() => {});
+  await until(async () => (await metric(s2.url, 'kvq_requests_running')) === 1, 'the request to run');
+  s2.kill('SIGTERM');
+  await new Promise((res) => setTimeout(res, 300));
+  assert.ok(s2.alive(), 'draining, not gone');
+  const t0 = Date.now();
+  s2.kill('SIGTERM');
+  assert.equal(await s2.exited, 128 + 15);
+  assert.ok(Date.now() - t0 < 10_000);
+});

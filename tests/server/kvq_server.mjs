@@ -39,6 +39,8 @@ export async function startServer(args = []) {
       child.kill('SIGTERM');
       return exited;
     },
+    kill: (sig) => child.kill(sig),
+    exited,
   };
 }
 
