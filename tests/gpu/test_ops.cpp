@@ -199,8 +199,8 @@ TEST_F(CudaOps, ArgmaxRowsFollowsTheGreedyRule) {
         if (rows > 2)
           for (int i = 0; i < n; ++i) x[2 * stride + size_t(i)] = i % 2 ? -INFINITY : std::nanf("");
       }
-      std::vector<int32_t> want(size_t(rows)), got(size_t(rows));
-      std::vector<float> want_v(size_t(rows)), got_v(size_t(rows));
+      std::vector<int32_t> want(static_cast<size_t>(rows)), got(static_cast<size_t>(rows));
+      std::vector<float> want_v(static_cast<size_t>(rows)), got_v(static_cast<size_t>(rows));
       cpu_be->argmax_rows(x.data(), rows, size_t(n), stride, want.data(), want_v.data());
       Guarded dx(x.size(), &x);
       gpu->argmax_rows(dx.data(), rows, size_t(n), stride, got.data(), got_v.data());
