@@ -180,7 +180,7 @@ namespace {
 // max_chunk_len keys (0: no limit).
 void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int n, int len, int max_chunk_len,
                       const float* q, int n_heads, float scale, float* out, AttentionScratch& scratch,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const DeviceContext& ctx) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   const char* why = nullptr;
   KVQ_CHECK(flash_attention_supported(n_heads, n_kv, D, &why), Errc::unsupported, "GPU attention: ", why, " (",
@@ -193,7 +193,7 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
 
   // Enough CTAs to fill the GPU twice over, within the partial-state budget.
   const int base = n_kv * q_tiles;
-  int chunks_wanted = std::max(1, (2 * sm_count() + base - 1) / base);
+  int chunks_wanted = std::max(1, (2 * ctx.sm_count() + base - 1) / base);
   const size_t per_chunk = size_t(n) * n_heads * (D + 2);
   chunks_wanted = int(std::max<size_t>(1, std::min<size_t>(chunks_wanted, kPartialBudgetFloats / per_chunk)));
   int chunk_len = (len + chunks_wanted - 1) / chunks_wanted;
@@ -226,11 +226,11 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   p.scale = scale * 1.4426950408889634f;
 
   const size_t smem = smem_floats(G * Tq, D) * sizeof(float);
-  static size_t smem_configured = 0;
-  if (smem > 48 * 1024 && smem > smem_configured) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(flash_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_configured = smem;
-  }
+  if (smem > 48 * 1024)
+    ctx.kernels().raise_limit(reinterpret_cast<const void*>(flash_attn_kernel), smem, [](size_t bytes) {
+      KVQ_CUDA_CHECK(
+          cudaFuncSetAttribute(flash_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    });
   const dim3 grid(n_kv, q_tiles, n_chunks);
   flash_attn_kernel<<<grid, kThreads, smem, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
@@ -341,7 +341,8 @@ AttentionChoice checked_choice(const GpuKvLayer& layer, int n_heads, bool decode
 
 // The bf16 rows prefill attends to: the store itself for `none`, else its
 // prefix [0, len) dequantized into the scratch.
-KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream) {
+KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream,
+                         const DeviceContext& ctx) {
   if (layer.is_bf16()) return bf16_view(layer);
   // Capacity rounded up so that growing contexts reallocate rarely.
   const int cap = std::min(layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
@@ -351,14 +352,14 @@ KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scr
     scratch.prefix_v.resize(need);
   }
   KvLayerView view{scratch.prefix_k.data(), scratch.prefix_v.data(), layer.n_kv_heads, layer.head_dim, cap};
-  dequantize_kv_bf16(layer, len, view, stream);
+  dequantize_kv_bf16(layer, len, view, stream, ctx);
   return view;
 }
 
 }  // namespace
 
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream) {
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
   checked_choice(layer, n_heads, n == 1);
@@ -368,15 +369,15 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
   // kernel for the other (bf16) shapes.
   if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
       flash_decode_instance_exists(layer.head_dim, layer.k, layer.v)) {
-    flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
+    flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream, nullptr, ctx);
     return;
   }
-  const KvLayerView rows = n == 1 ? bf16_view(layer) : prefill_rows(layer, pos + n, scratch, stream);
+  const KvLayerView rows = n == 1 ? bf16_view(layer) : prefill_rows(layer, pos + n, scratch, stream, ctx);
   if (n > 1 && flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim)) {
-    flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream);
+    flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream, 0, ctx);
     return;
   }
-  launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
+  launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream, ctx);
 }
 
 bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out) {
@@ -385,11 +386,12 @@ bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, co
 }
 
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep) {
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep,
+                               const DeviceContext& ctx) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
   checked_choice(layer, n_heads, true);
   if (flash_attention_decode_takes_raw_q(layer, n_heads, q, out)) {
-    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep);
+    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep, ctx);
     return;
   }
   KVQ_CHECK(!prep, Errc::internal, "flash_attention_decode_at: a raw q for a kernel that cannot prepare it");
@@ -398,7 +400,7 @@ void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, cons
   // that exist still spread over enough CTAs; chunks past the position exit
   // at once.
   launch_attention(bf16_view(layer), 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out,
-                   scratch, stream);
+                   scratch, stream, ctx);
 }
 
 }  // namespace kvq::cuda

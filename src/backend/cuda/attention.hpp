@@ -40,6 +40,7 @@
 #include <string>
 
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/cuda/kv_store.hpp"
 #include "backend/cuda/rope_params.hpp"
 
@@ -75,7 +76,8 @@ bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
 
 // Dequantizes rows [0, n_tokens) of every KV head of the store into bf16
 // rows laid out as `dst` (dst.max_tokens >= n_tokens). kv_encode.cu.
-void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream);
+void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
+                        const DeviceContext& ctx = default_context());
 
 // ---- kernel selection: the one place that says which kernel runs a case.
 struct AttentionCase {
@@ -119,7 +121,7 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const 
 // n > 1 with a shape flash_attention_prefill_supported() accepts runs
 // flash_attention_prefill() (attention_prefill.hpp).
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream);
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 // Decode attention (one query token) at the position *pos_dev (device memory,
 // already range-checked) with a work split that depends only on the cache's
@@ -134,7 +136,8 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
 // raw and the tensor-core kernel prepares it; only where
 // flash_attention_decode_takes_raw_q().
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr,
+                               const DeviceContext& ctx = default_context());
 bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out);
 
 }  // namespace kvq::cuda

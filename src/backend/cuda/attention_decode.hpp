@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/cuda/kv_store.hpp"
 
 namespace kvq::cuda {
@@ -42,26 +43,10 @@ bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl,
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out);
 
 // The number of key splits (gridDim.x) a decode launch of this shape uses when
-// the position is only known on the device; depends on the shape, the GPU and
-// the cache capacity, never on the position.
-int flash_decode_splits(const GpuKvLayer& layer, int n_heads);
-
-// Tiles per warp whose K and V rows the decode kernel asks L2 for before
-// waiting for its predecessor (0: none). Default 1 (CudaOptions::
-// attn_prefetch_tiles); read at each launch.
-int decode_prefetch_tiles();
-void set_decode_prefetch_tiles(int tiles);
-
-// CTAs the split count leaves out of the resident wave for the store's
-// encode running beside a fused-q launch (default 8); read by
-// flash_decode_splits(). Kernel lab knob (an A/B of the split count).
-int decode_split_reserve();
-void set_decode_split_reserve(int ctas);
-
-// Kernel lab: later launches fold their CTAs' global-timer readings into
-// these 12 device uint64 (min/max pairs: CTA start, wait returned, Q
-// fragments built, key loop done, arrival counted, merge done); null stops.
-void flash_decode_trace(unsigned long long* events);
+// the position is only known on the device; depends on the shape, the GPU,
+// the cache capacity and ctx.settings.decode_split_reserve, never on the
+// position.
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx = default_context());
 
 // Decode attention of one query token at position pos (or *pos_dev when
 // pos_dev is set: device memory, already range-checked; the launch then does
@@ -70,7 +55,9 @@ void flash_decode_trace(unsigned long long* events);
 // before recording a graph).
 // prep: the fused q path (rope_params.hpp): q is raw, the kernel norms and
 // rotates it and waits for its predecessor only before the step's own row.
+// ctx.settings: attn_prefetch_tiles, decode_split_reserve, decode_trace.
 void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
+                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr,
+                  const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda
