@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     cuda::AttentionScratch scratch;
     cuda::DeviceBuffer<int> pos_dev(1);
     const float scale = 0.08838834764831845f;
-    const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, q.data(), out.data());
+    const cuda::AttentionPlan plan = cuda::choose_attention(cuda::AttentionCase::of(layer, n_heads, true));
+    const bool tensor_core =
+        plan.kernel == cuda::AttentionKernel::decode_tc || plan.kernel == cuda::AttentionKernel::decode_km;
     std::printf("decode kernel: %s", tensor_core ? "tensor-core split-KV" : "general (CUDA cores)");
     if (tensor_core) std::printf(", %d splits x %d KV heads", cuda::flash_decode_splits(layer, n_heads), n_kv);
     std::printf("\n");

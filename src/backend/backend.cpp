@@ -17,7 +17,7 @@
 #include "kv/block.hpp"
 
 #ifdef KVQ_HAVE_CUDA
-#include "backend/cuda/attention.hpp"
+#include "backend/cuda/attention_plan.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #endif
 
@@ -128,23 +128,14 @@ GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v
                                   int n_kv_heads) {
   GpuCodecSupport r;
 #ifdef KVQ_HAVE_CUDA
-  cuda::AttentionCase c;
-  c.head_dim = head_dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.k = k.family;
-  c.v = v.family;
-  c.k_bits = k.bits;
-  c.v_bits = v.bits;
-  c.k_qjl = k.qjl;
-  c.decode = true;
-  const cuda::AttentionChoice dec = cuda::attention_support(c);
-  c.decode = false;
-  const cuda::AttentionChoice pre = cuda::attention_support(c);
-  r.supported = dec.supported && pre.supported;
-  r.decode_kernel = dec.kernel;
-  r.prefill_kernel = pre.kernel;
-  r.why = !dec.supported ? dec.why : pre.why;
+  const cuda::AttentionPlan dec =
+      cuda::choose_attention(cuda::AttentionCase::of(k, v, head_dim, n_heads, n_kv_heads, true));
+  const cuda::AttentionPlan pre =
+      cuda::choose_attention(cuda::AttentionCase::of(k, v, head_dim, n_heads, n_kv_heads, false));
+  r.supported = dec.supported() && pre.supported();
+  r.decode_kernel = dec.name();
+  r.prefill_kernel = pre.name();
+  r.why = !dec.supported() ? dec.why : pre.why;
 #else
   (void)k, (void)v, (void)head_dim, (void)n_heads, (void)n_kv_heads;
   r.why = "built without CUDA";

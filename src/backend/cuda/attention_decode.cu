@@ -834,8 +834,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 // bytes). The default set covers every named codec at head_dim 128 (the
 // Qwen3 / Llama shape) and the seam's bf16 / q8 shapes;
 // KVQ_ALL_KERNEL_INSTANCES adds head_dim 64 and 256 for every named codec
-// and the mixed bf16 / q8 pairs. flash_decode_instance_exists() answers from
-// this same list.
+// and the mixed bf16 / q8 pairs. find_decode_instance() (choose_attention)
+// answers from this same list.
 #define KVQ_DECODE_NAMED_INSTANCES(X, d) \
   X(d, q8, 8, false, turbo, 4)                  \
   X(d, q8, 8, false, turbo, 3)                  \
@@ -982,16 +982,16 @@ int instance_for(const GpuKvLayer& layer) {
 
 }  // namespace
 
-bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
-  return find_instance(head_dim, k, k_bits, k_qjl, v, v_bits) >= 0;
-}
-bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v) {
-  return find_instance(head_dim, k.family, k.bits, k.has_qjl, v.family, v.bits) >= 0;
+DecodeInstance find_decode_instance(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits,
+                                    int G) {
+  DecodeInstance r;
+  r.index = find_instance(head_dim, k, k_bits, k_qjl, v, v_bits);
+  r.keys_major = r.index >= 0 && variant_of(r.index, G).keys_major;
+  return r;
 }
 
-bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits, int G) {
-  const int i = find_instance(head_dim, k, k_bits, k_qjl, v, v_bits);
-  return i >= 0 && variant_of(i, G).keys_major;
+bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
+  return find_instance(head_dim, k, k_bits, k_qjl, v, v_bits) >= 0;
 }
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
@@ -1017,16 +1017,19 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContex
   return std::max(n, 1);
 }
 
-void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep,
-                  const DeviceContext& ctx) {
+void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q,
+                  int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
+                  const QPrep* prep, const DeviceContext& ctx) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
-            n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
+            n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ") or q / out not 16-byte aligned");
   KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
             " outside the cache capacity of ", layer.max_tokens);
-  const int index = instance_for(layer);
+  const int index = plan.instance;
   const int G = n_heads / n_kv;
+  KVQ_CHECK(index >= 0 && index < kNumInstances && kInstances[index].D == D && plan.of.n_heads == n_heads &&
+                variant_of(index, G).keys_major == (plan.kernel == AttentionKernel::decode_km),
+            Errc::internal, "flash_decode: a plan made for another store or shape");
   int n_splits = flash_decode_splits(layer, n_heads, ctx);
   // A known position needs no more splits than it has key tiles to share
   // (fewer partial states to merge); a device position gets the full split.

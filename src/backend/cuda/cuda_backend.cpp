@@ -292,13 +292,11 @@ class CudaBackend final : public Backend {
       pos_dev = step_dev_.data() + 1;
       note_recorded_cache(g);
     }
-    // In a step whose attention can take q raw, q is left to it (QPrep):
-    // the store's encode then runs beside the attention instead of before it.
-    // Not for a bf16 store, whose copy is shorter than what the fused path
-    // adds (the attention's CTAs start only once the projection is done and
-    // each prepares q): measured slower, docs/perf.md.
-    const bool q_in_attention = in_step_ && options().attn_fused_q && qk_rope_store_encodes(g.view()) &&
-                                flash_attention_decode_takes_raw_q(g.view(), n_heads, q, q);
+    // In a step whose attention plan takes q raw (AttentionPlan::fused_q), q
+    // is left to it (QPrep): the store's encode then runs beside the
+    // attention instead of before it.
+    const bool q_in_attention = in_step_ && options().attn_fused_q &&
+                                choose_attention(AttentionCase::of(g.view(), n_heads, true)).fused_q;
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
                   r.pos_scale, g.view(), stream_, q_in_attention, ctx_);
     pending_q_ = {};

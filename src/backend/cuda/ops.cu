@@ -429,9 +429,13 @@ void add(float* x, const float* y, size_t n, cudaStream_t stream) {
 }
 
 
-bool qk_rope_store_encodes(const GpuKvLayer& kv) {
+namespace {
+// True when the store's rows are encoded (any block but bf16 on both sides):
+// the kernel then runs the codec's encoder, not a copy.
+bool store_encodes(const GpuKvLayer& kv) {
   return !(kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 && !kv.k.has_qjl && !kv.v.has_qjl);
 }
+}  // namespace
 
 bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
@@ -448,7 +452,7 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
   const int grid = (warps * 32 + 127) / 128;
   // No store, or plain bf16 on both sides (the kernel writes bf16 straight
   // from its registers): the lean instance.
-  const bool lean = !kv.k.code || !qk_rope_store_encodes(kv);
+  const bool lean = !kv.k.code || !store_encodes(kv);
   const RopeParams rope{inv_freq, neox, pos_scale};
   const auto launch = [&](auto kernel) {
     launch_dependent(ctx, kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention,

@@ -58,13 +58,11 @@ void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, f
 // arithmetic as rms_norm + rope + write_kv. q [n_heads][head_dim], k and v
 // [n_kv_heads][head_dim] fp32 device memory. q_in_attention: q is left
 // as it is, for a decode attention given the matching QPrep
-// (attention_decode.hpp) to norm and rotate itself; that attention may then
+// (attention_decode.hpp) to norm and rotate itself (where the attention's
+// plan says fused_q, attention_plan.hpp); that attention may then
 // start as soon as this kernel's predecessor has finished, overlapping the
 // store's encode with its keys.
 bool qk_rope_store_supported(int head_dim);
-// True when the store's rows are encoded (any block but bf16 on both sides):
-// qk_rope_store then runs the codec's encoder, not a copy.
-bool qk_rope_store_encodes(const GpuKvLayer& kv);
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
                    double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false,
