@@ -352,6 +352,7 @@ class CudaBackend final : public Backend {
   }
 
   void argmax_rows(const float* x, int rows, size_t n, size_t stride, int32_t* out, float* value) override {
+    ctx_.make_current();
     KVQ_CHECK(rows > 0 && n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", rows, " rows of ", n);
     if (rows_work_rows_ < rows) {
       rows_out_.resize(size_t(rows));
@@ -360,7 +361,7 @@ class CudaBackend final : public Backend {
       KVQ_CUDA_CHECK(cudaMemset(rows_work_.data(), 0, rows_work_.bytes()));
       rows_work_rows_ = rows;
     }
-    cuda::argmax_rows(x, rows, int(n), stride, rows_out_.data(), rows_value_.data(), rows_work_.data(), stream_);
+    cuda::argmax_rows(x, rows, int(n), stride, rows_out_.data(), rows_value_.data(), rows_work_.data(), stream_, ctx_);
     KVQ_CUDA_CHECK(cudaMemcpyAsync(out, rows_out_.data(), size_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                    stream_));
     KVQ_CUDA_CHECK(cudaMemcpyAsync(value, rows_value_.data(), size_t(rows) * sizeof(float), cudaMemcpyDeviceToHost,
