@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     cuda::AttentionScratch scratch;
     cuda::DeviceBuffer<int> pos_dev(1);
     const float scale = 0.08838834764831845f;
-    const bool tensor_core = cuda::flash_decode_supported(n_heads, n_kv, D, q.data(), out.data());
+    const cuda::AttentionPlan plan = cuda::choose_attention(cuda::AttentionCase::of(layer, n_heads, true));
+    const bool tensor_core =
+        plan.kernel == cuda::AttentionKernel::decode_tc || plan.kernel == cuda::AttentionKernel::decode_km;
     std::printf("decode kernel: %s", tensor_core ? "tensor-core split-KV" : "general (CUDA cores)");
     if (tensor_core) std::printf(", %d splits x %d KV heads", cuda::flash_decode_splits(layer, n_heads), n_kv);
     std::printf("\n");
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
     // The recorded step's launch against its L2 prefetch distance (tiles of a
     // warp; 0 = off). The table above used the default.
     {
-      const int defaults = cuda::decode_prefetch_tiles();
+      const int defaults = cuda::KernelSettings{}.attn_prefetch_tiles;
       const int dists[] = {0, 1, 2};
       std::printf("decode_at us by L2 prefetch distance (default %d):\n%8s", defaults, "context");
       for (int dist : dists) std::printf(" %9s%-3d", "prefetch ", dist);
@@ -116,15 +118,16 @@ int main(int argc, char** argv) {
         pos_dev.upload(std::vector<int>{L - 1});
         std::printf("%8d", L);
         for (int dist : dists) {
-          cuda::set_decode_prefetch_tiles(dist);
+          cuda::DeviceContext lab_ctx(cuda::current_device());  // the lab's own knobs
+          lab_ctx.settings.attn_prefetch_tiles = dist;
           const double ms = lab::time_ms([&] { cuda::flash_attention_decode_at(layer, pos_dev.data(), q.data(), n_heads,
-                                                                           scale, out.data(), scratch, nullptr); },
+                                                                           scale, out.data(), scratch, nullptr,
+                                                                           nullptr, lab_ctx); },
                                          iters);
           std::printf(" %12.1f", ms * 1e3);
         }
         std::printf("\n");
       }
-      cuda::set_decode_prefetch_tiles(defaults);
     }
     // Timeline of the recorded step's launch (default prefetch), us after the
     // first CTA's start: wait returned (first, last), Q fragments built (last),
@@ -142,10 +145,10 @@ int main(int argc, char** argv) {
         const int reps = 5;
         for (int r = 0; r < reps + 1; ++r) {
           trace.upload(init);
-          cuda::flash_decode_trace(trace.data());
+          cuda::DeviceContext traced(cuda::current_device());
+          traced.settings.decode_trace = trace.data();
           cuda::flash_attention_decode_at(layer, pos_dev.data(), q.data(), n_heads, scale, out.data(), scratch,
-                                          nullptr);
-          cuda::flash_decode_trace(nullptr);
+                                          nullptr, nullptr, traced);
           KVQ_CUDA_CHECK(cudaDeviceSynchronize());
           const auto e = trace.download();
           if (r == 0) continue;  // warm-up

@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
     xr.upload(std::vector<float>(hx.begin(), hx.begin() + d));
     act.upload(hx);
     constexpr int kEvents = 8;  // GemvRequest::trace
+    cuda::DeviceContext lab_ctx(cuda::current_device());  // the lab's own knobs (GEMV warps)
     auto fused_step = [&](unsigned long long* trace) {
       for (int l = 0; l < layers; ++l) {
         auto slot = [&](int i) { return trace ? trace + (4 * l + i) * kEvents : nullptr; };
@@ -142,13 +143,13 @@ int main(int argc, char** argv) {
         qkv.out[1] = {&mats[1][l], k.data()};
         qkv.out[2] = {&mats[2][l], v.data()};
         qkv.trace = slot(0);
-        cuda::gemv(qkv, nullptr);
+        cuda::gemv(qkv, nullptr, lab_ctx);
         cuda::GemvRequest o;
         o.x = q.data();
         o.out[0] = {&mats[3][l], xr.data()};
         o.epilogue = cuda::GemvEpilogue::add;
         o.trace = slot(1);
-        cuda::gemv(o, nullptr);
+        cuda::gemv(o, nullptr, lab_ctx);
         cuda::GemvRequest gu;
         gu.x = xr.data();
         gu.norm_weight = norm.data();
@@ -158,28 +159,28 @@ int main(int argc, char** argv) {
         gu.out[1] = {&mats[5][l], nullptr};
         gu.epilogue = cuda::GemvEpilogue::swiglu;
         gu.trace = slot(2);
-        cuda::gemv(gu, nullptr);
+        cuda::gemv(gu, nullptr, lab_ctx);
         cuda::GemvRequest down;
         down.x = act.data();
         down.out[0] = {&mats[6][l], xr.data()};
         down.epilogue = cuda::GemvEpilogue::add;
         down.trace = slot(3);
-        cuda::gemv(down, nullptr);
+        cuda::gemv(down, nullptr, lab_ctx);
       }
     };
     double bytes = 0;
     for (int kk = 0; kk < 7; ++kk) bytes += double(cuda::gemv_bytes(mats[kk][0])) * layers;
-    const cuda::GemvTuning defaults = cuda::gemv_tuning();
+    const int defaults = lab_ctx.settings.gemv_warps;
     // The fused step at 16 (the default) and 8 warps per CTA.
     for (int warps : {16, 8}) {
-      cuda::set_gemv_tuning({warps});
+      lab_ctx.settings.gemv_warps = warps;
       const double ms = lab::time_ms([&] { fused_step(nullptr); }, iters, 3);
       std::printf("fused: 4 launches per layer, %d layers, %d warps per CTA: %.3f ms, %.2f GB, %.0f GB/s = %.1f%% of "
                   "copy bandwidth\n",
                   layers, warps, ms, bytes / 1e9, bytes / (ms * 1e-3) / 1e9,
                   100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
     }
-    cuda::set_gemv_tuning(defaults);
+    lab_ctx.settings.gemv_warps = defaults;
     // Timeline of one fused step with the default tuning: per launch kind,
     // the mean over layers 1..35 of (us, relative to the previous launch's
     // last CTA end) the first (0) and last (1) CTA to start, to return from

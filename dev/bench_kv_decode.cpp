@@ -2,7 +2,7 @@
 // one layer of the Qwen3-8B / Bonsai-8B shape (32 query heads, 8 KV heads,
 // head_dim 128), the cache holding 65536 tokens as in the engine.
 //   kvq_bench_kv_decode [--hot] [--split-reserve N] [iters] [codec ...]
-//   (default codecs: a mix; --split-reserve: decode_split_reserve(), for an A/B)
+//   (default codecs: a mix; --split-reserve: KernelSettings::decode_split_reserve, for an A/B)
 // Per codec:
 //   append_us: the fused q/k-norm + RoPE + store launch (qk_rope_store) that
 //              writes the step's K and V rows: the codec's encode cost.
@@ -64,8 +64,10 @@ int main(int argc, char** argv) {
     int arg = 1;
     bool hot = false;
     if (arg < argc && std::string(argv[arg]) == "--hot") hot = true, ++arg;
+    // The lab's own device context: its knobs change only the launches given it.
+    cuda::DeviceContext lab_ctx(cuda::current_device());
     if (arg + 1 < argc && std::string(argv[arg]) == "--split-reserve")
-      cuda::set_decode_split_reserve(std::atoi(argv[arg + 1])), arg += 2;
+      lab_ctx.settings.decode_split_reserve = std::max(0, std::atoi(argv[arg + 1])), arg += 2;
     const int iters = arg < argc ? std::max(1, std::atoi(argv[arg++])) : 20;
     std::vector<std::string> codecs;
     for (; arg < argc; ++arg) codecs.push_back(argv[arg]);
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
       const double append = lab::time_ms(
           [&] {
             cuda::qk_rope_store(q.data(), k.data(), v.data(), n_heads, n_kv, D, q_norm.data(), k_norm.data(), 1e-6f,
-                                0, pos_dev.data(), inv_freq.data(), true, 1.0, layer.view(), nullptr);
+                                0, pos_dev.data(), inv_freq.data(), true, 1.0, layer.view(), nullptr, false, lab_ctx);
           },
           iters);
       q.upload(hq);  // the append launch normalised and rotated q in place
@@ -130,7 +132,7 @@ int main(int argc, char** argv) {
         const double ms = lab::time_ms(
             [&] {
               cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
-                                              layer.scratch(), nullptr);
+                                              layer.scratch(), nullptr, nullptr, lab_ctx);
             },
             iters, 2, before);
         us.push_back(ms * 1e3);
@@ -153,10 +155,10 @@ int main(int argc, char** argv) {
                                        [&] {
                                          cuda::qk_rope_store(q.data(), k.data(), v.data(), n_heads, n_kv, D,
                                                              q_norm.data(), k_norm.data(), 1e-6f, 0, pos_dev.data(),
-                                                             inv_freq.data(), true, 1.0, layer.view(), nullptr, fused);
+                                                             inv_freq.data(), true, 1.0, layer.view(), nullptr, fused, lab_ctx);
                                          cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(),
                                                                          n_heads, scale, out.data(), layer.scratch(),
-                                                                         nullptr, fused ? &prep : nullptr);
+                                                                         nullptr, fused ? &prep : nullptr, lab_ctx);
                                        },
                                        iters, 2, before));
         }
@@ -178,14 +180,13 @@ int main(int argc, char** argv) {
           ta.upload(init_a);
           tf.upload(init_f);
           before();
-          cuda::qk_rope_store_trace(ta.data());
-          cuda::flash_decode_trace(tf.data());
+          cuda::DeviceContext traced = lab_ctx;
+          traced.settings.qk_rope_store_trace = ta.data();
+          traced.settings.decode_trace = tf.data();
           cuda::qk_rope_store(q.data(), k.data(), v.data(), n_heads, n_kv, D, q_norm.data(), k_norm.data(), 1e-6f, 0,
-                              pos_dev.data(), inv_freq.data(), true, 1.0, layer.view(), nullptr, true);
+                              pos_dev.data(), inv_freq.data(), true, 1.0, layer.view(), nullptr, true, traced);
           cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
-                                          layer.scratch(), nullptr, &prep);
-          cuda::qk_rope_store_trace(nullptr);
-          cuda::flash_decode_trace(nullptr);
+                                          layer.scratch(), nullptr, &prep, traced);
           KVQ_CUDA_CHECK(cudaDeviceSynchronize());
           const auto a = ta.download(), f = tf.download();
           if (r == 0) continue;  // warm-up
@@ -207,10 +208,10 @@ int main(int argc, char** argv) {
       for (int r = 0; r < 6; ++r) {
         trace.upload(init);
         before();
-        cuda::flash_decode_trace(trace.data());
+        cuda::DeviceContext traced = lab_ctx;
+        traced.settings.decode_trace = trace.data();
         cuda::flash_attention_decode_at(layer.view(), pos_dev.data(), q.data(), n_heads, scale, out.data(),
-                                        layer.scratch(), nullptr);
-        cuda::flash_decode_trace(nullptr);
+                                        layer.scratch(), nullptr, nullptr, traced);
         KVQ_CUDA_CHECK(cudaDeviceSynchronize());
         const auto e = trace.download();
         if (r == 0) continue;  // warm-up

@@ -1,4 +1,7 @@
-// Default implementations of Backend's optional capabilities (backend.hpp).
+// Default implementations of Backend's optional capabilities, and the
+// device-independent entry points of backend.hpp: the --device factory and
+// the GPU codec question (both name every backend room, so they live above
+// them, not in one of them).
 #include "backend/backend.hpp"
 
 #include <algorithm>
@@ -9,7 +12,14 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
+#include "kv/block.hpp"
+
+#ifdef KVQ_HAVE_CUDA
+#include "backend/cuda/attention_plan.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#endif
 
 namespace kvq {
 
@@ -113,5 +123,38 @@ void Backend::begin_step(const StepBatch&) { no_step_graphs(name()); }
 void Backend::record_begin() { no_step_graphs(name()); }
 std::unique_ptr<StepGraph> Backend::record_end() { no_step_graphs(name()); }
 bool Backend::replay(const StepGraph&, kv::Cache&) { no_step_graphs(name()); }
+
+GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v, int head_dim, int n_heads,
+                                  int n_kv_heads) {
+  GpuCodecSupport r;
+#ifdef KVQ_HAVE_CUDA
+  const cuda::AttentionPlan dec =
+      cuda::choose_attention(cuda::AttentionCase::of(k, v, head_dim, n_heads, n_kv_heads, true));
+  const cuda::AttentionPlan pre =
+      cuda::choose_attention(cuda::AttentionCase::of(k, v, head_dim, n_heads, n_kv_heads, false));
+  r.supported = dec.supported() && pre.supported();
+  r.decode_kernel = dec.name();
+  r.prefill_kernel = pre.name();
+  r.why = !dec.supported() ? dec.why : pre.why;
+#else
+  (void)k, (void)v, (void)head_dim, (void)n_heads, (void)n_kv_heads;
+  r.why = "built without CUDA";
+#endif
+  return r;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options) {
+  if (device == "cpu") return cpu::make_cpu_backend();
+  if (device == "cuda") {
+#ifdef KVQ_HAVE_CUDA
+    return cuda::make_cuda_backend(options);
+#else
+    fail(Errc::unsupported,
+         "the CUDA backend is not available in this build (configure with -DKVQ_CUDA=ON where nvcc is "
+         "installed); use --device cpu");
+#endif
+  }
+  fail(Errc::invalid_argument, "unknown device '", device, "' (valid: cpu, cuda)");
+}
 
 }  // namespace kvq

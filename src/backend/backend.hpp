@@ -203,7 +203,7 @@ class Backend {
 
 // What the CUDA backend's kernels do for a codec (K and V blocks) at a model
 // shape, answered without a GPU from the one kernel-selection function
-// (cuda::attention_support); `kvq codecs` prints it as its GPU column and the
+// (cuda::choose_attention); `kvq codecs` prints it as its GPU column and the
 // CUDA cache asks the same question before allocating. Builds without CUDA
 // answer "unsupported: built without CUDA".
 struct GpuCodecSupport {

@@ -46,11 +46,10 @@ std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
   return step;
 }
 
-// Runs body once per launch variant (restoring the default): 16 and 8 warps
-// per CTA.
+// Runs body(ctx) once per launch variant, each a device context of its own:
+// 16 and 8 warps per CTA.
 template <typename Body>
 void for_each_kernel_variant(TensorType /*t*/, Body body) {
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
   struct Variant {
     const char* name;
     int warps;
@@ -58,20 +57,20 @@ void for_each_kernel_variant(TensorType /*t*/, Body body) {
   const Variant variants[] = {{"16 warps per CTA", 16}, {"8 warps per CTA", 8}};
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    cuda::set_gemv_tuning({v.warps});
-    body();
+    cuda::DeviceContext ctx(cuda::current_device());
+    ctx.settings.gemv_warps = v.warps;
+    body(ctx);
     if (::testing::Test::HasFatalFailure()) break;
   }
-  cuda::set_gemv_tuning(saved);
 }
 
-void check_gemv(const Case& c);
+void check_gemv(const Case& c, const cuda::DeviceContext& ctx);
 
 TEST_P(GemvTest, MatchesCpuReference) {
-  for_each_kernel_variant(GetParam().type, [&] { check_gemv(GetParam()); });
+  for_each_kernel_variant(GetParam().type, [&](const cuda::DeviceContext& ctx) { check_gemv(GetParam(), ctx); });
 }
 
-void check_gemv(const Case& c) {
+void check_gemv(const Case& c, const cuda::DeviceContext& ctx) {
   Rng rng(uint64_t(c.rows) * 131 + c.cols + int(c.type));
   const uint64_t rb = gguf::tensor_row_bytes(c.type, c.cols);
   std::vector<uint8_t> w(rb * c.rows);
@@ -109,7 +108,7 @@ void check_gemv(const Case& c) {
   for (int i = 0; i < sentinel; ++i) poison[c.rows + i] = 12345.0f + i;
   cuda::DeviceBuffer<float> dy(poison.size());
   dy.upload(poison);
-  cuda::gemv(gw, dx.data(), dy.data(), nullptr);
+  cuda::gemv(gw, dx.data(), dy.data(), nullptr, ctx);
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
   const auto y = dy.download();
   for (int r = 0; r < c.rows; ++r) {
@@ -164,13 +163,13 @@ class GemvFusedTest : public ::testing::TestWithParam<FusedCase> {
   }
 };
 
-void check_fused(const FusedCase& c);
+void check_fused(const FusedCase& c, const cuda::DeviceContext& ctx);
 
 TEST_P(GemvFusedTest, MatchesCpuReference) {
-  for_each_kernel_variant(GetParam().type, [&] { check_fused(GetParam()); });
+  for_each_kernel_variant(GetParam().type, [&](const cuda::DeviceContext& ctx) { check_fused(GetParam(), ctx); });
 }
 
-void check_fused(const FusedCase& c) {
+void check_fused(const FusedCase& c, const cuda::DeviceContext& ctx) {
   Rng rng(uint64_t(c.cols) * 7 + c.rows.size() * 3 + int(c.type) * 11 + int(c.epilogue) + (c.norm ? 5 : 0));
   const int n_out = int(c.rows.size());
   const uint64_t rb = gguf::tensor_row_bytes(c.type, c.cols);
@@ -225,7 +224,7 @@ void check_fused(const FusedCase& c) {
   req.n_out = n_out;
   req.epilogue = c.epilogue;
   for (int m = 0; m < n_out; ++m) req.out[m] = {&mats[m], dy[m].data()};
-  cuda::gemv(req, nullptr);
+  cuda::gemv(req, nullptr, ctx);
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
 
   auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };

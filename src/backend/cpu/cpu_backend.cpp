@@ -10,11 +10,6 @@
 #include "kv/block.hpp"
 #include "kv/cache.hpp"
 
-#ifdef KVQ_HAVE_CUDA
-#include "backend/cuda/attention.hpp"
-#include "backend/cuda/cuda_backend.hpp"
-#endif
-
 namespace kvq::cpu {
 
 namespace {
@@ -104,48 +99,6 @@ namespace kvq {
 
 std::unique_ptr<kv::Cache> Backend::make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) {
   return kv::make_cpu_cache(opts, shape);
-}
-
-GpuCodecSupport gpu_codec_support(const kv::BlockSpec& k, const kv::BlockSpec& v, int head_dim, int n_heads,
-                                  int n_kv_heads) {
-  GpuCodecSupport r;
-#ifdef KVQ_HAVE_CUDA
-  cuda::AttentionCase c;
-  c.head_dim = head_dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.k = k.family;
-  c.v = v.family;
-  c.k_bits = k.bits;
-  c.v_bits = v.bits;
-  c.k_qjl = k.qjl;
-  c.decode = true;
-  const cuda::AttentionChoice dec = cuda::attention_support(c);
-  c.decode = false;
-  const cuda::AttentionChoice pre = cuda::attention_support(c);
-  r.supported = dec.supported && pre.supported;
-  r.decode_kernel = dec.kernel;
-  r.prefill_kernel = pre.kernel;
-  r.why = !dec.supported ? dec.why : pre.why;
-#else
-  (void)k, (void)v, (void)head_dim, (void)n_heads, (void)n_kv_heads;
-  r.why = "built without CUDA";
-#endif
-  return r;
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& device, const BackendOptions& options) {
-  if (device == "cpu") return cpu::make_cpu_backend();
-  if (device == "cuda") {
-#ifdef KVQ_HAVE_CUDA
-    return cuda::make_cuda_backend(options);
-#else
-    fail(Errc::unsupported,
-         "the CUDA backend is not available in this build (configure with -DKVQ_CUDA=ON where nvcc is "
-         "installed); use --device cpu");
-#endif
-  }
-  fail(Errc::invalid_argument, "unknown device '", device, "' (valid: cpu, cuda)");
 }
 
 }  // namespace kvq

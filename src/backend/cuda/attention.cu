@@ -1,6 +1,6 @@
-// Kernel selection (attention_support, flash_attention) and the CUDA-core
-// split-KV flash attention over bf16 rows; see attention.hpp for the work
-// split. Shared memory per CTA (floats):
+// The attention launches (flash_attention, flash_attention_decode_at: each
+// runs the kernel choose_attention() plans) and the CUDA-core split-KV flash
+// attention over bf16 rows; see attention.hpp for the work split. Shared memory per CTA (floats):
 //   q_s  [R][D]          the CTA's query rows (R = G * Tq)
 //   kv_s [64][D + 1]     the current K tile, then the V tile (padded: the
 //                        score loop reads one key row per thread)
@@ -180,7 +180,7 @@ namespace {
 // max_chunk_len keys (0: no limit).
 void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int n, int len, int max_chunk_len,
                       const float* q, int n_heads, float scale, float* out, AttentionScratch& scratch,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const DeviceContext& ctx) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   const char* why = nullptr;
   KVQ_CHECK(flash_attention_supported(n_heads, n_kv, D, &why), Errc::unsupported, "GPU attention: ", why, " (",
@@ -193,7 +193,7 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
 
   // Enough CTAs to fill the GPU twice over, within the partial-state budget.
   const int base = n_kv * q_tiles;
-  int chunks_wanted = std::max(1, (2 * sm_count() + base - 1) / base);
+  int chunks_wanted = std::max(1, (2 * ctx.sm_count() + base - 1) / base);
   const size_t per_chunk = size_t(n) * n_heads * (D + 2);
   chunks_wanted = int(std::max<size_t>(1, std::min<size_t>(chunks_wanted, kPartialBudgetFloats / per_chunk)));
   int chunk_len = (len + chunks_wanted - 1) / chunks_wanted;
@@ -226,11 +226,11 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   p.scale = scale * 1.4426950408889634f;
 
   const size_t smem = smem_floats(G * Tq, D) * sizeof(float);
-  static size_t smem_configured = 0;
-  if (smem > 48 * 1024 && smem > smem_configured) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(flash_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_configured = smem;
-  }
+  if (smem > 48 * 1024)
+    ctx.kernels().raise_limit(reinterpret_cast<const void*>(flash_attn_kernel), smem, [](size_t bytes) {
+      KVQ_CUDA_CHECK(
+          cudaFuncSetAttribute(flash_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    });
   const dim3 grid(n_kv, q_tiles, n_chunks);
   flash_attn_kernel<<<grid, kThreads, smem, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
@@ -259,90 +259,22 @@ KvLayerView bf16_view(const GpuKvLayer& layer) {
 }
 
 namespace {
-const char* rotation_name(RotationKind k) {
-  switch (k) {
-    case RotationKind::hadamard: return "hadamard";
-    case RotationKind::isoclinic: return "isoclinic";
-    case RotationKind::rotor: return "rotor";
-    case RotationKind::givens: return "givens";
-    default: return "identity";
-  }
-}
-// The storage format a decode instance reads: "q8", "turbo3", "iso4" (rotor
-// and planar rows are iso rows), "fp8".
-std::string format_name(kv::Family f, int bits) {
-  const kv::Family s = storage_family(f);
-  return std::string(kv::family_name(s)) + (kv::family_has_bits(s) ? std::to_string(bits) : "");
-}
-}  // namespace
 
-AttentionChoice attention_support(const AttentionCase& c) {
-  AttentionChoice r;
-  const char* why = nullptr;
-  if (!flash_attention_supported(c.n_heads, c.n_kv_heads, c.head_dim, &why)) {
-    r.why = why;
-    return r;
-  }
-  const bool bf16 = c.k == kv::Family::bf16 && c.v == kv::Family::bf16;
-  const std::string blocks = std::string(kv::family_name(c.k)) + "," + kv::family_name(c.v);
-  if (!bf16 && !kv_encode_supported(c.k, c.v, c.head_dim)) {
-    r.why = "no GPU encode hooks for K " + std::string(kv::family_name(c.k)) + " / V " + kv::family_name(c.v) +
-            " at head_dim " + std::to_string(c.head_dim);
-    return r;
-  }
-  const int G = c.n_heads / c.n_kv_heads;
-  if (c.decode) {
-    const bool tc_shape = G >= 1 && G <= 16 && (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
-    if (tc_shape && flash_decode_instance_exists(c.head_dim, c.k, c.k_bits, c.k_qjl, c.v, c.v_bits)) {
-      r.supported = true;
-      // Rotated sides run their storage format's instance, which rotates q
-      // and un-rotates o itself (DecodeParams: q_rot / o_rot).
-      r.kernel = (is_rotated(c.k) ? std::string(rotation_name(rotation_kind(c.k))) + "(q)+" : std::string()) +
-                 (flash_decode_keys_major(c.head_dim, c.k, c.k_bits, c.k_qjl, c.v, c.v_bits, G) ? "flash_decode_km<"
-                                                                                          : "flash_decode_tc<") +
-                 std::to_string(c.head_dim) + "," + format_name(c.k, c.k_bits) +
-                 (c.k_qjl ? "+qjl" : "") + "," + format_name(c.v, c.v_bits) + ">" +
-                 (is_rotated(c.v) ? std::string("+") + rotation_name(rotation_kind(c.v)) + "^T(o)" : "");
-    } else if (bf16) {
-      r.supported = true;
-      r.kernel = "flash_cuda_core<bf16,bf16>";
-    } else {
-      r.why = "no fused decode kernel for K " + std::string(kv::family_name(c.k)) + " / V " + kv::family_name(c.v) +
-              " at head_dim " + std::to_string(c.head_dim) + ", GQA group " + std::to_string(G) +
-              (tc_shape ? " (not among the compiled instances; see -DKVQ_ALL_KERNEL_INSTANCES)" : "");
-    }
-    return r;
-  }
-  r.supported = true;
-  r.kernel = flash_attention_prefill_supported(c.n_heads, c.n_kv_heads, c.head_dim)
-                 ? "prefill_tc<" + std::to_string(c.head_dim) + ">"
-                 : std::string("flash_cuda_core");
-  if (!bf16) r.kernel = "dequant_bf16+" + r.kernel;
-  return r;
+// The plan for the store at n_heads; Errc::unsupported when there is none.
+AttentionPlan checked_plan(const GpuKvLayer& layer, int n_heads, bool decode) {
+  AttentionPlan plan = choose_attention(AttentionCase::of(layer, n_heads, decode));
+  KVQ_CHECK(plan.supported(), Errc::unsupported, "GPU attention: ", plan.why);
+  return plan;
 }
 
-namespace {
-
-AttentionChoice checked_choice(const GpuKvLayer& layer, int n_heads, bool decode) {
-  AttentionCase c;
-  c.head_dim = layer.head_dim;
-  c.n_heads = n_heads;
-  c.n_kv_heads = layer.n_kv_heads;
-  c.k = layer.k.family;
-  c.v = layer.v.family;
-  c.k_bits = layer.k.bits;
-  c.v_bits = layer.v.bits;
-  c.k_qjl = layer.k.has_qjl;
-  c.decode = decode;
-  AttentionChoice r = attention_support(c);
-  KVQ_CHECK(r.supported, Errc::unsupported, "GPU attention: ", r.why);
-  return r;
+bool runs_decode_instance(const AttentionPlan& plan) {
+  return plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
 }
 
-// The bf16 rows prefill attends to: the store itself for `none`, else its
-// prefix [0, len) dequantized into the scratch.
-KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream) {
-  if (layer.is_bf16()) return bf16_view(layer);
+// A quantized store's prefix [0, len) dequantized into the scratch: the bf16
+// rows prefill attends to (AttentionPlan::dequant_prefix).
+KvLayerView dequantized_prefix(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream,
+                               const DeviceContext& ctx) {
   // Capacity rounded up so that growing contexts reallocate rarely.
   const int cap = std::min(layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
   const size_t need = size_t(layer.n_kv_heads) * cap * layer.head_dim;
@@ -351,45 +283,37 @@ KvLayerView prefill_rows(const GpuKvLayer& layer, int len, AttentionScratch& scr
     scratch.prefix_v.resize(need);
   }
   KvLayerView view{scratch.prefix_k.data(), scratch.prefix_v.data(), layer.n_kv_heads, layer.head_dim, cap};
-  dequantize_kv_bf16(layer, len, view, stream);
+  dequantize_kv_bf16(layer, len, view, stream, ctx);
   return view;
 }
 
 }  // namespace
 
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream) {
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
             pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
-  checked_choice(layer, n_heads, n == 1);
-  // Decode: the tensor-core split-KV kernel (attention_decode.cu) over the
-  // packed store; prefill: the tensor-core flash kernel (attention_prefill.cu)
-  // over bf16 rows, each for the shapes it supports; this file's CUDA-core
-  // kernel for the other (bf16) shapes.
-  if (n == 1 && flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
-      flash_decode_instance_exists(layer.head_dim, layer.k, layer.v)) {
-    flash_decode(layer, pos, nullptr, q, n_heads, scale, out, scratch, stream);
+  const AttentionPlan plan = checked_plan(layer, n_heads, n == 1);
+  if (runs_decode_instance(plan)) {
+    flash_decode(plan, layer, pos, nullptr, q, n_heads, scale, out, scratch, stream, nullptr, ctx);
     return;
   }
-  const KvLayerView rows = n == 1 ? bf16_view(layer) : prefill_rows(layer, pos + n, scratch, stream);
-  if (n > 1 && flash_attention_prefill_supported(n_heads, layer.n_kv_heads, layer.head_dim)) {
-    flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream);
+  const KvLayerView rows =
+      plan.dequant_prefix ? dequantized_prefix(layer, pos + n, scratch, stream, ctx) : bf16_view(layer);
+  if (plan.kernel == AttentionKernel::prefill_tc) {
+    flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream, 0, ctx);
     return;
   }
-  launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream);
-}
-
-bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out) {
-  return flash_decode_supported(n_heads, layer.n_kv_heads, layer.head_dim, q, out) &&
-         flash_decode_instance_exists(layer.head_dim, layer.k, layer.v);
+  launch_attention(rows, pos, nullptr, n, pos + n, 0, q, n_heads, scale, out, scratch, stream, ctx);
 }
 
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep) {
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep,
+                               const DeviceContext& ctx) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
-  checked_choice(layer, n_heads, true);
-  if (flash_attention_decode_takes_raw_q(layer, n_heads, q, out)) {
-    flash_decode(layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep);
+  const AttentionPlan plan = checked_plan(layer, n_heads, true);
+  if (runs_decode_instance(plan)) {
+    flash_decode(plan, layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep, ctx);
     return;
   }
   KVQ_CHECK(!prep, Errc::internal, "flash_attention_decode_at: a raw q for a kernel that cannot prepare it");
@@ -398,7 +322,7 @@ void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, cons
   // that exist still spread over enough CTAs; chunks past the position exit
   // at once.
   launch_attention(bf16_view(layer), 0, pos_dev, 1, layer.max_tokens, kDecodeChunkCap, q, n_heads, scale, out,
-                   scratch, stream);
+                   scratch, stream, ctx);
 }
 
 }  // namespace kvq::cuda

@@ -1,5 +1,6 @@
 // Attention over the GPU KV store (kv_store.hpp), for every codec with GPU
-// hooks, and the one function that chooses the kernel (attention_support()).
+// hooks. Which kernel runs a case is decided once, by choose_attention()
+// (attention_plan.hpp); the launch functions here run what it chose.
 //
 // Kernels:
 //  - decode (n == 1): the tensor-core split-KV kernel of attention_decode.hpp,
@@ -40,6 +41,8 @@
 #include <string>
 
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/attention_plan.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/cuda/kv_store.hpp"
 #include "backend/cuda/rope_params.hpp"
 
@@ -75,27 +78,8 @@ bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
 
 // Dequantizes rows [0, n_tokens) of every KV head of the store into bf16
 // rows laid out as `dst` (dst.max_tokens >= n_tokens). kv_encode.cu.
-void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream);
-
-// ---- kernel selection: the one place that says which kernel runs a case.
-struct AttentionCase {
-  int head_dim = 0;
-  int n_heads = 0;
-  int n_kv_heads = 0;
-  kv::Family k = kv::Family::bf16, v = kv::Family::bf16;
-  int k_bits = 16, v_bits = 16;  // the blocks' bits (turbo3: 3)
-  bool k_qjl = false;            // K side +qjl
-  bool decode = true;  // n == 1 (false: prefill, n > 1)
-};
-struct AttentionChoice {
-  bool supported = false;
-  std::string kernel;  // e.g. "flash_decode_tc<128,q8,q8>", "prefill_tc<128>+dequant", "cuda_core"
-  std::string why;     // when unsupported: the reason
-};
-// Pure logic (no GPU needed): `kvq codecs` asks it for its GPU column, the
-// cache asks it before allocating, attention launches what it chose. q and
-// out alignment is not part of the case (the model's buffers are aligned).
-AttentionChoice attention_support(const AttentionCase& c);
+void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
+                        const DeviceContext& ctx = default_context());
 
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).
@@ -111,15 +95,16 @@ struct AttentionScratch {
   DeviceBuffer<uint16_t> prefix_k, prefix_v;
 };
 
-// True when the kernel supports this shape (head_dim a multiple of 32 up to
-// 256, GQA group <= 64); `why` gets the reason otherwise.
+// True when the CUDA-core kernel supports this shape (head_dim a multiple of
+// 32 up to 256, GQA group * head_dim <= 8192): every GPU attention case needs
+// it (choose_attention asks first); `why` gets the reason otherwise.
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const char** why);
 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
-// n > 1 with a shape flash_attention_prefill_supported() accepts runs
-// flash_attention_prefill() (attention_prefill.hpp).
+// Runs the kernel choose_attention() plans for the store at n_heads (n == 1:
+// decode, else prefill); Errc::unsupported when it plans none.
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream);
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 // Decode attention (one query token) at the position *pos_dev (device memory,
 // already range-checked) with a work split that depends only on the cache's
@@ -128,13 +113,13 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
 // chunks that start past the position write an empty partial state
 // (m = -inf, l = 0), which the merge skips. Same arithmetic per key as
 // flash_attention(); only the chunk boundaries (summation order) differ.
-// Shapes flash_decode_supported() accepts run the tensor-core decode kernel
-// (attention_decode.hpp; its split also ignores the position), the others
-// the kernel described here. prep (the fused q path, rope_params.hpp): q is
-// raw and the tensor-core kernel prepares it; only where
-// flash_attention_decode_takes_raw_q().
+// Where choose_attention() plans the tensor-core decode kernel
+// (attention_decode.hpp; its split also ignores the position) it runs that,
+// else the kernel described here. prep (the fused q path, rope_params.hpp):
+// q is raw and the tensor-core kernel prepares it; only where the plan says
+// fused_q.
 void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, const float* q, int n_heads, float scale,
-                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
-bool flash_attention_decode_takes_raw_q(const GpuKvLayer& layer, int n_heads, const float* q, const float* out);
+                               float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr,
+                               const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda

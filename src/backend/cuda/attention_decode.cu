@@ -129,8 +129,8 @@ struct DecodeParams {
   int G;
   int max_tokens;
   float q_scale;         // scale * log2(e)
-  int prefetch_tiles;    // tiles per warp prefetched before the wait (decode_prefetch_tiles())
-  unsigned long long* trace;  // kernel-lab timeline (flash_decode_trace), or null
+  int prefetch_tiles;    // tiles per warp prefetched before the wait (KernelSettings::attn_prefetch_tiles)
+  unsigned long long* trace;  // kernel-lab timeline (KernelSettings::decode_trace), or null
 };
 
 __host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQFragEntries * 32 * 16; }
@@ -834,8 +834,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 // bytes). The default set covers every named codec at head_dim 128 (the
 // Qwen3 / Llama shape) and the seam's bf16 / q8 shapes;
 // KVQ_ALL_KERNEL_INSTANCES adds head_dim 64 and 256 for every named codec
-// and the mixed bf16 / q8 pairs. flash_decode_instance_exists() answers from
-// this same list.
+// and the mixed bf16 / q8 pairs. find_decode_instance() (choose_attention)
+// answers from this same list.
 #define KVQ_DECODE_NAMED_INSTANCES(X, d) \
   X(d, q8, 8, false, turbo, 4)                  \
   X(d, q8, 8, false, turbo, 3)                  \
@@ -951,32 +951,25 @@ Variant variant_of(int index, int G) {
 }
 
 // Opt in to the most dynamic shared memory any G needs (G = 16, D = 256:
-// ~74 KB), once per kernel; then resident CTAs per SM for (instance, G),
-// queried once with the largest shared memory a launch may take (the largest
-// split count, the rotated row buffer), so the split count never asks for
-// more CTAs than fit in one wave.
-int resident_ctas(int index, int G) {
-  struct Occupancy {
-    std::atomic<bool> prepared[2] = {};
-    std::atomic<int> ctas[kMaxGroup + 1] = {};
-  };
-  static Occupancy cache[kNumInstances];
+// ~74 KB), once per (device, kernel); then resident CTAs per SM for
+// (instance, G), queried once per device with the largest shared memory a
+// launch may take (the largest split count, the rotated row buffer), so the
+// split count never asks for more CTAs than fit in one wave.
+int resident_ctas(const DeviceContext& ctx, int index, int G) {
   const Variant v = variant_of(index, G);
   const int D = kInstances[index].D;
-  Occupancy& c = cache[index];
-  if (!c.prepared[v.keys_major].load(std::memory_order_acquire)) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem_bytes(D, kMaxGroup, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major))));
-    c.prepared[v.keys_major].store(true, std::memory_order_release);
-  }
-  int n = c.ctas[G].load(std::memory_order_relaxed);
-  if (n == 0) {
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, v.fn, kThreads,
-                                                                 smem_bytes(D, G, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major)));
-    n = std::max(n, 1);
-    c.ctas[G].store(n, std::memory_order_relaxed);
-  }
-  return n;
+  KernelResources& kernels = ctx.kernels();
+  kernels.raise_limit(reinterpret_cast<const void*>(v.fn),
+                      smem_bytes(D, kMaxGroup, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major), [&](size_t bytes) {
+                        KVQ_CUDA_CHECK(
+                            cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+                      });
+  const size_t smem = smem_bytes(D, G, kMaxDecodeSplits, true, v.extra_bytes, v.keys_major);
+  return kernels.resident_ctas(reinterpret_cast<const void*>(v.fn), kThreads, smem, [&] {
+    int n = 0;
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, v.fn, kThreads, smem));
+    return n;
+  });
 }
 
 int instance_for(const GpuKvLayer& layer) {
@@ -989,16 +982,16 @@ int instance_for(const GpuKvLayer& layer) {
 
 }  // namespace
 
-bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
-  return find_instance(head_dim, k, k_bits, k_qjl, v, v_bits) >= 0;
-}
-bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v) {
-  return find_instance(head_dim, k.family, k.bits, k.has_qjl, v.family, v.bits) >= 0;
+DecodeInstance find_decode_instance(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits,
+                                    int G) {
+  DecodeInstance r;
+  r.index = find_instance(head_dim, k, k_bits, k_qjl, v, v_bits);
+  r.keys_major = r.index >= 0 && variant_of(r.index, G).keys_major;
+  return r;
 }
 
-bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits, int G) {
-  const int i = find_instance(head_dim, k, k_bits, k_qjl, v, v_bits);
-  return i >= 0 && variant_of(i, G).keys_major;
+bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits) {
+  return find_instance(head_dim, k, k_bits, k_qjl, v, v_bits) >= 0;
 }
 
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out) {
@@ -1009,42 +1002,35 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
   return reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
 }
 
-namespace {
-int g_prefetch_tiles = 1;
-int g_split_reserve = 8;
-unsigned long long* g_trace = nullptr;
-}  // namespace
-
-int decode_prefetch_tiles() { return g_prefetch_tiles; }
-void set_decode_prefetch_tiles(int tiles) { g_prefetch_tiles = std::max(0, tiles); }
-void flash_decode_trace(unsigned long long* events) { g_trace = events; }
-int decode_split_reserve() { return g_split_reserve; }
-void set_decode_split_reserve(int ctas) { g_split_reserve = std::max(0, ctas); }
-
-int flash_decode_splits(const GpuKvLayer& layer, int n_heads) {
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx) {
   const int G = n_heads / layer.n_kv_heads;
   // One resident wave: every CTA streams its keys at the same time and they
   // finish together (a second, partial wave would double the latency).
   // Less the CTAs the store's encode (qk_rope_store: 2 n_kv warps, 4 CTAs
   // at 8 KV heads) may displace while it runs beside a fused-q launch
-  // (decode_split_reserve()).
-  const int wave = std::max(1, resident_ctas(instance_for(layer), G) * sm_count() - g_split_reserve);
+  // (KernelSettings::decode_split_reserve).
+  const int wave = std::max(
+      1, resident_ctas(ctx, instance_for(layer), G) * ctx.sm_count() - std::max(0, ctx.settings.decode_split_reserve));
   int n = std::max(1, wave / layer.n_kv_heads);
   n = std::min(n, kMaxDecodeSplits);
   n = std::min(n, (layer.max_tokens + kTileKeys - 1) / kTileKeys);  // no more splits than tiles in a full cache
   return std::max(n, 1);
 }
 
-void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep) {
+void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q,
+                  int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
+                  const QPrep* prep, const DeviceContext& ctx) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
-            n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ")");
+            n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ") or q / out not 16-byte aligned");
   KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
             " outside the cache capacity of ", layer.max_tokens);
-  const int index = instance_for(layer);
+  const int index = plan.instance;
   const int G = n_heads / n_kv;
-  int n_splits = flash_decode_splits(layer, n_heads);
+  KVQ_CHECK(index >= 0 && index < kNumInstances && kInstances[index].D == D && plan.of.n_heads == n_heads &&
+                variant_of(index, G).keys_major == (plan.kernel == AttentionKernel::decode_km),
+            Errc::internal, "flash_decode: a plan made for another store or shape");
+  int n_splits = flash_decode_splits(layer, n_heads, ctx);
   // A known position needs no more splits than it has key tiles to share
   // (fewer partial states to merge); a device position gets the full split.
   if (!pos_dev) n_splits = std::min(n_splits, (pos + kMinKeysPerSplit) / kMinKeysPerSplit);
@@ -1076,16 +1062,16 @@ void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const fl
   p.G = G;
   p.max_tokens = layer.max_tokens;
   p.q_scale = scale * kLog2e;
-  p.prefetch_tiles = decode_prefetch_tiles();
-  p.trace = g_trace;
+  p.prefetch_tiles = std::max(0, ctx.settings.attn_prefetch_tiles);
+  p.trace = ctx.settings.decode_trace;
   p.q_rot = is_rotated(layer.k.family) ? layer.k.rot : nullptr;
   p.o_rot = is_rotated(layer.v.family) ? layer.v.rot : nullptr;
   KVQ_CHECK((!is_rotated(layer.k.family) || p.q_rot) && (!is_rotated(layer.v.family) || p.o_rot) &&
                 (!layer.k.has_qjl || layer.k.qjl),
             Errc::internal, "flash_decode: a rotated or +qjl store without its tables");
-  resident_ctas(index, G);  // the shared-memory opt-in
+  resident_ctas(ctx, index, G);  // the shared-memory opt-in
   const Variant v = variant_of(index, G);
-  launch_dependent(v.fn, dim3(n_splits, n_kv), dim3(kThreads),
+  launch_dependent(ctx, v.fn, dim3(n_splits, n_kv), dim3(kThreads),
                    smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl || p.q_fused, v.extra_bytes,
                               v.keys_major),
                    stream, p);

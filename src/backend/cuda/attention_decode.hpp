@@ -1,9 +1,9 @@
 // Tensor-core split-KV flash DECODE attention (one query token) over the
 // packed GPU KV store (kv_store.hpp) of any codec with decode hooks
 // (kv_codec_hooks.cuh): one kernel template over (head_dim, K block, V
-// block), instances listed once in attention_decode.cu. flash_attention() with n == 1 and
-// flash_attention_decode_at() route here when flash_decode_supported();
-// prefill (n > 1) never does.
+// block), instances listed once in attention_decode.cu. flash_attention() with
+// n == 1 and flash_attention_decode_at() route here when choose_attention()
+// plans decode_tc or decode_km; prefill (n > 1) never does.
 //
 // Work split: grid (n_splits, n_kv_heads), 4 warps per CTA. n_splits is fixed
 // per launch (one resident wave of CTAs, at most kMaxDecodeSplits); each CTA
@@ -22,55 +22,48 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/cuda/kv_store.hpp"
 
 namespace kvq::cuda {
 
 constexpr int kMaxDecodeSplits = 64;  // bounds the serial merge done by the last CTA of each KV head
 
+// The compiled instance for (head_dim, K block, V block) and a GQA group of
+// G heads: its index (-1: none) and whether it runs in keys-major form (the
+// staged low-bit V sides, G <= 8). choose_attention() asks.
+struct DecodeInstance {
+  int index = -1;
+  bool keys_major = false;
+};
+DecodeInstance find_decode_instance(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits,
+                                    int G);
 // True when an instance of the kernel exists for (head_dim, K block, V block).
 bool flash_decode_instance_exists(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits);
-bool flash_decode_instance_exists(int head_dim, const GpuKvSide& k, const GpuKvSide& v);
 
 // True when the tensor-core decode kernel handles this shape: GQA group
 // G = n_heads / n_kv_heads in 1..16, head_dim 64, 128 or 256, and `q` and
-// `out` 16-byte aligned (they are read and written as float4s).
-// True when the instance decodes a GQA group of G heads in its keys-major
-// form (attention_decode.cu): the staged low-bit V sides, G <= 8.
-bool flash_decode_keys_major(int head_dim, kv::Family k, int k_bits, bool k_qjl, kv::Family v, int v_bits, int G);
-
+// `out` 16-byte aligned (they are read and written as float4s). flash_decode
+// asserts it.
 bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const float* q, const float* out);
 
 // The number of key splits (gridDim.x) a decode launch of this shape uses when
-// the position is only known on the device; depends on the shape, the GPU and
-// the cache capacity, never on the position.
-int flash_decode_splits(const GpuKvLayer& layer, int n_heads);
+// the position is only known on the device; depends on the shape, the GPU,
+// the cache capacity and ctx.settings.decode_split_reserve, never on the
+// position.
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx = default_context());
 
-// Tiles per warp whose K and V rows the decode kernel asks L2 for before
-// waiting for its predecessor (0: none). Default 1 (CudaOptions::
-// attn_prefetch_tiles); read at each launch.
-int decode_prefetch_tiles();
-void set_decode_prefetch_tiles(int tiles);
-
-// CTAs the split count leaves out of the resident wave for the store's
-// encode running beside a fused-q launch (default 8); read by
-// flash_decode_splits(). Kernel lab knob (an A/B of the split count).
-int decode_split_reserve();
-void set_decode_split_reserve(int ctas);
-
-// Kernel lab: later launches fold their CTAs' global-timer readings into
-// these 12 device uint64 (min/max pairs: CTA start, wait returned, Q
-// fragments built, key loop done, arrival counted, merge done); null stops.
-void flash_decode_trace(unsigned long long* events);
-
-// Decode attention of one query token at position pos (or *pos_dev when
+// Decode attention of one query token with the instance `plan` chose
+// (decode_tc or decode_km for this store), at position pos (or *pos_dev when
 // pos_dev is set: device memory, already range-checked; the launch then does
 // not depend on the position). q, out: [n_heads][head_dim] fp32, device.
 // Sizes scratch.part and scratch.decode_counters on first use (call once
 // before recording a graph).
 // prep: the fused q path (rope_params.hpp): q is raw, the kernel norms and
 // rotates it and waits for its predecessor only before the step's own row.
-void flash_decode(const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q, int n_heads, float scale,
-                  float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep = nullptr);
+// ctx.settings: attn_prefetch_tiles, decode_split_reserve, decode_trace.
+void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q,
+                  int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
+                  const QPrep* prep = nullptr, const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda

@@ -389,41 +389,26 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   }
 }
 
-int current_device() {
-  int dev = 0;
-  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  return dev;
-}
-
-int sm_count(int dev) {
-  int count = 0;
-  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-  return count;
-}
-
-// Opts the kernel into its dynamic shared memory (once per device) and
-// returns how many of its CTAs fit on one SM.
+// Opts the kernel into its dynamic shared memory and returns how many of
+// its CTAs fit on one SM (both once per device: ctx.kernels()).
 template <int D>
-int configure_kernel(int dev) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> ctas_per_sm[kMaxDevices];  // static storage: starts at 0 (unknown)
-  if (dev >= 0 && dev < kMaxDevices) {
-    const int known = ctas_per_sm[dev].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  KVQ_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(Tile<D>::kSmemBytes)));
-  int ctas = 0;
-  KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, prefill_attn_kernel<D>, kThreads, Tile<D>::kSmemBytes));
-  ctas = std::max(ctas, 1);
-  if (dev >= 0 && dev < kMaxDevices) ctas_per_sm[dev].store(ctas, std::memory_order_relaxed);
-  return ctas;
+int configure_kernel(const DeviceContext& ctx) {
+  const void* key = reinterpret_cast<const void*>(prefill_attn_kernel<D>);
+  KernelResources& kernels = ctx.kernels();
+  kernels.raise_limit(key, Tile<D>::kSmemBytes, [](size_t bytes) {
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  });
+  return kernels.resident_ctas(key, kThreads, Tile<D>::kSmemBytes, [] {
+    int ctas = 0;
+    KVQ_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, prefill_attn_kernel<D>, kThreads, Tile<D>::kSmemBytes));
+    return ctas;
+  });
 }
 
 template <int D>
 void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                    AttentionScratch& scratch, cudaStream_t stream, int key_splits) {
+                    AttentionScratch& scratch, cudaStream_t stream, int key_splits, const DeviceContext& ctx) {
   constexpr int K = Tile<D>::kKeys;
   const int n_kv = layer.n_kv_heads;
   const int G = n_heads / n_kv;
@@ -431,8 +416,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   const int q_tiles = (n + Tq - 1) / Tq;
   KVQ_CHECK(q_tiles <= 65535, Errc::out_of_range, "GPU prefill attention: ", n,
             " query tokens in one call is too many (lower --prefill-chunk)");
-  const int dev = current_device();
-  const int ctas_per_sm = configure_kernel<D>(dev);
+  const int ctas_per_sm = configure_kernel<D>(ctx);
 
   // Key chunks: none when the query tiles fill the GPU's CTA slots at least
   // half way; otherwise as many as fill them in one wave, each at least
@@ -443,7 +427,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   if (key_splits > 0) {
     n_chunks = std::min(key_splits, len_tiles);
   } else {
-    const int slots = sm_count(dev) * ctas_per_sm;
+    const int slots = ctx.sm_count() * ctas_per_sm;
     const int base = n_kv * q_tiles;
     n_chunks = std::max(1, std::min(slots / base, (len_tiles + kMinTilesPerChunk - 1) / kMinTilesPerChunk));
   }
@@ -492,7 +476,8 @@ bool flash_attention_prefill_supported(int n_heads, int n_kv_heads, int head_dim
 }
 
 void flash_attention_prefill(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale,
-                             float* out, AttentionScratch& scratch, cudaStream_t stream, int key_splits) {
+                             float* out, AttentionScratch& scratch, cudaStream_t stream, int key_splits,
+                             const DeviceContext& ctx) {
   KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range,
             "GPU prefill attention: tokens [", pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ",
             layer.max_tokens);
@@ -505,9 +490,9 @@ void flash_attention_prefill(const KvLayerView& layer, int pos, int n, const flo
   KVQ_CHECK((reinterpret_cast<uintptr_t>(layer.k) | reinterpret_cast<uintptr_t>(layer.v)) % 16 == 0, Errc::internal,
             "GPU prefill attention: K/V cache pointers not 16-byte aligned");
   switch (layer.head_dim) {
-    case 64: launch_prefill<64>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
-    case 128: launch_prefill<128>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
-    default: launch_prefill<256>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits); break;
+    case 64: launch_prefill<64>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits, ctx); break;
+    case 128: launch_prefill<128>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits, ctx); break;
+    default: launch_prefill<256>(layer, pos, n, q, n_heads, scale, out, scratch, stream, key_splits, ctx); break;
   }
 }
 

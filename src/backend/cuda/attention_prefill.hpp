@@ -37,6 +37,7 @@ inline float prefill_query_factor(float scale) { return scale * 1.44269504088896
 // by a second kernel through scratch.part); > 0 forces that many key chunks
 // (tests), at most one per key tile.
 void flash_attention_prefill(const KvLayerView& layer, int pos, int n, const float* q, int n_heads, float scale,
-                             float* out, AttentionScratch& scratch, cudaStream_t stream, int key_splits = 0);
+                             float* out, AttentionScratch& scratch, cudaStream_t stream, int key_splits = 0,
+                             const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda

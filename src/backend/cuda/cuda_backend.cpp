@@ -14,10 +14,10 @@
 
 #include "backend/cuda/attention.hpp"
 #include "backend/cuda/attention_decode.hpp"
-#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/cuda/gemv.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/gpu_layout.hpp"
@@ -73,19 +73,28 @@ class CudaStepGraph final : public StepGraph {
   std::vector<const CudaLayerCache*> attended_;
 };
 
+// The kernel settings of a backend's options (checked: the CLI passes user input).
+KernelSettings kernel_settings(const BackendOptions& o) {
+  KVQ_CHECK(o.gemv_warps >= 1 && o.gemv_warps <= 16, Errc::invalid_argument, "GEMV warps per CTA must be 1..16, not ",
+            o.gemv_warps);
+  KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
+            "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
+  KernelSettings s;
+  s.dependent_launches = o.dependent_launches;
+  s.gemv_warps = o.gemv_warps;
+  s.attn_prefetch_tiles = o.attn_prefetch_tiles;
+  return s;
+}
+
+// Every public entry point first makes the backend's device current
+// (ctx_.make_current()): the caller's thread may have another device current
+// (a second backend), and allocations, kernel attributes and launches apply
+// to the current device.
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const BackendOptions& o) {
+  CudaBackend(const BackendOptions& o, int device) : ctx_(device, kernel_settings(o)) {
     options_ = o;
-    KVQ_CHECK(o.gemv_warps >= 1 && o.gemv_warps <= 16, Errc::invalid_argument, "GEMV warps per CTA must be 1..16, not ",
-              o.gemv_warps);
-    KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
-              "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
-    set_dependent_launches(o.dependent_launches);
-    GemvTuning tuning = gemv_tuning();
-    tuning.warps_per_cta = o.gemv_warps;
-    set_gemv_tuning(tuning);
-    set_decode_prefetch_tiles(o.attn_prefetch_tiles);
+    ctx_.make_current();
     // A stream of our own (not the legacy default stream, which cannot be
     // captured into a graph); created blocking, so it stays ordered with the
     // legacy-stream copies of DeviceBuffer::upload.
@@ -98,6 +107,7 @@ class CudaBackend final : public Backend {
     KVQ_CUDA_CHECK(cudaMemset(argmax_work_.data(), 0, argmax_work_.bytes()));
   }
   ~CudaBackend() override {
+    cudaSetDevice(ctx_.device());  // best effort: a destructor does not throw
     if (recording_) record_abort();
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -107,9 +117,13 @@ class CudaBackend final : public Backend {
   // chunks amortize that.
   int default_prefill_chunk() const override { return 2048; }
 
-  std::unique_ptr<Buffer> alloc(size_t n) override { return std::make_unique<DeviceFloatBuffer>(n); }
+  std::unique_ptr<Buffer> alloc(size_t n) override {
+    ctx_.make_current();
+    return std::make_unique<DeviceFloatBuffer>(n);
+  }
 
   Matrix upload(const Matrix& host) override {
+    ctx_.make_current();
     // Tied embeddings upload the same host tensor twice: keep one copy. The key
     // includes type and shape because a caller's freed buffer can be reused at
     // the same address for another matrix (host weights must not change while
@@ -129,17 +143,20 @@ class CudaBackend final : public Backend {
     return dev;
   }
   void upload(const float* host, float* dst, size_t n) override {
+    ctx_.make_current();
     if (!n) return;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void download(const float* src, float* host, size_t n) override {
+    ctx_.make_current();
     if (!n) return;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void embed(const Matrix& table, const int32_t* ids, int n, float* out) override {
+    ctx_.make_current();
     const GpuMatrix& t = find(table);
     for (int i = 0; i < n; ++i)
       KVQ_CHECK(ids[i] >= 0 && ids[i] < table.rows, Errc::out_of_range, "token id ", ids[i],
@@ -158,11 +175,12 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
+    ctx_.make_current();
     const GpuMatrix& m = find(w);
     if (n == 1) {
       GemvRequest req = step_gemv(x);
       req.out[0] = {&m, y};
-      gemv(req, stream_);
+      gemv(req, stream_, ctx_);
       return;
     }
     if (n <= 0) return;
@@ -190,9 +208,11 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, int n, int dim, float eps, float* y) override {
+    ctx_.make_current();
     cuda::rms_norm(x, weight, n, dim, eps, y, stream_);
   }
   void rope(float* x, int n, int n_heads, int head_dim, int pos, const Rope& r) override {
+    ctx_.make_current();
     set_rope_table(r, head_dim);
     if (in_step_) {
       check_step_pos(n, pos, "rope");
@@ -202,15 +222,18 @@ class CudaBackend final : public Backend {
     cuda::rope(x, n, n_heads, head_dim, pos, inv_freq_.data(), r.neox, r.pos_scale, stream_);
   }
   void swiglu(const float* gate, const float* up, float* out, size_t n) override {
+    ctx_.make_current();
     cuda::swiglu(gate, up, out, n, stream_);
   }
   void add(float* x, const float* y, size_t n) override {
+    ctx_.make_current();
     cuda::add(x, y, n, stream_);
   }
 
   // --- fused single-token forms (multi-token calls run the plain ops)
   void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix* const* ws,
                    float* const* ys, int count) override {
+    ctx_.make_current();
     if (n != 1 || count < 1 || count > 3 || !same_kind(ws, count)) {
       Backend::norm_matmul(x, norm_w, n, dim, eps, h, ws, ys, count);
       return;
@@ -219,9 +242,10 @@ class CudaBackend final : public Backend {
     GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = count;
     for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
-    gemv(req, stream_);
+    gemv(req, stream_, ctx_);
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
+    ctx_.make_current();
     if (n != 1) {
       Backend::matmul_add(w, a, n, x, tmp);
       return;
@@ -229,10 +253,11 @@ class CudaBackend final : public Backend {
     GemvRequest req = step_gemv(a);
     req.out[0] = {&find(w), x};
     req.epilogue = GemvEpilogue::add;
-    gemv(req, stream_);
+    gemv(req, stream_, ctx_);
   }
   void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
                    const Matrix& w_up, float* up, float* out) override {
+    ctx_.make_current();
     const Matrix* pair[2] = {&w_gate, &w_up};
     if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
       Backend::norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, out);
@@ -244,11 +269,12 @@ class CudaBackend final : public Backend {
     req.out[0] = {&find(w_gate), out};
     req.out[1] = {&find(w_up), nullptr};
     req.epilogue = GemvEpilogue::swiglu;
-    gemv(req, stream_);
+    gemv(req, stream_, ctx_);
   }
   void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                         int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
                         const Rope& r) override {
+    ctx_.make_current();
     const auto [pos, n] = one_sequence(batch, "qk_rope_write_kv");
     if (n != 1 || !qk_rope_store_supported(head_dim)) {
       Backend::qk_rope_write_kv(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
@@ -266,20 +292,19 @@ class CudaBackend final : public Backend {
       pos_dev = step_dev_.data() + 1;
       note_recorded_cache(g);
     }
-    // In a step whose attention can take q raw, q is left to it (QPrep):
-    // the store's encode then runs beside the attention instead of before it.
-    // Not for a bf16 store, whose copy is shorter than what the fused path
-    // adds (the attention's CTAs start only once the projection is done and
-    // each prepares q): measured slower, docs/perf.md.
-    const bool q_in_attention = in_step_ && options().attn_fused_q && qk_rope_store_encodes(g.view()) &&
-                                flash_attention_decode_takes_raw_q(g.view(), n_heads, q, q);
+    // In a step whose attention plan takes q raw (AttentionPlan::fused_q), q
+    // is left to it (QPrep): the store's encode then runs beside the
+    // attention instead of before it.
+    const bool q_in_attention = in_step_ && options().attn_fused_q &&
+                                choose_attention(AttentionCase::of(g.view(), n_heads, true)).fused_q;
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, pos_dev, inv_freq_.data(), r.neox,
-                  r.pos_scale, g.view(), stream_, q_in_attention);
+                  r.pos_scale, g.view(), stream_, q_in_attention, ctx_);
     pending_q_ = {};
     if (q_in_attention) pending_q_ = {q, &g, QPrep{q_norm, eps, RopeParams{inv_freq_.data(), r.neox, r.pos_scale}}};
   }
 
   void write_kv(kv::LayerCache& layer, const StepBatch& batch, const float* k, const float* v) override {
+    ctx_.make_current();
     const auto [pos, n] = one_sequence(batch, "write_kv");
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
@@ -294,6 +319,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const kv::LayerCache& layer, const StepBatch& batch, const float* q, int n_heads, float scale,
                  float* out) override {
+    ctx_.make_current();
     const auto [pos, n] = one_sequence(batch, "attention");
     const CudaLayerCache& g = gpu_layer(layer);
     if (in_step_) {
@@ -305,19 +331,20 @@ class CudaBackend final : public Backend {
       const QPrep prep = pending_q_.prep;
       pending_q_ = {};
       flash_attention_decode_at(g.view(), step_dev_.data() + 1, q, n_heads, scale, out, g.scratch(), stream_,
-                                raw_q ? &prep : nullptr);
+                                raw_q ? &prep : nullptr, ctx_);
       note_recorded_cache(g);
       if (recording_) recorded_attention_.push_back(&g);
       else count_attention(g, true);
       return;
     }
-    flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_);
+    flash_attention(g.view(), pos, n, q, n_heads, scale, out, g.scratch(), stream_, ctx_);
     count_attention(g, n == 1);
   }
 
   int32_t argmax(const float* x, size_t n) override {
+    ctx_.make_current();
     KVQ_CHECK(n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", n, " values");
-    cuda::argmax(x, int(n), argmax_dev_.data(), argmax_work_.data(), stream_);
+    cuda::argmax(x, int(n), argmax_dev_.data(), argmax_work_.data(), stream_, ctx_);
     int32_t best = 0;
     KVQ_CUDA_CHECK(cudaMemcpyAsync(&best, argmax_dev_.data(), sizeof best, cudaMemcpyDeviceToHost, stream_));
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -325,6 +352,7 @@ class CudaBackend final : public Backend {
   }
 
   void argmax_rows(const float* x, int rows, size_t n, size_t stride, int32_t* out, float* value) override {
+    ctx_.make_current();
     KVQ_CHECK(rows > 0 && n > 0 && n <= size_t(INT32_MAX), Errc::internal, "argmax over ", rows, " rows of ", n);
     if (rows_work_rows_ < rows) {
       rows_out_.resize(size_t(rows));
@@ -333,7 +361,7 @@ class CudaBackend final : public Backend {
       KVQ_CUDA_CHECK(cudaMemset(rows_work_.data(), 0, rows_work_.bytes()));
       rows_work_rows_ = rows;
     }
-    cuda::argmax_rows(x, rows, int(n), stride, rows_out_.data(), rows_value_.data(), rows_work_.data(), stream_);
+    cuda::argmax_rows(x, rows, int(n), stride, rows_out_.data(), rows_value_.data(), rows_work_.data(), stream_, ctx_);
     KVQ_CUDA_CHECK(cudaMemcpyAsync(out, rows_out_.data(), size_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                    stream_));
     KVQ_CUDA_CHECK(cudaMemcpyAsync(value, rows_value_.data(), size_t(rows) * sizeof(float), cudaMemcpyDeviceToHost,
@@ -344,6 +372,7 @@ class CudaBackend final : public Backend {
   // --- recorded decode steps: CUDA graphs captured on stream_
   bool supports_step_graphs() const override { return true; }
   void begin_step(const StepBatch& batch) override {
+    ctx_.make_current();
     KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
     const auto [pos, n] = one_sequence(batch, "begin_step");
     KVQ_CHECK(n == 1, Errc::internal, "a recorded decode step runs one token, not ", n);
@@ -362,6 +391,7 @@ class CudaBackend final : public Backend {
     pending_q_ = {};
   }
   void record_begin() override {
+    ctx_.make_current();
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
     recorded_cache_ = nullptr;
     recorded_attention_.clear();
@@ -369,6 +399,7 @@ class CudaBackend final : public Backend {
     recording_ = true;
   }
   std::unique_ptr<StepGraph> record_end() override {
+    ctx_.make_current();
     KVQ_CHECK(recording_, Errc::internal, "record_end without record_begin");
     recording_ = false;
     cudaGraph_t graph = nullptr;
@@ -393,6 +424,7 @@ class CudaBackend final : public Backend {
     cudaGetLastError();  // clear the (non-sticky) error the broken capture left behind
   }
   bool replay(const StepGraph& graph, kv::Cache& cache) override {
+    ctx_.make_current();
     KVQ_CHECK(in_step_ && !recording_, Errc::internal, "replay outside begin_step/end_step");
     const auto* g = dynamic_cast<const CudaStepGraph*>(&graph);
     KVQ_CHECK(g, Errc::internal, "the CUDA backend was asked to replay another backend's recording");
@@ -408,16 +440,16 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
+    ctx_.make_current();
     return make_cuda_kv_cache(opts, shape);
   }
 
   // --- measurement (kvq bench)
   DeviceInfo device_info() override {
+    ctx_.make_current();
     DeviceInfo d;
-    int dev = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&dev));
-    cudaDeviceProp p{};
-    KVQ_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    const int dev = ctx_.device();
+    const cudaDeviceProp& p = ctx_.properties();
     d.name = p.name;
     int drv = 0, rt = 0;
     cudaDriverGetVersion(&drv);
@@ -448,11 +480,13 @@ class CudaBackend final : public Backend {
     return d;
   }
   int64_t device_memory_used() override {
+    ctx_.make_current();
     size_t free_b = 0, total_b = 0;
     KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     return int64_t(total_b - free_b);
   }
   double measure_copy_bandwidth() override {
+    ctx_.make_current();
     // Device-to-device copies of a buffer far larger than L2 (50 MB on an
     // H200), timed with events; the best of a few after one warm-up copy.
     size_t free_b = 0, total_b = 0;
@@ -580,6 +614,7 @@ class CudaBackend final : public Backend {
     a.push_back(inv_freq_.data());
   }
 
+  DeviceContext ctx_;  // first member: the others are made on its device
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).
@@ -614,11 +649,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options, int device) {
   KVQ_CHECK(device_available(), Errc::unsupported,
             "the CUDA backend is not available: no CUDA device is visible (check nvidia-smi and "
             "CUDA_VISIBLE_DEVICES); use --device cpu");
-  return std::make_unique<CudaBackend>(options);
+  int count = 0;
+  KVQ_CUDA_CHECK(cudaGetDeviceCount(&count));
+  KVQ_CHECK(device < count, Errc::invalid_argument, "CUDA device ", device, " does not exist (", count, " visible)");
+  return std::make_unique<CudaBackend>(options, device < 0 ? current_device() : device);
 }
 
 }  // namespace kvq::cuda

@@ -19,19 +19,6 @@
 
 namespace kvq::cuda {
 
-// Streaming multiprocessors of the current device (read once; 132 on an H200):
-// kernels size their grids to fill it.
-inline int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || count <= 0)
-      return 132;
-    return count;
-  }();
-  return n;
-}
-
 // True when a CUDA device is present and usable (GPU tests skip otherwise).
 inline bool device_available() {
   int n = 0;

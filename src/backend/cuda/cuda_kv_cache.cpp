@@ -40,26 +40,17 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
   KVQ_CHECK(codec.head_dim == shape.head_dim, Errc::internal, "GPU KV cache: codec described for head_dim ",
             codec.head_dim, ", cache head_dim ", shape.head_dim);
   for (bool decode : {true, false}) {
-    AttentionCase c;
-    c.head_dim = shape.head_dim;
-    c.n_heads = n_heads;
-    c.n_kv_heads = shape.n_kv_heads;
-    c.k = codec.k.spec.family;
-    c.v = codec.v.spec.family;
-    c.k_bits = codec.k.spec.bits;
-    c.v_bits = codec.v.spec.bits;
-    c.k_qjl = codec.k.spec.qjl;
-    c.decode = decode;
-    const AttentionChoice choice = attention_support(c);
+    const AttentionPlan plan = choose_attention(
+        AttentionCase::of(codec.k.spec, codec.v.spec, shape.head_dim, n_heads, shape.n_kv_heads, decode));
     if (!require_attention) {
-      KVQ_CHECK(kv_encode_supported(c.k, c.v, c.head_dim), Errc::unsupported, "KV codec ", codec.name,
-                " has no GPU encode hooks at head_dim ", c.head_dim);
-      (decode ? decode_kernel_ : prefill_kernel_) = choice.supported ? choice.kernel : "";
+      KVQ_CHECK(kv_encode_supported(codec.k.spec.family, codec.v.spec.family, shape.head_dim), Errc::unsupported,
+                "KV codec ", codec.name, " has no GPU encode hooks at head_dim ", shape.head_dim);
+      (decode ? decode_kernel_ : prefill_kernel_) = plan.name();  // empty when unsupported
       continue;
     }
-    KVQ_CHECK(choice.supported, Errc::unsupported, "KV codec ", codec.name, " has no GPU kernels (", choice.why,
+    KVQ_CHECK(plan.supported(), Errc::unsupported, "KV codec ", codec.name, " has no GPU kernels (", plan.why,
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
-    (decode ? decode_kernel_ : prefill_kernel_) = choice.kernel;
+    (decode ? decode_kernel_ : prefill_kernel_) = plan.name();
   }
   const size_t rows_per_layer = size_t(shape.n_kv_heads) * shape.max_tokens;
   const size_t rows = rows_per_layer * shape.n_layers;

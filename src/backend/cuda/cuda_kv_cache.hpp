@@ -1,6 +1,6 @@
 // The device-resident KV cache of the CUDA backend: one packed GPU KV store
 // per layer (kv_store.hpp) in the codec's own format (kv::CodecDescriptor),
-// for every codec whose blocks have GPU hooks (attention_support() decides).
+// for every codec whose blocks have GPU hooks (choose_attention() decides).
 //
 // Preallocated for shape.max_tokens at construction, so decode never
 // reallocates or copies through the host; there is no bf16 copy beside a
@@ -74,7 +74,7 @@ class CudaKvCache final : public kv::Cache {
   std::vector<const void*> graph_addresses() const;
   // Device bytes this cache allocated for its stores (capacity, not fill).
   uint64_t allocated_bytes() const { return allocated_; }
-  // The kernels the selector chose for this cache (dispatch proof).
+  // The kernels choose_attention() planned for this cache, by name (dispatch proof).
   const std::string& decode_kernel() const { return decode_kernel_; }
   const std::string& prefill_kernel() const { return prefill_kernel_; }
 

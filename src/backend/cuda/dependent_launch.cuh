@@ -13,8 +13,9 @@
 // predecessor grid has completed and its writes are visible; the predecessor
 // itself completed only after its own wait returned, so the guarantee is
 // transitive back to every earlier kernel. In a kernel launched normally both
-// calls are no-ops. set_dependent_launches(false) (BackendOptions, the CLI's
-// --no-pdl) launches everything normally, for A/B measurements.
+// calls are no-ops. KernelSettings::dependent_launches = false
+// (BackendOptions, the CLI's --no-pdl) launches everything normally, for A/B
+// measurements.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/device_context.hpp"
 
 namespace kvq::cuda {
 
@@ -39,18 +41,12 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
-inline bool& dependent_launch_flag() {
-  static bool on = true;
-  return on;
-}
-inline bool dependent_launch_enabled() { return dependent_launch_flag(); }
-inline void set_dependent_launches(bool on) { dependent_launch_flag() = on; }
-
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
-// serialization allowed (see above); checks the launch.
+// serialization allowed (see above) when ctx's settings allow it; checks the
+// launch.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args&&... args) {
+void launch_dependent(const DeviceContext& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -58,7 +54,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = dependent_launch_enabled() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = ctx.settings.dependent_launches ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   KVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

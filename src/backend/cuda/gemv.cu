@@ -3,7 +3,7 @@
 //
 // Work split: a task is R consecutive rows of one output matrix (for swiglu:
 // the same R rows of gate and of up). A CTA (16 warps by default,
-// GemvTuning) first stages the input u in shared memory, then each warp
+// KernelSettings::gemv_warps) first stages the input u in shared memory, then each warp
 // takes tasks strided over the whole grid
 // (the grid is capped near what stays resident, so the staging is paid once
 // per CTA, not once per task). Each lane walks the rows in 16-byte chunks
@@ -450,30 +450,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
   }
 }
 
-GemvTuning g_tuning;  // set_gemv_tuning (BackendOptions::gemv_warps)
-
-
 template <TensorType T, bool kPair, bool kWide = false>
-void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream) {
+void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t smem = gemv_smem_bytes(T, a.cols, a.norm != nullptr);
-  const int warps = std::clamp(g_tuning.warps_per_cta, 1, kMaxWarps);
+  const int warps = std::clamp(ctx.settings.gemv_warps, 1, kMaxWarps);
   const int needed = (rows_total_tasks + warps - 1) / warps;
-  const int per_sm = resident_ctas(gemv_kernel<T, kPair, kWide>, smem, warps * 32);
-  const int grid = std::max(1, std::min(needed, per_sm * sm_count()));
-  launch_dependent(gemv_kernel<T, kPair, kWide>, dim3(grid), dim3(warps * 32), smem, stream, a);
+  const int per_sm = resident_ctas(ctx, gemv_kernel<T, kPair, kWide>, smem, warps * 32);
+  const int grid = std::max(1, std::min(needed, per_sm * ctx.sm_count()));
+  launch_dependent(ctx, gemv_kernel<T, kPair, kWide>, dim3(grid), dim3(warps * 32), smem, stream, a);
 }
 
 template <bool kPair>
-void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream) {
+void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
   switch (t) {
-    case TensorType::F32: return launch<TensorType::F32, kPair>(a, a.n_tasks, stream);
-    case TensorType::F16: return launch<TensorType::F16, kPair>(a, a.n_tasks, stream);
-    case TensorType::BF16: return launch<TensorType::BF16, kPair>(a, a.n_tasks, stream);
-    case TensorType::Q8_0: return launch<TensorType::Q8_0, kPair>(a, a.n_tasks, stream);
-    case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream);
+    case TensorType::F32: return launch<TensorType::F32, kPair>(a, a.n_tasks, stream, ctx);
+    case TensorType::F16: return launch<TensorType::F16, kPair>(a, a.n_tasks, stream, ctx);
+    case TensorType::BF16: return launch<TensorType::BF16, kPair>(a, a.n_tasks, stream, ctx);
+    case TensorType::Q8_0: return launch<TensorType::Q8_0, kPair>(a, a.n_tasks, stream, ctx);
+    case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream, ctx);
     case TensorType::Q1_0:
-      if (a.cols > kQ1NarrowCols) return launch<TensorType::Q1_0, kPair, true>(a, a.n_tasks, stream);
-      return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream);
+      if (a.cols > kQ1NarrowCols) return launch<TensorType::Q1_0, kPair, true>(a, a.n_tasks, stream, ctx);
+      return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream, ctx);
     default: break;
   }
   fail(Errc::internal, "GPU GEMV: no kernel for ", gguf::tensor_type_name(t));
@@ -493,9 +490,6 @@ int rows_per_task(TensorType t) {
 
 }  // namespace
 
-GemvTuning gemv_tuning() { return g_tuning; }
-void set_gemv_tuning(const GemvTuning& t) { g_tuning = t; }
-
 GpuMatrix GpuMatrix::upload(const GpuMatrixLayout& layout) {
   GpuMatrix m;
   m.type = layout.type;
@@ -510,7 +504,7 @@ uint64_t gemv_bytes(const GpuMatrix& w) {
   return w.bytes() + uint64_t(w.cols) * sizeof(float) + uint64_t(w.rows) * sizeof(float);
 }
 
-void gemv(const GemvRequest& req, cudaStream_t stream) {
+void gemv(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x, Errc::internal, "GPU GEMV: ", req.n_out,
             " outputs requested (1..3 with an input)");
   KVQ_CHECK(req.epilogue != GemvEpilogue::swiglu || req.n_out == 2, Errc::internal,
@@ -518,7 +512,7 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
   const GpuMatrix& w0 = *req.out[0].w;
   KVQ_CHECK(gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported, "GPU GEMV: unsupported ",
             gguf::tensor_type_name(w0.type), " matrix with ", w0.cols, " columns");
-  if (gguf::is_k_quant(w0.type)) return gemv_kquant(req, stream);  // gemv_kquant.cu
+  if (gguf::is_k_quant(w0.type)) return gemv_kquant(req, stream, ctx);  // gemv_kquant.cu
   // The staged input must fit in shared memory (200 KiB of the 227 available).
   const int capped_cols = int(std::min<int64_t>(w0.cols, 1 << 24));
   const size_t staged = gemv_smem_bytes(w0.type, capped_cols, req.norm_weight);
@@ -527,15 +521,15 @@ void gemv(const GemvRequest& req, cudaStream_t stream) {
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
   const int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
   KernelArgs a = gemv_detail::kernel_args(req, R);
-  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream);
-  else dispatch<false>(w0.type, a, stream);
+  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream, ctx);
+  else dispatch<false>(w0.type, a, stream, ctx);
 }
 
-void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream) {
+void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream, const DeviceContext& ctx) {
   GemvRequest req;
   req.x = x;
   req.out[0] = {&w, y};
-  gemv(req, stream);
+  gemv(req, stream, ctx);
 }
 
 }  // namespace kvq::cuda

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "backend/cuda/device_buffer.hpp"
+#include "backend/cuda/device_context.hpp"
 #include "backend/gpu_layout.hpp"
 
 namespace kvq::cuda {
@@ -65,22 +66,13 @@ struct GemvRequest {
   unsigned long long* trace = nullptr;
 };
 
-// Launch shape of the dp4a and float kernels (process-wide; read when a
-// launch is issued, so a recorded step keeps the value it was recorded with).
-struct GemvTuning {
-  // Warps per CTA, 1..16. 16 (one or two CTAs per SM) stages the input in
-  // fewer CTAs than 8 (three or four per SM): the bonsai-8b GEMVs of a decode
-  // step take 1.08 instead of 1.22 ms (docs/perf.md).
-  int warps_per_cta = 16;
-};
-// Defaults; the CUDA backend sets warps_per_cta from BackendOptions::gemv_warps.
-GemvTuning gemv_tuning();
-void set_gemv_tuning(const GemvTuning& t);
-
-void gemv(const GemvRequest& req, cudaStream_t stream);
+// The launch shape (warps per CTA) is ctx.settings.gemv_warps, read when the
+// launch is issued.
+void gemv(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 // y[rows] = W[rows][cols] x[cols] (no norm, store).
-void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream);
+void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream,
+          const DeviceContext& ctx = default_context());
 
 // True when gemv() of this matrix type rounds its input to integers (int8 per
 // 32 values).

@@ -12,7 +12,7 @@
 namespace kvq::cuda::gemv_detail {
 
 constexpr int kMaxOut = 3;     // outputs of one fused launch (GemvRequest::out)
-constexpr int kMaxWarps = 16;  // GemvTuning::warps_per_cta at most
+constexpr int kMaxWarps = 16;  // KernelSettings::gemv_warps at most
 
 struct KernelArgs {
   const uint8_t* codes[kMaxOut];

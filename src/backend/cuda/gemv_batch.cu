@@ -851,7 +851,7 @@ LaunchShape launch_shape(int warps_per_cta) {
 
 // Grid, tiles and shared-memory layout of one launch (top of this file).
 template <TensorType T, int BB, bool kPair>
-void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream) {
+void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream, const DeviceContext& ctx) {
   using S = Shape<T, BB, kPair>;
   const LaunchShape shape = S::kWideRegs ? LaunchShape{8, 1, 200 * 1024} : requested;
   // Tasks of S::kRows rows per output (SwiGLU's up matrix has none: its rows
@@ -865,7 +865,8 @@ void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream) {
   const size_t sum_bytes = size_t(S::kSums) * sizeof(float);
   const size_t budget = shape.smem_budget;
   // About ctas_per_sm CTAs per SM: each stages the inputs once for all its tasks.
-  int grid = std::max(1, std::min((a.n_tasks + shape.warps - 1) / shape.warps, shape.ctas_per_sm * sm_count()));
+  int grid =
+      std::max(1, std::min((a.n_tasks + shape.warps - 1) / shape.warps, shape.ctas_per_sm * ctx.sm_count()));
   int tasks_per_cta = (a.n_tasks + grid - 1) / grid;
   auto smem_for = [&](int tile, size_t sums) {
     const size_t data = size_t(a.batch) * (stages_int8(T) ? size_t(tile) + size_t(tile / 32) * 8 : size_t(tile) * 4);
@@ -897,39 +898,40 @@ void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream) {
   KVQ_CHECK(smem <= 220 * 1024, Errc::out_of_range, "GPU batched GEMV: ", a.n_tasks, " tasks x ", a.cols,
             " columns need ", smem, " bytes of shared memory");
   auto* kernel = gemv_batch_kernel<T, BB, kPair>;
-  resident_ctas(kernel, smem, shape.warps * 32);  // raises the kernel's shared-memory opt-in
-  launch_dependent(kernel, dim3(grid), dim3(shape.warps * 32), smem, stream, a);
+  resident_ctas(ctx, kernel, smem, shape.warps * 32);  // raises the kernel's shared-memory opt-in
+  launch_dependent(ctx, kernel, dim3(grid), dim3(shape.warps * 32), smem, stream, a);
 }
 
 template <TensorType T, bool kPair>
-void launch_bucket(const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream) {
-  if (a.batch <= 1) return launch<T, 1, kPair>(a, shape, stream);
-  if (a.batch <= 2) return launch<T, 2, kPair>(a, shape, stream);
-  if (a.batch <= 4) return launch<T, 4, kPair>(a, shape, stream);
-  if (a.batch <= 8) return launch<T, 8, kPair>(a, shape, stream);
-  return launch<T, 16, kPair>(a, shape, stream);
+void launch_bucket(const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream, const DeviceContext& ctx) {
+  if (a.batch <= 1) return launch<T, 1, kPair>(a, shape, stream, ctx);
+  if (a.batch <= 2) return launch<T, 2, kPair>(a, shape, stream, ctx);
+  if (a.batch <= 4) return launch<T, 4, kPair>(a, shape, stream, ctx);
+  if (a.batch <= 8) return launch<T, 8, kPair>(a, shape, stream, ctx);
+  return launch<T, 16, kPair>(a, shape, stream, ctx);
 }
 
 template <bool kPair>
-void dispatch(TensorType t, const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream) {
+void dispatch(TensorType t, const BatchArgs& a, const LaunchShape& shape, cudaStream_t stream,
+              const DeviceContext& ctx) {
   switch (t) {
-    case TensorType::F32: return launch_bucket<TensorType::F32, kPair>(a, shape, stream);
-    case TensorType::F16: return launch_bucket<TensorType::F16, kPair>(a, shape, stream);
-    case TensorType::BF16: return launch_bucket<TensorType::BF16, kPair>(a, shape, stream);
-    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, shape, stream);
-    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, shape, stream);
-    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, shape, stream);
-    case TensorType::Q2_K: return launch_bucket<TensorType::Q2_K, kPair>(a, shape, stream);
-    case TensorType::Q3_K: return launch_bucket<TensorType::Q3_K, kPair>(a, shape, stream);
-    case TensorType::Q4_K: return launch_bucket<TensorType::Q4_K, kPair>(a, shape, stream);
-    case TensorType::Q5_K: return launch_bucket<TensorType::Q5_K, kPair>(a, shape, stream);
-    case TensorType::Q6_K: return launch_bucket<TensorType::Q6_K, kPair>(a, shape, stream);
+    case TensorType::F32: return launch_bucket<TensorType::F32, kPair>(a, shape, stream, ctx);
+    case TensorType::F16: return launch_bucket<TensorType::F16, kPair>(a, shape, stream, ctx);
+    case TensorType::BF16: return launch_bucket<TensorType::BF16, kPair>(a, shape, stream, ctx);
+    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, shape, stream, ctx);
+    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, shape, stream, ctx);
+    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, shape, stream, ctx);
+    case TensorType::Q2_K: return launch_bucket<TensorType::Q2_K, kPair>(a, shape, stream, ctx);
+    case TensorType::Q3_K: return launch_bucket<TensorType::Q3_K, kPair>(a, shape, stream, ctx);
+    case TensorType::Q4_K: return launch_bucket<TensorType::Q4_K, kPair>(a, shape, stream, ctx);
+    case TensorType::Q5_K: return launch_bucket<TensorType::Q5_K, kPair>(a, shape, stream, ctx);
+    case TensorType::Q6_K: return launch_bucket<TensorType::Q6_K, kPair>(a, shape, stream, ctx);
   }
   fail(Errc::internal, "GPU batched GEMV: no kernel for ", gguf::tensor_type_name(t));
 }
 
 // One launch of at most kGemvBatchMax rows (the request is checked).
-void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream) {
+void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
   const GpuMatrix& w0 = *req.out[0].w;
   const bool pair = req.epilogue == GemvEpilogue::swiglu;
   BatchArgs a{};
@@ -948,13 +950,13 @@ void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream) {
     a.rows[i] = int(w.rows);
   }
   const LaunchShape shape = launch_shape(req.warps_per_cta);
-  if (pair) dispatch<true>(w0.type, a, shape, stream);
-  else dispatch<false>(w0.type, a, shape, stream);
+  if (pair) dispatch<true>(w0.type, a, shape, stream, ctx);
+  else dispatch<false>(w0.type, a, shape, stream, ctx);
 }
 
 }  // namespace
 
-void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream) {
+void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x && req.out[0].w && req.batch >= 1, Errc::internal,
             "GPU batched GEMV: ", req.n_out, " outputs and a batch of ", req.batch,
             " requested (1..3 outputs, a batch >= 1, with an input)");
@@ -993,16 +995,17 @@ void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream) {
     part.x = req.x + int64_t(b0) * w0.cols;
     for (int i = 0; i < req.n_out; ++i)
       if (part.out[i].y) part.out[i].y += int64_t(b0) * req.out[i].w->rows;
-    launch_chunk(part, stream);
+    launch_chunk(part, stream, ctx);
   }
 }
 
-void gemv_batch(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream) {
+void gemv_batch(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream,
+                const DeviceContext& ctx) {
   GemvBatchRequest req;
   req.x = x;
   req.batch = batch;
   req.out[0] = {&w, y};
-  gemv_batch(req, stream);
+  gemv_batch(req, stream, ctx);
 }
 
 uint64_t gemv_batch_bytes(const GpuMatrix& w, int batch) {

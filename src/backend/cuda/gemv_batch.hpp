@@ -53,10 +53,11 @@ struct GemvBatchRequest {
   int warps_per_cta = 16;
 };
 
-void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream);
+void gemv_batch(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 // y[b][rows] = W x[b] for b < batch (no norm, store).
-void gemv_batch(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream);
+void gemv_batch(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream,
+                const DeviceContext& ctx = default_context());
 
 // Bytes one launch of up to kGemvBatchMax rows must move, for bandwidth
 // reports: the weights once, plus batch rows of x and of y.

@@ -300,23 +300,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kquant_kernel(KArgs a) {
 
 
 template <TensorType T, bool kPair>
-void launch(const KArgs& a, cudaStream_t stream) {
+void launch(const KArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t smem = size_t(a.cols) * sizeof(float);
-  const int warps = std::clamp(gemv_tuning().warps_per_cta, 1, kMaxWarps);
+  const int warps = std::clamp(ctx.settings.gemv_warps, 1, kMaxWarps);
   const int needed = (a.n_tasks + warps - 1) / warps;
-  const int per_sm = resident_ctas(gemv_kquant_kernel<T, kPair>, smem, warps * 32);
-  const int grid = std::max(1, std::min(needed, per_sm * sm_count()));
-  launch_dependent(gemv_kquant_kernel<T, kPair>, dim3(grid), dim3(warps * 32), smem, stream, a);
+  const int per_sm = resident_ctas(ctx, gemv_kquant_kernel<T, kPair>, smem, warps * 32);
+  const int grid = std::max(1, std::min(needed, per_sm * ctx.sm_count()));
+  launch_dependent(ctx, gemv_kquant_kernel<T, kPair>, dim3(grid), dim3(warps * 32), smem, stream, a);
 }
 
 template <bool kPair>
-void dispatch(TensorType t, const KArgs& a, cudaStream_t stream) {
+void dispatch(TensorType t, const KArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
   switch (t) {
-    case TensorType::Q2_K: return launch<TensorType::Q2_K, kPair>(a, stream);
-    case TensorType::Q3_K: return launch<TensorType::Q3_K, kPair>(a, stream);
-    case TensorType::Q4_K: return launch<TensorType::Q4_K, kPair>(a, stream);
-    case TensorType::Q5_K: return launch<TensorType::Q5_K, kPair>(a, stream);
-    case TensorType::Q6_K: return launch<TensorType::Q6_K, kPair>(a, stream);
+    case TensorType::Q2_K: return launch<TensorType::Q2_K, kPair>(a, stream, ctx);
+    case TensorType::Q3_K: return launch<TensorType::Q3_K, kPair>(a, stream, ctx);
+    case TensorType::Q4_K: return launch<TensorType::Q4_K, kPair>(a, stream, ctx);
+    case TensorType::Q5_K: return launch<TensorType::Q5_K, kPair>(a, stream, ctx);
+    case TensorType::Q6_K: return launch<TensorType::Q6_K, kPair>(a, stream, ctx);
     default: break;
   }
   fail(Errc::internal, "GPU GEMV: ", gguf::tensor_type_name(t), " is not a K-quant");
@@ -324,7 +324,7 @@ void dispatch(TensorType t, const KArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void gemv_kquant(const GemvRequest& req, cudaStream_t stream) {
+void gemv_kquant(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x, Errc::internal, "GPU GEMV: ", req.n_out,
             " outputs requested (1..3 with an input)");
   KVQ_CHECK(req.epilogue != GemvEpilogue::swiglu || req.n_out == 2, Errc::internal,
@@ -335,8 +335,8 @@ void gemv_kquant(const GemvRequest& req, cudaStream_t stream) {
   KVQ_CHECK(w0.cols * sizeof(float) <= 200 * 1024 && w0.rows <= (int64_t(1) << 30), Errc::out_of_range,
             "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
   KArgs a = gemv_detail::kernel_args(req, 1);  // one row per task
-  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream);
-  else dispatch<false>(w0.type, a, stream);
+  if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream, ctx);
+  else dispatch<false>(w0.type, a, stream, ctx);
 }
 
 }  // namespace kvq::cuda

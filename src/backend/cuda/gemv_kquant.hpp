@@ -24,6 +24,6 @@ namespace kvq::cuda {
 
 // gemv() for a K-quant request (req.out[0].w->type is Q2_K..Q6_K); checks the
 // request like gemv() does.
-void gemv_kquant(const GemvRequest& req, cudaStream_t stream);
+void gemv_kquant(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda

@@ -1,7 +1,10 @@
-// Device-side KV codec hooks: everything a GPU kernel knows about a block's
-// packed format, one specialisation per block family. Kernels are templated
-// over the hooks of their K and V sides, so adding a codec means adding its
-// hooks here (and its instances to attention_instances.hpp), never editing
+// Device-side KV codec hooks, encode side: how a block family's rows are
+// written and read back value by value, one specialisation per family. The
+// decode side (what the tensor-core decode kernel needs: KDecodeHooks /
+// VDecodeHooks<F, B, D>) is kv_decode_hooks.cuh. Kernels are templated over
+// the hooks of their K and V sides, so adding a codec means adding its hooks
+// here and in kv_decode_hooks.cuh (and its decode instances to the
+// KVQ_DECODE_*_INSTANCES X-macro lists in attention_decode.cu), never editing
 // the kernels. A family without hooks fails to compile where it is used
 // (static_assert in the primary templates).
 //
@@ -10,16 +13,10 @@
 //                             block's encode, bit for bit where deterministic).
 //                             decode_value(): one value of a row (prefill's
 //                             dequantization of the prefix into bf16 tiles).
-//   KDecodeHooks<F, D>:       the K side of the tensor-core decode kernel:
-//                             how q is prepared (number and type of its exact
-//                             parts, pre-scaling), how a 16-key tile is loaded
-//                             into registers, and S = Q K^T of one tile.
-//   VDecodeHooks<F, D>:       the V side: load a 16-key tile, o += P V, and
-//                             where each accumulator lands in the output row.
-// Fragment conventions (lane = 4 g + t, mma m16n8k16): attention_decode.cu.
-// Rotations are hoisted out of the decode hooks: q is rotated once before the
-// kernel and o un-rotated once after it (kv_rotation.cuh: every rotation
-// kind, bit-identical to kv::Rotation); only encoding rotates, once per row.
+// Rotations are hoisted out of the decode hooks: the decode kernel rotates q
+// once per CTA before its key loop and un-rotates o once after its merge
+// (DecodeParams::q_rot / o_rot; kv_rotation.cuh: every rotation kind,
+// bit-identical to kv::Rotation); encoding rotates once per row.
 //
 // ---- Bit layouts (the same bytes as the CPU blocks in src/kv/blocks/) ----
 // bf16: code row = D bf16 values (2 bytes each, dim i at bytes 2i..2i+1),

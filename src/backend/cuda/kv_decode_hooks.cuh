@@ -2,11 +2,12 @@
 // (attention_decode.cu), one specialisation per storage format. The kernel is
 // templated over the hooks of its K and V sides; a format without hooks fails
 // to compile where it is used (static_assert in the primary templates).
-//   KDecodeHooks<F, D>: the K side: how q is prepared (number and type of its
-//                       exact parts, pre-scaling), how a 16-key tile is loaded
-//                       into registers, and S = Q K^T of one tile.
-//   VDecodeHooks<F, D>: the V side: load a 16-key tile, o += P V, and where
-//                       each accumulator lands in the output row.
+// (F: the storage family, B: its bits, D: head_dim)
+//   KDecodeHooks<F, B, D>: the K side: how q is prepared (number and type of
+//                          its exact parts, pre-scaling), how a 16-key tile is
+//                          loaded into registers, and S = Q K^T of one tile.
+//   VDecodeHooks<F, B, D>: the V side: load a 16-key tile, o += P V, and
+//                          where each accumulator lands in the output row.
 // bf16 and q8 sides load their tiles straight into registers (kStaged =
 // false); the low-bit sides are staged (rows copied into a per-warp ring in
 // shared memory by cp.async, decoded from there) and also serve the

@@ -113,7 +113,7 @@ __global__ void dequantize_rows_kernel(GpuKvSide side, int n_tokens, int n_kv, i
 }
 
 void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int max_tokens, uint16_t* dst,
-                     int dst_stride, cudaStream_t stream) {
+                     int dst_stride, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
   if (is_rotated(side.family) || side.has_qjl) {
@@ -121,7 +121,7 @@ void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int m
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
   } else {
-    const int grid = int(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 16));
+    const int grid = int(std::min<size_t>((total + 255) / 256, size_t(ctx.sm_count()) * 16));
     dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
   }
   KVQ_CUDA_CHECK_LAUNCH();
@@ -159,12 +159,15 @@ void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, co
   encode_side(layer.v, v, 0, pos_dev, 1, layer.n_kv_heads, layer.head_dim, layer.max_tokens, stream);
 }
 
-void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream) {
+void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
+                        const DeviceContext& ctx) {
   KVQ_CHECK(n_tokens >= 0 && n_tokens <= layer.max_tokens && n_tokens <= dst.max_tokens &&
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
-  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.k, dst.max_tokens, stream);
-  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.v, dst.max_tokens, stream);
+  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.k, dst.max_tokens, stream,
+                  ctx);
+  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.v, dst.max_tokens, stream,
+                  ctx);
 }
 
 }  // namespace kvq::cuda

@@ -1,7 +1,8 @@
 // Kernel-lab timelines without a profiler: a kernel given a trace buffer
 // folds its CTAs' %globaltimer readings into min/max pairs at the points it
-// marks (GemvRequest::trace, flash_decode_trace). Nothing is recorded when
-// the buffer is null, which is how production launches run.
+// marks (GemvRequest::trace; KernelSettings::decode_trace and
+// qk_rope_store_trace). Nothing is recorded when the buffer is null, which is
+// how production launches run.
 #pragma once
 
 #include <cstdint>

@@ -402,16 +402,17 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream) {
-  argmax_rows(x, 1, n, size_t(n), out, nullptr, work, stream);
+void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream,
+            const DeviceContext& ctx) {
+  argmax_rows(x, 1, n, size_t(n), out, nullptr, work, stream, ctx);
 }
 
 void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, float* value, unsigned long long* work,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(n > 0 && rows > 0 && rows <= 65535, Errc::internal, "argmax over ", rows, " rows of ", n, " values");
   // Rows share the SMs: fewer CTAs per row as rows grow, at least one.
   const int per_row = std::max(1, std::min(kArgmaxMaxCtas / rows, (n + kArgmaxThreads - 1) / kArgmaxThreads));
-  launch_dependent(argmax_kernel, dim3(per_row, rows), dim3(kArgmaxThreads), 0, stream, x, n, stride, out, value,
+  launch_dependent(ctx, argmax_kernel, dim3(per_row, rows), dim3(kArgmaxThreads), 0, stream, x, n, stride, out, value,
                    work);
 }
 
@@ -429,20 +430,19 @@ void add(float* x, const float* y, size_t n, cudaStream_t stream) {
 
 
 namespace {
-unsigned long long* g_append_trace = nullptr;
-}  // namespace
-
-void qk_rope_store_trace(unsigned long long* events) { g_append_trace = events; }
-
-bool qk_rope_store_encodes(const GpuKvLayer& kv) {
+// True when the store's rows are encoded (any block but bf16 on both sides):
+// the kernel then runs the codec's encoder, not a copy.
+bool store_encodes(const GpuKvLayer& kv) {
   return !(kv.k.family == kv::Family::bf16 && kv.v.family == kv::Family::bf16 && !kv.k.has_qjl && !kv.v.has_qjl);
 }
+}  // namespace
 
 bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention) {
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention,
+                   const DeviceContext& ctx) {
   KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
   KVQ_CHECK(!kv.k.code || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
   KVQ_CHECK(!kv.k.code || kv_encode_supported(kv.k.family, kv.v.family, head_dim), Errc::internal,
@@ -452,11 +452,11 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
   const int grid = (warps * 32 + 127) / 128;
   // No store, or plain bf16 on both sides (the kernel writes bf16 straight
   // from its registers): the lean instance.
-  const bool lean = !kv.k.code || !qk_rope_store_encodes(kv);
+  const bool lean = !kv.k.code || !store_encodes(kv);
   const RopeParams rope{inv_freq, neox, pos_scale};
   const auto launch = [&](auto kernel) {
-    launch_dependent(kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention, q_norm,
-                     k_norm, eps, pos, pos_dev, rope, kv, g_append_trace);
+    launch_dependent(ctx, kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention,
+                     q_norm, k_norm, eps, pos, pos_dev, rope, kv, ctx.settings.qk_rope_store_trace);
   };
   switch (head_dim) {
     case 64: lean ? launch(qk_rope_store_kernel<2, false>) : launch(qk_rope_store_kernel<2, true>); break;

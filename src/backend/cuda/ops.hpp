@@ -42,13 +42,14 @@ void rope_at(float* x, int n_tokens, int n_heads, int head_dim, const int* pos_d
 // the lowest index wins ties (the greedy Sampler's rule). work: 2 words of
 // device memory, zero before the first call; every call leaves them zero.
 // Calls sharing a work buffer must not run concurrently.
-void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream);
+void argmax(const float* x, int n, int32_t* out, unsigned long long* work, cudaStream_t stream,
+            const DeviceContext& ctx = default_context());
 // The same for `rows` rows (row r at x + r * stride) into out[0..rows), and
 // each row's largest value into value[0..rows) when value is not null (-inf
 // when the row holds only NaN and -inf); work: 2 words per row, the same
 // contract.
 void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, float* value,
-                 unsigned long long* work, cudaStream_t stream);
+                 unsigned long long* work, cudaStream_t stream, const DeviceContext& ctx = default_context());
 
 // The single-token form of: per-head RMSNorm of q and k (each only when its
 // weight is non-null), RoPE of both at position pos (or *pos_dev when set),
@@ -57,20 +58,15 @@ void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, f
 // arithmetic as rms_norm + rope + write_kv. q [n_heads][head_dim], k and v
 // [n_kv_heads][head_dim] fp32 device memory. q_in_attention: q is left
 // as it is, for a decode attention given the matching QPrep
-// (attention_decode.hpp) to norm and rotate itself; that attention may then
+// (attention_decode.hpp) to norm and rotate itself (where the attention's
+// plan says fused_q, attention_plan.hpp); that attention may then
 // start as soon as this kernel's predecessor has finished, overlapping the
 // store's encode with its keys.
 bool qk_rope_store_supported(int head_dim);
-// True when the store's rows are encoded (any block but bf16 on both sides):
-// qk_rope_store then runs the codec's encoder, not a copy.
-bool qk_rope_store_encodes(const GpuKvLayer& kv);
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
-                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false);
-// Kernel lab: later qk_rope_store launches fold their warps' global-timer
-// readings into these 4 device uint64 (min/max pairs: wait returned, row
-// stored); null stops.
-void qk_rope_store_trace(unsigned long long* events);
+                   double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false,
+                   const DeviceContext& ctx = default_context());
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);

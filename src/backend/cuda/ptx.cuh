@@ -10,7 +10,7 @@
 
 namespace kvq::cuda::ptx {
 
-// 16 / 8 / 4 bytes read once per kernel (weights, KV rows): read-only for the
+// 16 bytes read once per kernel (weights, KV rows): read-only for the
 // kernel's lifetime and streamed, so kept out of L1.
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;
@@ -19,18 +19,8 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
                : "l"(p));
   return r;
 }
-__device__ __forceinline__ uint2 load_stream8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t load_stream4(const void* p) {
-  uint32_t r;
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
-  return r;
-}
 
-// KV rows as load_stream*, except where `coherent` (warp-uniform): from L2
+// KV rows as load_stream16, except where `coherent` (warp-uniform): from L2
 // (ld.global.cg). The decode attention's fused q path reads the step's own
 // row while the grid that writes it may still have been running when this
 // kernel started (after a wait for it, but the non-coherent path may serve
@@ -87,7 +77,6 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
