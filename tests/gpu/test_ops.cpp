@@ -195,7 +195,7 @@ TEST_F(CudaOps, ArgmaxRowsFollowsTheGreedyRule) {
       std::vector<float> x = normal(rng, stride * rows);
       if (n > 10) {
         x[3] = std::numeric_limits<float>::quiet_NaN();                 // NaN never wins
-        x[stride + 7] = x[stride + 9] = 1e30f;                          // tie: the lower index
+        if (rows > 1) x[stride + 7] = x[stride + 9] = 1e30f;            // tie: the lower index
         if (rows > 2)
           for (int i = 0; i < n; ++i) x[2 * stride + size_t(i)] = i % 2 ? -INFINITY : std::nanf("");
       }
@@ -207,7 +207,7 @@ TEST_F(CudaOps, ArgmaxRowsFollowsTheGreedyRule) {
       EXPECT_EQ(got, want) << n << " x " << rows;
       for (int r = 0; r < rows; ++r) EXPECT_EQ(got_v[size_t(r)], want_v[size_t(r)]) << n << " row " << r;
       if (rows > 2 && n > 10) EXPECT_EQ(got_v[2], -INFINITY);
-      if (n > 10) EXPECT_EQ(got[1], 7);
+      if (n > 10 && rows > 1) EXPECT_EQ(got[1], 7);
       gpu->argmax_rows(dx.data(), rows, size_t(n), stride, got.data(), got_v.data());  // state left clean
       EXPECT_EQ(got, want);
     }
