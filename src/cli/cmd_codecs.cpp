@@ -10,6 +10,7 @@
 
 #include "backend/backend.hpp"
 #include "cli/command.hpp"
+#include "cli/options.hpp"
 #include "core/error.hpp"
 #include "gguf/gguf.hpp"
 #include "kv/block.hpp"

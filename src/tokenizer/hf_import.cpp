@@ -271,7 +271,8 @@ TokenizerData parse_hf_tokenizer(std::string_view text, const std::string& path,
     const json& v = cfg[key];
     if (v.is_string()) return v.get<std::string>();
     if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-    cfg_bad(str(key, " is ", excerpt(v), "; it must be a token's text or {\"content\": TEXT}"));
+    fail(Errc::format, "'", config_name, "': ", key, " is ", excerpt(v),
+         "; it must be a token's text or {\"content\": TEXT}");
   };
   auto id_of = [&](const std::string& t) -> int32_t {
     if (t.empty()) return -1;
