@@ -259,11 +259,8 @@ TEST(LinearTokenization, OneMebibyteOfHostileTextTokenizesInSeconds) {
   const std::vector<std::pair<std::string, std::string>> inputs = {
       {"alternating combining marks", fill([&](std::string& s) { s += (k++ % 2) ? "\xcc\x81" : "\xcc\x96"; })},
       {"one combining mark", fill([&](std::string& s) { s += "\xcc\x81"; })},
-      {"letter + alternating marks", fill([&](std::string& s) { s += (k++ % 3 == 0) ? "a" : (k % 2 ? "\xcc\x81" : "\xcc\x96"); })},
       {"spaces", std::string(mib, ' ')},
-      {"spaces and newlines", fill([&](std::string& s) { s += (k++ % 7) ? " " : "\n"; })},
       {"one repeated letter", std::string(mib, 'a')},
-      {"one repeated digit", std::string(mib, '7')},
       {"one repeated punctuation", std::string(mib, '!')},
       {"random Unicode", fill([&](std::string& s) {
          uint32_t cp = 1 + rng() % 0x10FFFF;
@@ -382,7 +379,6 @@ TEST(BoundedReads, EndlessTokenizerJsonAndEvalFilesAreClearErrors) {
       {"tokenize --tokenizer-json /dev/zero hi", "larger than 128 MiB"},
       {"synth --shape tiny --vocab /dev/zero -o " + (temp_dir() / "zero.gguf").string(), "larger than 128 MiB"},
       {"eval ppl -f /dev/zero --ctx 64 --codecs none --no-record", "larger than 64 MiB"},
-      {"eval kl -f /dev/zero --ctx 64 --codecs none --no-record", "larger than 64 MiB"},
       {"eval needle -f /dev/zero --ctx 64 --codecs none --no-record", "larger than 64 MiB"},
       {"eval ppl -f " + temp_dir().string() + " --ctx 64 --codecs none --no-record", "is a directory"},
       {"tokenize --tokenizer-json " + temp_dir().string() + " hi", "is a directory"},
