@@ -136,7 +136,18 @@ std::vector<std::string> parse_codec_list(const std::string& list) {
 
 std::vector<int> parse_context_list(const std::string& list) {
   std::vector<int> out;
-  for (const auto& item : split_list(list)) {
+  std::vector<std::string> items;
+  {
+    // Strict: an empty item (4k,,8k or a trailing comma) is a typo, not nothing.
+    std::stringstream ss(list);
+    for (std::string item; std::getline(ss, item, ',');) items.push_back(trim(item));
+    if (!list.empty() && list.back() == ',') items.push_back("");
+    for (const auto& item : items)
+      KVQ_CHECK(!item.empty() || trim(list).empty(), Errc::invalid_argument, "--contexts '", list,
+                "' has an empty item; give a list like 4k,8k,16k");
+  }
+  for (const auto& item : items) {
+    if (item.empty()) continue;
     std::string num = item;
     long mult = 1;
     if (!num.empty() && (num.back() == 'k' || num.back() == 'K')) {
@@ -150,8 +161,10 @@ std::vector<int> parse_context_list(const std::string& list) {
     } catch (const std::exception&) {
       used = 0;
     }
-    KVQ_CHECK(used == num.size() && !num.empty() && v > 0 && v * mult <= (1L << 30), Errc::invalid_argument,
+    KVQ_CHECK(used == num.size() && !num.empty() && v > 0 && v <= (1L << 30), Errc::invalid_argument,
               "--contexts: '", item, "' is not a positive token count (like 512, 4k or 64k)");
+    KVQ_CHECK(v * mult <= kMaxBenchContext, Errc::invalid_argument, "--contexts: '", item, "' (", v * mult,
+              " tokens) is above ", kMaxBenchContext / 1024, "k, the longest context kvq bench measures");
     const int ctx = int(v * mult);
     if (std::find(out.begin(), out.end(), ctx) == out.end()) out.push_back(ctx);
   }
@@ -228,6 +241,12 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   const double copy_bw = backend->measure_copy_bandwidth();  // before the model takes memory
   auto model = open_model(cfg.model, *backend);
   const ModelConfig& mc = model->config();
+  // Before any cell runs: a context the model cannot hold is refused, not
+  // measured for minutes and reported.
+  for (int ctx : cfg.contexts)
+    KVQ_CHECK(mc.context_length == 0 || uint64_t(ctx) <= mc.context_length, Errc::invalid_argument, "--contexts: ", ctx,
+              " tokens is above the model's context of ", mc.context_length,
+              " tokens (context_length); give contexts up to that");
 
   RunMeta meta = collect_run_meta(*backend, /*measure_bandwidth=*/false);
   meta.kind = "bench";

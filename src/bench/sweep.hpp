@@ -95,6 +95,9 @@ uint64_t parse_byte_size(const std::string& text);
 int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int n_kv_heads, int head_dim,
                         uint64_t budget);
 // "4k,8k,16k,100" -> {4096, 8192, 16384, 100}; k = 1024. Positive, unique.
+// Longest context --contexts accepts (16M tokens); above the model's own
+// context_length is refused by run_sweep before any cell runs.
+inline constexpr long kMaxBenchContext = 1L << 24;
 std::vector<int> parse_context_list(const std::string& list);
 
 // Runs the sweep; `on_progress` is called often (at least per repetition and

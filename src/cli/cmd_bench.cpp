@@ -207,10 +207,10 @@ KVQ_REGISTER_COMMAND(
           ->check(CLI::Range(2, 1 << 20))
           ->capture_default_str();
       app.add_option("--reps", a->reps, "Measured decode runs per cell (medians, min, max)")
-          ->check(CLI::PositiveNumber)
+          ->check(in_range(1, 2147483647.0, false, ""))
           ->capture_default_str();
       app.add_option("--warmup", a->warmup, "Discarded decode runs before them")
-          ->check(CLI::NonNegativeNumber)
+          ->check(in_range(0, 2147483647.0, false, ""))
           ->capture_default_str();
       app.add_option("--prefill-reps", a->prefill_reps,
                      "Timed prefills of the prompt per cell (>= 1): TTFT and prefill tok/s are their median, "

@@ -10,6 +10,7 @@
 
 #include "backend/backend.hpp"
 #include "cli/command.hpp"
+#include "cli/options.hpp"
 #include "core/error.hpp"
 #include "gguf/gguf.hpp"
 #include "kv/block.hpp"
@@ -192,7 +193,8 @@ KVQ_REGISTER_COMMAND("codecs", "List the KV codecs: blocks, bits per value, byte
                        auto a = std::make_shared<CodecsArgs>();
                        sub.add_option("--head-dim", a->head_dim, "Head dimension D (default 128)");
                        sub.add_option("--kv-heads", a->kv_heads,
-                                      "KV heads per layer; bytes per token are then for all of them");
+                                      "KV heads per layer; bytes per token are then for all of them")
+                           ->check(in_range(0, 4096, false, " (0: per KV head)"));
                        sub.add_flag("--json", a->json, "Machine-readable output");
                        sub.add_option("-m,--model", a->model, "GGUF model: head_dim and KV heads from it");
                        sub.add_flag("--sqnr", a->sqnr, "Measure every block's round-trip SQNR (as the tests do)");

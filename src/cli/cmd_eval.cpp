@@ -18,6 +18,7 @@
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "eval/needle.hpp"
 #include "eval/text_eval.hpp"
 
@@ -44,11 +45,11 @@ struct EvalArgs {
   uint64_t seed = 1;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KVQ_CHECK(f.good(), Errc::io, "cannot read --file '", path, "'");
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+constexpr double kIntMaxD = 2147483647.0;
+
+// Bounded like every text input (64 MiB; /dev/zero is a clear error, a
+// directory too).
+std::string read_file(const std::string& path) { return read_file_bounded(path, kMaxTextInputBytes, "--file"); }
 
 // The text as the model sees it: BOS when the tokenizer asks for one, then
 // the plain tokens (special-token text in the file is not parsed).
@@ -358,7 +359,7 @@ void add_common(CLI::App& s, EvalArgs& a) {
                "f32 (exact fp32 cache, CPU), or all")
       ->capture_default_str();
   s.add_option("--ctx", a.ctx, "Context (window) length in tokens (default: the model's trained context)")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kIntMaxD, false, " tokens"));
   s.add_flag("--json", a.json, "Machine-readable output");
   s.add_flag("-q,--quiet", a.quiet, "No progress on standard error (default when it is not a terminal)");
   s.add_option("--home", a.home, "kvq home folder holding runs.db (default: $KVQ_HOME or ~/.kvq)");
@@ -384,19 +385,19 @@ KVQ_REGISTER_COMMAND("eval", "KV-codec quality: perplexity, KL vs a reference, n
                        for (CLI::App* s : {ppl, kl}) {
                          s->add_option("-f,--file", a->file, "Text file to evaluate on")->required();
                          s->add_option("--max-windows", a->max_windows, "Evaluate at most this many windows (0: all)")
-                             ->check(CLI::NonNegativeNumber);
+                             ->check(in_range(0, kIntMaxD, false, " (0: all)"));
                        }
                        ppl->add_option("--stride", a->stride, "Tokens between window starts (default: ctx/2)")
-                           ->check(CLI::PositiveNumber);
+                           ->check(in_range(1, kIntMaxD, false, " tokens"));
                        kl->add_option("--stride", a->stride, "Tokens between window starts (default: ctx, disjoint)")
-                           ->check(CLI::PositiveNumber);
+                           ->check(in_range(1, kIntMaxD, false, " tokens"));
                        kl->add_option("--ref", a->ref, "Reference cache: none (bf16) or f32 (exact, CPU only)")
                            ->capture_default_str();
                        needle->add_option("-f,--file", a->file, "Haystack text (default: a built-in code haystack)");
                        needle->add_option("--depths", a->depths, "Needle depths as fractions of the context")
                            ->capture_default_str();
                        needle->add_option("--trials", a->trials, "Needles (different values) per depth")
-                           ->check(CLI::PositiveNumber)
+                           ->check(in_range(1, kIntMaxD, false, ""))
                            ->capture_default_str();
                        needle->add_option("--seed", a->seed, "Seed of the planted values")->capture_default_str();
                        return [a, which] {

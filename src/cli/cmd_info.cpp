@@ -1,5 +1,7 @@
 // kvq info: what is in a GGUF file: version, architecture, the ModelConfig,
 // tensors by type, tokenizer summary. Prints what it can for non-model files.
+#include <cstdarg>
+#include "core/text.hpp"
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -108,63 +110,79 @@ std::string token_text(const json& t) {
   return s;
 }
 
+// Text output: metadata strings come from the file, so every control byte
+// in what is printed (an ESC sequence in general.name) is escaped.
+[[gnu::format(printf, 1, 2)]] void tprintf(const char* fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  va_end(ap);
+  std::string buf(size_t(n > 0 ? n : 0) + 1, '\0');
+  std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
+  va_end(ap2);
+  buf.pop_back();
+  const std::string out = kvq::printable(buf, true);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
 void print_text(const File& f, const json& j, bool show_keys) {
-  std::printf("file:          %s\n", f.path().c_str());
-  std::printf("format:        GGUF v%u, alignment %llu, %llu bytes (%s), %zu metadata keys\n", f.version(),
+  tprintf("file:          %s\n", f.path().c_str());
+  tprintf("format:        GGUF v%u, alignment %llu, %llu bytes (%s), %zu metadata keys\n", f.version(),
               (unsigned long long)f.alignment(), (unsigned long long)f.file_size(),
               human_bytes(f.file_size()).c_str(), f.metadata().size());
-  std::printf("architecture:  %s\n", j["architecture"].is_null() ? "(missing: general.architecture not set)"
+  tprintf("architecture:  %s\n", j["architecture"].is_null() ? "(missing: general.architecture not set)"
                                                                    : j["architecture"].get<std::string>().c_str());
   if (!j["config"].is_null()) {
     const json& c = j["config"];
-    std::printf("name:          %s\n", c["name"].get<std::string>().c_str());
-    std::printf("layers:        %d\n", c["n_layers"].get<int>());
-    std::printf("d_model:       %d\n", c["d_model"].get<int>());
-    std::printf("d_ff:          %d\n", c["d_ff"].get<int>());
-    std::printf("heads:         %d query, %d KV (GQA %d), head_dim %d (v %d)\n", c["n_heads"].get<int>(),
+    tprintf("name:          %s\n", c["name"].get<std::string>().c_str());
+    tprintf("layers:        %d\n", c["n_layers"].get<int>());
+    tprintf("d_model:       %d\n", c["d_model"].get<int>());
+    tprintf("d_ff:          %d\n", c["d_ff"].get<int>());
+    tprintf("heads:         %d query, %d KV (GQA %d), head_dim %d (v %d)\n", c["n_heads"].get<int>(),
                 c["n_kv_heads"].get<int>(), c["gqa_ratio"].get<int>(), c["head_dim"].get<int>(),
                 c["head_dim_v"].get<int>());
-    std::printf("vocab:         %d\n", c["vocab_size"].get<int>());
-    std::printf("context:       %llu\n", (unsigned long long)c["context_length"].get<uint64_t>());
-    std::printf("norm eps:      %g\n", c["norm_eps"].get<double>());
+    tprintf("vocab:         %d\n", c["vocab_size"].get<int>());
+    tprintf("context:       %llu\n", (unsigned long long)c["context_length"].get<uint64_t>());
+    tprintf("norm eps:      %g\n", c["norm_eps"].get<double>());
     const json& r = c["rope"];
-    std::printf("rope:          %s, theta %g, scaling %s", r["style"].get<std::string>().c_str(),
+    tprintf("rope:          %s, theta %g, scaling %s", r["style"].get<std::string>().c_str(),
                 r["theta"].get<double>(), r["scaling"].get<std::string>().c_str());
     if (r["scaling"] != "none")
-      std::printf(" x%g (original context %llu)", r["factor"].get<double>(),
+      tprintf(" x%g (original context %llu)", r["factor"].get<double>(),
                   (unsigned long long)r["original_context"].get<uint64_t>());
-    std::printf("\n");
-    std::printf("q/k norm:      %s\n", c["qk_norm"].get<bool>() ? "yes" : "no");
-    std::printf("embeddings:    %s\n", c["tied_embeddings"].get<bool>() ? "tied (no output.weight)" : "untied");
-    std::printf("KV bf16/token: %llu bytes\n", (unsigned long long)c["kv_bytes_per_token_bf16"].get<uint64_t>());
+    tprintf("\n");
+    tprintf("q/k norm:      %s\n", c["qk_norm"].get<bool>() ? "yes" : "no");
+    tprintf("embeddings:    %s\n", c["tied_embeddings"].get<bool>() ? "tied (no output.weight)" : "untied");
+    tprintf("KV bf16/token: %llu bytes\n", (unsigned long long)c["kv_bytes_per_token_bf16"].get<uint64_t>());
   } else if (j.contains("config_error")) {
-    std::printf("config:        not available: %s\n", j["config_error"].get<std::string>().c_str());
+    tprintf("config:        not available: %s\n", j["config_error"].get<std::string>().c_str());
   }
   const json& t = j["tensors"];
-  std::printf("tensors:       %llu, %llu bytes (%s)\n", (unsigned long long)t["count"].get<uint64_t>(),
+  tprintf("tensors:       %llu, %llu bytes (%s)\n", (unsigned long long)t["count"].get<uint64_t>(),
               (unsigned long long)t["bytes"].get<uint64_t>(), human_bytes(t["bytes"].get<uint64_t>()).c_str());
   for (const auto& [type, e] : t["by_type"].items())
-    std::printf("  %-6s %6llu tensors %14llu bytes (%s)\n", type.c_str(), (unsigned long long)e["count"].get<uint64_t>(),
+    tprintf("  %-6s %6llu tensors %14llu bytes (%s)\n", type.c_str(), (unsigned long long)e["count"].get<uint64_t>(),
                 (unsigned long long)e["bytes"].get<uint64_t>(), human_bytes(e["bytes"].get<uint64_t>()).c_str());
   const json& tok = j["tokenizer"];
   if (tok.is_null()) {
-    std::printf("tokenizer:     (missing: tokenizer.ggml.model not set)\n");
+    tprintf("tokenizer:     (missing: tokenizer.ggml.model not set)\n");
   } else if (tok.contains("error")) {
-    std::printf("tokenizer:     unreadable: %s\n", tok["error"].get<std::string>().c_str());
+    tprintf("tokenizer:     unreadable: %s\n", tok["error"].get<std::string>().c_str());
   } else {
-    std::printf("tokenizer:     %s, pre '%s', %zu tokens, %zu merges\n", tok["model"].get<std::string>().c_str(),
+    tprintf("tokenizer:     %s, pre '%s', %zu tokens, %zu merges\n", tok["model"].get<std::string>().c_str(),
                 tok["pre"].get<std::string>().c_str(), tok["tokens"].get<size_t>(), tok["merges"].get<size_t>());
-    std::printf("  bos %s, eos %s, eot %s, add_bos %s\n", token_text(tok["bos"]).c_str(),
+    tprintf("  bos %s, eos %s, eot %s, add_bos %s\n", token_text(tok["bos"]).c_str(),
                 token_text(tok["eos"]).c_str(), token_text(tok["eot"]).c_str(),
                 tok["add_bos_token"].get<bool>() ? "yes" : "no");
     if (tok["chat_template"].get<bool>())
-      std::printf("  chat template: yes, first line: %s\n", tok["chat_template_first_line"].get<std::string>().c_str());
+      tprintf("  chat template: yes, first line: %s\n", tok["chat_template_first_line"].get<std::string>().c_str());
     else
-      std::printf("  chat template: none\n");
+      tprintf("  chat template: none\n");
   }
   if (show_keys) {
-    std::printf("metadata:\n");
-    for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());
+    tprintf("metadata:\n");
+    for (const auto& [k, v] : f.metadata()) tprintf("  %s = %s\n", k.c_str(), v.to_string().c_str());
   }
 }
 

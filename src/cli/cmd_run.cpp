@@ -76,6 +76,9 @@ int run(RunArgs& a) {
   KVQ_CHECK(a.repeat >= 1, Errc::invalid_argument, "--repeat must be at least 1");
   KVQ_CHECK(a.random_prompt >= 0, Errc::invalid_argument, "--random-prompt takes a token count (0 or more)");
   KVQ_CHECK(a.repeat == 1 || a.dump_logits.empty(), Errc::invalid_argument, "--repeat and --dump-logits exclude each other");
+  // The command's inputs, which its outputs (--dump-logits) must never replace.
+  if (a.model.model.rfind("synthetic:", 0) != 0) note_input(resolve_model_path(a.model.model), "model");
+  note_input(a.prompt_file, "prompt file");
   const std::string text = a.random_prompt > 0 || a.prompt_file.empty() ? a.prompt : read_file_bounded(a.prompt_file, kMaxTextInputBytes, "prompt file");
   KVQ_CHECK(a.random_prompt > 0 || !text.empty(), Errc::invalid_argument,
             "no prompt: pass -p TEXT, -f FILE or --random-prompt N");
@@ -142,9 +145,11 @@ int run(RunArgs& a) {
   auto session = make_session(a.model, l, ctx);
 
   std::unique_ptr<npy::RowWriter> dump;
+  std::unique_ptr<OutputFile> dump_tokens;  // FILE.tokens.npy: written with FILE.npy as a set
   std::vector<int32_t> dumped_ids;
   if (!a.dump_logits.empty()) {
     dump = std::make_unique<npy::RowWriter>(a.dump_logits, uint64_t(l.model->config().vocab_size));
+    dump_tokens = std::make_unique<OutputFile>(tokens_path(a.dump_logits));
     session->set_logits_sink([&](TokenId id, const float* logits, int) {
       dump->append(logits);
       dumped_ids.push_back(id);
@@ -169,8 +174,12 @@ int run(RunArgs& a) {
   std::fflush(stdout);
 
   if (dump) {
-    dump->close();
-    npy::write_i32(tokens_path(a.dump_logits), dumped_ids.data(), {dumped_ids.size()});
+    // Both files complete before either is renamed into place: a failure
+    // leaves both old files as they were.
+    npy::write_i32(*dump_tokens, dumped_ids.data(), {dumped_ids.size()});
+    dump->finish();
+    dump_tokens->commit();
+    dump->commit();
     std::fprintf(stderr, "kvq: wrote logits [%zu, %d] to %s and token ids to %s\n", dumped_ids.size(),
                  l.model->config().vocab_size, a.dump_logits.c_str(), tokens_path(a.dump_logits).c_str());
   }

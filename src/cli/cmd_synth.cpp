@@ -4,6 +4,7 @@
 
 #include "cli/command.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "core/timer.hpp"
 #include "gguf/types.hpp"
 #include "model/synth.hpp"
@@ -35,6 +36,7 @@ std::function<int()> setup(CLI::App& sub) {
         kvq::fail(kvq::Errc::invalid_argument, "--weights '", *weights,
                   "' is not a supported type (", kvq::gguf::tensor_type_names(), ")");
     }
+    kvq::note_input(opt->vocab_json, "vocabulary");  // -o must not replace it
     kvq::Timer t;
     kvq::write_synthetic(*opt, *out);
     const auto bytes = std::filesystem::file_size(*out);

@@ -1,4 +1,5 @@
 // kvq tokenize / kvq detokenize: the model's tokenizer from the command line.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -156,7 +157,10 @@ KVQ_REGISTER_COMMAND(
           }
           size_t j = i + (neg ? 1 : 0);
           while (j < all.size() && std::isdigit(static_cast<unsigned char>(all[j]))) ++j;
-          const long long v = std::stoll(all.substr(i, j - i));
+          // Saturating: a 30-digit id is out of range, not a library exception.
+          long long v = 0;
+          for (size_t k = i + (neg ? 1 : 0); k < j; ++k) v = std::min<long long>(v * 10 + (all[k] - '0'), 1LL << 40);
+          if (neg) v = -v;
           KVQ_CHECK(v >= 0 && v < tok.vocab_size(), Errc::invalid_argument, "token id ", v,
                     " is outside the vocabulary (0..", tok.vocab_size() - 1, ")");
           ids.push_back(TokenId(v));

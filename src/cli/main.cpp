@@ -2,10 +2,13 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <new>
+#include <typeinfo>
 
 #include "cli/command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/text.hpp"
 
 namespace kvq::cli {
 std::vector<Command>& registry() {
@@ -60,19 +63,29 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     // One line, like every other kvq error, and the usage-error status 2.
-    std::fprintf(stderr, "kvq: error: %s (--help lists the options)\n", e.what());
+    std::fprintf(stderr, "kvq: error: %s (--help lists the options)\n", printable(e.what()).c_str());
     return 2;
   }
   set_log_level(verbose >= 2 ? LogLevel::debug : verbose == 1 ? LogLevel::info : LogLevel::warn);
   try {
     return action ? action() : 0;
   } catch (const Error& e) {
+    // Messages quote file contents and arguments: one line, control bytes escaped.
     std::fflush(stdout);
-    std::fprintf(stderr, "kvq: error: %s\n", e.what());
+    std::fprintf(stderr, "kvq: error: %s\n", printable(e.what()).c_str());
     return e.code() == Errc::invalid_argument ? 2 : 1;
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    std::fprintf(stderr, "kvq: error: %s\n", e.what());
+    std::fprintf(stderr,
+                 "kvq: error: out of memory; the input, model or --ctx is too large for this machine "
+                 "(try a smaller --ctx or input)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    // A library's own exception text is not a kvq message; say what it was
+    // and what to do, on one line.
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvq: error: unexpected failure: %s; this is a bug in kvq, please report it\n",
+                 printable(e.what()).c_str());
     return 1;
   }
 }

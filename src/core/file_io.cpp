@@ -4,9 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <limits.h>
+#include <signal.h>
+
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "core/error.hpp"
@@ -51,7 +56,79 @@ std::string resolve_links(const std::string& path) {
   fail(Errc::io, "'", path, "': too many levels of symbolic links");
 }
 
+struct NotedInput {
+  dev_t dev;
+  ino_t ino;
+  std::string path, what;
+};
+std::mutex inputs_mu;
+std::vector<NotedInput>& inputs() {
+  static std::vector<NotedInput> v;
+  return v;
+}
+
+// Temporaries that a fatal signal must not leave behind. Fixed slots so that
+// the handler only reads memory and calls unlink (async-signal-safe).
+constexpr int kTempSlots = 64;
+struct TempSlot {
+  std::atomic<bool> used{false};
+  char path[PATH_MAX];
+};
+TempSlot temp_slots[kTempSlots];
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+extern "C" void remove_temporaries_and_die(int sig) {
+  for (auto& slot : temp_slots)
+    if (slot.used.load()) ::unlink(slot.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void install_cleanup_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : kCleanupSignals) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) continue;
+      struct sigaction sa {};
+      sa.sa_handler = remove_temporaries_and_die;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(sig, &sa, nullptr);
+    }
+  });
+}
+
+int register_temporary(const std::string& path) {
+  if (path.size() >= PATH_MAX) return -1;
+  install_cleanup_handlers();
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int i = 0; i < kTempSlots; ++i) {
+    if (temp_slots[i].used.load()) continue;
+    std::memcpy(temp_slots[i].path, path.c_str(), path.size() + 1);
+    temp_slots[i].used.store(true);
+    return i;
+  }
+  return -1;  // more than 64 outputs open at once: not cleaned on a signal
+}
+
+void unregister_temporary(int slot) {
+  if (slot >= 0) temp_slots[slot].used.store(false);
+}
+
 }  // namespace
+
+void note_input(const std::string& path, std::string_view what) {
+  struct stat st;
+  if (path.empty() || path == "-" || ::stat(path.c_str(), &st) != 0) return;
+  std::lock_guard<std::mutex> lock(inputs_mu);
+  inputs().push_back({st.st_dev, st.st_ino, path, std::string(what)});
+}
+
+void clear_inputs() {
+  std::lock_guard<std::mutex> lock(inputs_mu);
+  inputs().clear();
+}
 
 std::string file_kind(const std::string& path) {
   struct stat st;
@@ -119,20 +196,43 @@ OutputFile::OutputFile(const std::string& path) : path_(path) {
          ", not a regular file; kvq writes its output to a new file and renames it into place, "
          "which would replace it: give a regular file path");
   }
+  mode_t mode = 0644;  // before the umask, as open() applies it
+  bool keep_mode = false;
+  if (::stat(target_.c_str(), &st) == 0) {
+    std::lock_guard<std::mutex> lock(inputs_mu);
+    for (const NotedInput& in : inputs())
+      if (in.dev == st.st_dev && in.ino == st.st_ino)
+        fail(Errc::invalid_argument, "output '", path, "' is the ", in.what, " '", in.path,
+             "' of this command; writing it would destroy the input: give another output path");
+    mode = st.st_mode & 07777;
+    keep_mode = true;
+  }
   static std::atomic<unsigned> counter{0};
   for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
     temp_ = str(target_, ".tmp.", ::getpid(), ".", counter++);
-    fd_ = ::open(temp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd_ = ::open(temp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, keep_mode ? 0600 : 0644);
     if (fd_ < 0 && errno != EEXIST)
       fail(Errc::io, "'", path, "': cannot create '", temp_, "': ", std::strerror(errno));
   }
   if (fd_ < 0) fail(Errc::io, "'", path, "': cannot create a temporary file beside it");
+  slot_ = register_temporary(temp_);
+  // A replaced file keeps its permissions (0600 stays 0600, not 0644).
+  if (keep_mode && ::fchmod(fd_, mode) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(temp_.c_str());
+    unregister_temporary(slot_);
+    slot_ = -1;
+    fail(Errc::io, "'", path, "': cannot give the new file the mode of the old one: ", std::strerror(err));
+  }
 }
 
 OutputFile::~OutputFile() {
   if (stream_) std::fclose(stream_);
   else if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  unregister_temporary(slot_);
 }
 
 std::FILE* OutputFile::stream() {
@@ -165,6 +265,8 @@ void OutputFile::commit() {
   if (std::rename(temp_.c_str(), target_.c_str()) != 0)
     fail(Errc::io, "'", path_, "': cannot rename '", temp_, "' into place: ", std::strerror(errno));
   committed_ = true;
+  unregister_temporary(slot_);
+  slot_ = -1;
 }
 
 }  // namespace kvq

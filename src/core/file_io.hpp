@@ -28,15 +28,28 @@ std::string read_stream_bounded(std::FILE* f, const std::string& name, size_t ma
 // error naming `what` (an endless line, such as /dev/zero, cannot exhaust memory).
 bool read_line_bounded(std::FILE* f, std::string& line, size_t max_bytes, std::string_view what);
 
+// Inputs of the running command (the model, the prompt file, a vocabulary)
+// that no OutputFile may replace: `kvq run -m M.gguf --dump-logits M.gguf`
+// is an error naming both, not a destroyed model. Files are compared by
+// device and inode (links and other spellings of the same file count);
+// a path that does not exist is ignored. `what` names it in the message.
+void note_input(const std::string& path, std::string_view what);
+// Forgets every noted input (tests that run several commands in one process).
+void clear_inputs();
+
 // A file written under a temporary name beside its target and renamed over
-// the target by commit(). Until then (and when commit() is never reached,
+// the target by commit(). The temporary gets the mode of the file it will
+// replace (a 0600 file stays 0600), and is removed when the process is
+// ended by SIGINT, SIGTERM, SIGHUP or SIGPIPE (handlers are installed only
+// where the signal's disposition is still the default). Until then (and when commit() is never reached,
 // e.g. on a write error or a full disk) the target keeps its old contents,
 // or does not exist, and the destructor removes the temporary.
 class OutputFile {
  public:
   // Resolves `path`: symlinks are followed (the link stays and its target is
-  // replaced); an existing target that is not a regular file is an
-  // Errc::invalid_argument error naming what it is. Creates the temporary
+  // replaced); an existing target that is not a regular file, or that is a
+  // noted input (note_input), is an Errc::invalid_argument error naming what
+  // it is. Creates the temporary
   // (mode 0644 less the umask) or throws Errc::io.
   explicit OutputFile(const std::string& path);
   OutputFile(const OutputFile&) = delete;
@@ -59,6 +72,7 @@ class OutputFile {
   int fd_ = -1;
   std::FILE* stream_ = nullptr;
   bool committed_ = false;
+  int slot_ = -1;  // signal-cleanup slot of the temporary
 };
 
 // What kind of file system object `path` is, for messages: "regular file",

@@ -1,5 +1,7 @@
 #include "core/log.hpp"
 
+#include "core/text.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -17,7 +19,8 @@ LogLevel log_level() { return LogLevel(g_level.load()); }
 void log_line(LogLevel level, const std::string& msg) {
   static const char* names[] = {"debug", "info", "warn", "error", ""};
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(stderr, "kvq %s: %s\n", names[int(level)], msg.c_str());
+  // Log lines quote file contents (metadata, paths): control bytes escaped.
+  std::fprintf(stderr, "kvq %s: %s\n", names[int(level)], printable(msg, true).c_str());
 }
 
 }  // namespace kvq

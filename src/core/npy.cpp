@@ -53,13 +53,19 @@ FilePtr open_or_fail(const std::string& path, const char* mode) {
   return f;
 }
 
+void write_array(OutputFile& out, const char* descr, const void* data, size_t bytes,
+                 const std::vector<uint64_t>& shape) {
+  std::FILE* f = out.stream();
+  const std::string h = header_bytes(descr, shape);
+  if (std::fwrite(h.data(), 1, h.size(), f) != h.size() || (bytes && std::fwrite(data, 1, bytes, f) != bytes) ||
+      std::fflush(f) != 0)
+    fail(Errc::io, "short write to '", out.path(), "' (disk full?)");
+}
+
 void write_array(const std::string& path, const char* descr, const void* data, size_t bytes,
                  const std::vector<uint64_t>& shape) {
   OutputFile out(path);  // complete or absent: never a truncated array under the name
-  std::FILE* f = out.stream();
-  const std::string h = header_bytes(descr, shape);
-  if (std::fwrite(h.data(), 1, h.size(), f) != h.size() || (bytes && std::fwrite(data, 1, bytes, f) != bytes))
-    fail(Errc::io, "short write to '", path, "' (disk full?)");
+  write_array(out, descr, data, bytes, shape);
   out.commit();
 }
 
@@ -98,6 +104,10 @@ void write_f32(const std::string& path, const float* data, const std::vector<uin
 
 void write_i32(const std::string& path, const int32_t* data, const std::vector<uint64_t>& shape) {
   write_array(path, "<i4", data, product(shape) * 4, shape);
+}
+
+void write_i32(OutputFile& out, const int32_t* data, const std::vector<uint64_t>& shape) {
+  write_array(out, "<i4", data, product(shape) * 4, shape);
 }
 
 Array read(const std::string& path) {
@@ -163,14 +173,24 @@ void RowWriter::append(const float* row) {
   ++rows_;
 }
 
-void RowWriter::close() {
+void RowWriter::finish() {
   if (!f_) return;
   std::FILE* f = f_;
   f_ = nullptr;
   const std::string h = header_bytes("<f4", {rows_, row_len_});
-  if (std::fseek(f, 0, SEEK_SET) != 0 || std::fwrite(h.data(), 1, h.size(), f) != h.size())
+  if (std::fseek(f, 0, SEEK_SET) != 0 || std::fwrite(h.data(), 1, h.size(), f) != h.size() || std::fflush(f) != 0)
     fail(Errc::io, "cannot finish writing '", path_, "' (disk full?)");
+}
+
+void RowWriter::commit() {
+  KVQ_CHECK(!f_, Errc::internal, "npy::RowWriter::commit before finish");
   out_->commit();
+}
+
+void RowWriter::close() {
+  if (!f_) return;
+  finish();
+  commit();
 }
 
 }  // namespace kvq::npy

@@ -27,6 +27,8 @@ struct Array {
 
 void write_f32(const std::string& path, const float* data, const std::vector<uint64_t>& shape);
 void write_i32(const std::string& path, const int32_t* data, const std::vector<uint64_t>& shape);
+// The same into an open OutputFile, which the caller commits (outputs written as a set).
+void write_i32(OutputFile& out, const int32_t* data, const std::vector<uint64_t>& shape);
 // Reads '<f4' / '<i4' C-order arrays; anything else is a clear Errc::format error.
 Array read(const std::string& path);
 
@@ -43,7 +45,11 @@ class RowWriter {
   RowWriter& operator=(const RowWriter&) = delete;
   ~RowWriter();  // without close(): discards what was written
   void append(const float* row);
-  void close();  // rewrites the header with the final shape and renames the file into place
+  void close();  // finish() then commit()
+  // Rewrites the header with the final shape and flushes, without renaming:
+  // outputs written as a set are all finished before any is committed.
+  void finish();
+  void commit();  // renames the finished file into place
   uint64_t rows() const { return rows_; }
 
  private:

@@ -108,7 +108,12 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
 TokenId Session::feed_greedy(TokenId id, int vocab) {
   KVQ_CHECK(int(tokens_.size()) + 1 <= opts_.ctx, Errc::out_of_range, "feeding a token after ", tokens_.size(),
             " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
-  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_);
+  // The greedy path never sees a logits row, so the winning logit is checked:
+  // a NaN hidden state makes every logit NaN and argmax would pick token 0
+  // forever and succeed (issue 29). One float per step crosses to the host.
+  float chosen = 0;
+  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_, &chosen);
+  if (!std::isfinite(chosen)) fail_non_finite(int(tokens_.size()), next, chosen);
   tokens_.push_back(id);
   return next;
 }

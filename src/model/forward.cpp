@@ -170,7 +170,7 @@ void Model::check_fits(const kv::Cache& cache, int pos, int n) const {
             ") do not fit the context of ", max_tokens, " tokens; raise --ctx or shorten the prompt");
 }
 
-int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& r) {
+int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& r, float* chosen_logit) {
   KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
             " logits of a model with ", cfg_.vocab_size);
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
@@ -183,7 +183,9 @@ int32_t Model::forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, 
                cache);
     lm_head_row(r, 0);
   }
-  return backend_.argmax(r.logits_->data(), size_t(vocab));
+  const int32_t best = backend_.argmax(r.logits_->data(), size_t(vocab));
+  if (chosen_logit) backend_.download(r.logits_->data() + best, chosen_logit, 1);
+  return best;
 }
 
 void Model::lm_head_row(RunState& r, int t) {

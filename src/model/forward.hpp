@@ -103,7 +103,10 @@ class Model {
   // the index of the largest of the first `vocab` logits (NaN never wins,
   // lowest id on ties, as the greedy Sampler), computed by the backend so the
   // logits never leave it. vocab <= config().vocab_size.
-  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& run);
+  // chosen_logit (optional): receives the winning logit, so that a caller can
+  // tell a NaN/inf step (argmax treats NaN as -inf and would return 0).
+  int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab, RunState& run,
+                         float* chosen_logit = nullptr);
   int32_t forward_argmax(int32_t id, int pos, kv::Cache& cache, int vocab) {
     return forward_argmax(id, pos, cache, vocab, own_run_);
   }

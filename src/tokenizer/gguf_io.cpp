@@ -76,13 +76,31 @@ void write_tokenizer_data(const TokenizerData& d, gguf::Writer& w) {
   if (!d.normalizer.empty()) w.set(keys::normalizer, gguf::Value::string(d.normalizer));
 }
 
+namespace {
+
+// A model written from a tokenizer.json must be able to run: the tokenizer is
+// built once (merges naming unknown tokens, missing byte tokens, ... fail
+// here) before anything is written.
+void check_builds(const TokenizerData& d, const std::string& path) {
+  try {
+    (void)Tokenizer::from_data(d);
+  } catch (const Error& e) {
+    fail(Errc::format, "'", path, "' does not make a working tokenizer: ", e.what());
+  }
+}
+
+}  // namespace
+
 void import_hf_tokenizer(const std::string& path, gguf::Writer& w) {
-  write_tokenizer_data(load_hf_tokenizer(path), w);
+  const TokenizerData d = load_hf_tokenizer(path);
+  check_builds(d, path);
+  write_tokenizer_data(d, w);
 }
 
 void import_hf_tokenizer(const std::string& path, gguf::Writer& w, int vocab_size) {
   TokenizerData d = load_hf_tokenizer(path);
   pad_vocab(d, vocab_size);
+  check_builds(d, path);
   write_tokenizer_data(d, w);
 }
 
@@ -92,7 +110,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) { return from_data(read_toke
 // file carries, so what tests check here is what `kvq synth --vocab` stores.
 Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   gguf::Writer w;
-  import_hf_tokenizer(path, w);
+  write_tokenizer_data(load_hf_tokenizer(path), w);
   const std::vector<uint8_t> bytes = w.to_bytes();
   const gguf::File f = gguf::File::parse(bytes.data(), bytes.size(), path);
   return from_gguf(f);

@@ -1,7 +1,9 @@
 // Hugging Face tokenizer.json -> tokenizer.ggml.* (llama.cpp's conversion rules).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tokenizer/vocab.hpp"
 
@@ -17,7 +19,20 @@ namespace gguf { class Writer; }
 // Token types follow llama.cpp's converter: vocabulary entries are normal;
 // added tokens are control when marked special or spelled <|...|>, else
 // user-defined; ids not covered by either are unused "[PADn]" entries.
+// Hostile files are refused with one-line Errc::format errors: files over
+// kMaxTokenizerJsonBytes, JSON nested deeper than 64 levels, ids that are not
+// integers in [0, kMaxTokenizerVocab) or leave most ids undefined, duplicate
+// ids, fields of the wrong type, config tokens that are not in the vocabulary.
 TokenizerData load_hf_tokenizer(const std::string& tokenizer_json_path);
+// The same from the files' text (config_text: tokenizer_config.json, or null);
+// the names are for messages. The fuzz target's entry point.
+TokenizerData parse_hf_tokenizer(std::string_view json_text, const std::string& name,
+                                 const std::string* config_text, const std::string& config_name);
+
+// tokenizer.json files are about 10 MB (Qwen3 11 MB, Gemma 3 33 MB).
+inline constexpr size_t kMaxTokenizerJsonBytes = size_t(128) << 20;
+// Token ids kvq accepts from a file (the largest real vocabularies are ~262k).
+inline constexpr int64_t kMaxTokenizerVocab = int64_t(1) << 22;
 
 // Writes every tokenizer.ggml.* key (and tokenizer.chat_template when known).
 void import_hf_tokenizer(const std::string& tokenizer_json_path, gguf::Writer& w);

@@ -4,7 +4,10 @@
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
 
+#include <algorithm>
 #include <array>
+#include <tuple>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -125,23 +128,146 @@ static bool is_ascii(std::string_view s) {
 }
 
 bool is_nfc(std::string_view s) {
+  // ICU's isNormalizedUTF8 is quadratic in a run of combining marks (1 MB of
+  // alternating marks: over 10 minutes); the linear nfc() decides instead.
   if (is_ascii(s)) return true;
-  UErrorCode status = U_ZERO_ERROR;
-  const bool ok = nfc_instance().isNormalizedUTF8(icu::StringPiece(s.data(), int32_t(s.size())), status);
-  if (U_FAILURE(status)) fail(Errc::internal, "ICU NFC check failed: ", u_errorName(status));
-  return ok;
+  return nfc(s) == s;
 }
 
-std::string nfc(std::string_view s) {
-  if (is_nfc(s)) return std::string(s);
-  KVQ_CHECK(s.size() < size_t(INT32_MAX), Errc::out_of_range,
-            "text of ", s.size(), " bytes is too long to normalize; split it below 2 GiB");
-  std::string out;
-  out.reserve(s.size());
+static const icu::Normalizer2& nfd_instance() {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFDInstance(status);
+  if (U_FAILURE(status) || n == nullptr)
+    fail(Errc::internal, "ICU NFD normalizer unavailable: ", u_errorName(status));
+  return *n;
+}
+
+// The code point of the well-formed sequence of length n at s[i].
+static uint32_t decode_at(std::string_view s, size_t i, size_t n) {
+  uint32_t cp = static_cast<unsigned char>(s[i]);
+  if (n > 1) {
+    cp &= (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  }
+  return cp;
+}
+
+static void icu_nfc_append(std::string_view s, std::string& out) {
+  if (s.empty()) return;
   icu::StringByteSink<std::string> sink(&out);
   UErrorCode status = U_ZERO_ERROR;
   nfc_instance().normalizeUTF8(0, icu::StringPiece(s.data(), int32_t(s.size())), sink, nullptr, status);
   if (U_FAILURE(status)) fail(Errc::internal, "ICU NFC normalization failed: ", u_errorName(status));
+}
+
+std::string nfc_segment(std::string_view s) {
+  const icu::Normalizer2& nfc = nfc_instance();
+  const icu::Normalizer2& nfd = nfd_instance();
+  // 1. Full canonical decomposition, code point by code point.
+  std::vector<UChar32> d;
+  d.reserve(s.size());
+  icu::UnicodeString dec;
+  for (size_t i = 0; i < s.size();) {
+    size_t n = sequence_length(s, i);
+    if (n == 0) n = 1;  // callers pass valid UTF-8; never loop forever
+    const UChar32 cp = UChar32(decode_at(s, i, n));
+    i += n;
+    if (nfd.getDecomposition(cp, dec)) {
+      for (int32_t k = 0; k < dec.length();) {
+        const UChar32 c = dec.char32At(k);
+        d.push_back(c);
+        k += U16_LENGTH(c);
+      }
+    } else {
+      d.push_back(cp);
+    }
+  }
+  // 2. Canonical ordering: each run of non-starters stably sorted by class.
+  std::vector<uint8_t> ccc(d.size());
+  for (size_t i = 0; i < d.size(); ++i) ccc[i] = nfc.getCombiningClass(d[i]);
+  std::vector<std::pair<uint8_t, UChar32>> run;
+  for (size_t i = 0; i < d.size();) {
+    if (ccc[i] == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < d.size() && ccc[j] != 0) ++j;
+    if (j - i > 1) {
+      run.clear();
+      for (size_t k = i; k < j; ++k) run.emplace_back(ccc[k], d[k]);
+      std::stable_sort(run.begin(), run.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t k = i; k < j; ++k) std::tie(ccc[k], d[k]) = run[k - i];
+    }
+    i = j;
+  }
+  // 3. Canonical composition: each character joins the last starter unless a
+  // character kept between them has class 0 or a class >= its own. Kept
+  // non-starters are in non-decreasing class order, so the last one kept
+  // decides.
+  std::vector<UChar32> out;
+  out.reserve(d.size());
+  ptrdiff_t starter = -1;  // index in out of the last starter
+  int last_ccc = -1;       // class of the last character kept after it; -1: none
+  for (size_t i = 0; i < d.size(); ++i) {
+    const UChar32 c = d[i];
+    const int cc = ccc[i];
+    if (starter >= 0 && (last_ccc < 0 || (last_ccc != 0 && last_ccc < cc))) {
+      const UChar32 p = nfc.composePair(out[size_t(starter)], c);
+      if (p >= 0) {
+        out[size_t(starter)] = p;
+        continue;
+      }
+    }
+    if (cc == 0) {
+      starter = ptrdiff_t(out.size());
+      last_ccc = -1;
+    } else {
+      last_ccc = cc;
+    }
+    out.push_back(c);
+  }
+  std::string bytes;
+  bytes.reserve(s.size());
+  for (UChar32 c : out) append(bytes, uint32_t(c));
+  return bytes;
+}
+
+std::string nfc(std::string_view s) {
+  if (is_ascii(s)) return std::string(s);
+  KVQ_CHECK(s.size() < size_t(INT32_MAX), Errc::out_of_range,
+            "text of ", s.size(), " bytes is too long to normalize; split it below 2 GiB");
+  // Cut at normalization boundaries (NFC(a + b) = NFC(a) + NFC(b) when b
+  // starts at one). Runs of short segments go to ICU together; a long
+  // segment (a run of combining marks) goes to nfc_segment.
+  const icu::Normalizer2& n = nfc_instance();
+  std::string out;
+  out.reserve(s.size());
+  size_t pending = 0;    // start of the text not yet normalized
+  size_t seg_start = 0;  // start of the current segment
+  size_t seg_cps = 0;    // its length in code points
+  bool long_seg = false;
+  auto end_segment = [&](size_t end) {
+    if (long_seg) {
+      icu_nfc_append(s.substr(pending, seg_start - pending), out);
+      out += nfc_segment(s.substr(seg_start, end - seg_start));
+      pending = end;
+    }
+    seg_start = end;
+    seg_cps = 0;
+    long_seg = false;
+  };
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : sequence_length(s, i);
+    if (len == 0) len = 1;
+    const bool boundary = c < 0x80 || n.hasBoundaryBefore(UChar32(decode_at(s, i, len)));
+    if (boundary && i > seg_start) end_segment(i);
+    long_seg = long_seg || ++seg_cps > kNfcIcuSegment;
+    i += len;
+  }
+  end_segment(s.size());
+  icu_nfc_append(s.substr(pending), out);
   return out;
 }
 

@@ -33,8 +33,22 @@ std::string sanitize(std::string_view s);
 
 // Unicode Normalization Form C of valid UTF-8 (ICU). ASCII and already-NFC
 // text come back unchanged without copying more than once.
+// Linear time on any input: ICU's canonical reordering is an insertion sort,
+// quadratic in a run of combining marks (1 MB of alternating marks took
+// minutes), so segments longer than kNfcIcuSegment code points between
+// normalization boundaries are normalized by nfc_segment below instead.
 std::string nfc(std::string_view s);
 bool is_nfc(std::string_view s);
+
+// Longest segment (code points from one normalization boundary to the next)
+// handed to ICU as is; real text has segments of a few code points.
+inline constexpr size_t kNfcIcuSegment = 32;
+// NFC of valid UTF-8 by the Unicode algorithm itself (UAX #15): full canonical
+// decomposition of each code point, canonical ordering by a stable sort of
+// each run of non-starters (O(n log n)), then canonical composition in one
+// pass. The property data (decompositions, combining classes, composites)
+// come from ICU. Exposed so tests compare it with ICU's normalizer.
+std::string nfc_segment(std::string_view s);
 
 // Readable form of raw token bytes for terminals: printable UTF-8 as is, "\n",
 // "\t", "\r", "\\" escaped, other control bytes and ill-formed bytes as \xNN.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the GGUF fuzz target with clang (libFuzzer + ASan + UBSan), write a seed
-# corpus of valid small files, and fuzz for a fixed time. Fails loudly when
+# Build the fuzz targets with clang (libFuzzer + ASan + UBSan), write seed
+# corpora of valid small files, and fuzz each for a fixed time: the GGUF
+# reader for SECONDS, tokenizer.json import for min(SECONDS, 40). Fails loudly when
 # clang or the libFuzzer runtime is missing (tools/install-deps.sh installs
 # clang and libclang-rt-14-dev): a fuzz step that silently skips is no test.
 #   usage: tests/fuzz/run.sh [SECONDS] [BUILD_DIR]
@@ -34,4 +35,21 @@ echo "fuzz: $(ls "$OUT/seeds" | wc -l) seed files; fuzzing for ${SECONDS_TO_RUN}
 if [ "$SECONDS_TO_RUN" -gt 0 ]; then LIMIT="-max_total_time=$SECONDS_TO_RUN"; else LIMIT="-runs=0"; fi
 "$OUT/fuzz_gguf" $LIMIT -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
   -max_len=65536 -print_final_stats=1 -artifact_prefix="$OUT/" "$OUT/corpus" "$OUT/seeds"
-echo "fuzz: no findings in ${SECONDS_TO_RUN}s"
+echo "fuzz: gguf: no findings in ${SECONDS_TO_RUN}s"
+
+# tokenizer.json import (kvq tokenize --tokenizer-json, kvq synth --vocab) and
+# the tokenizer it builds, on the text of the input.
+TOK_SECONDS=$(( SECONDS_TO_RUN < 40 ? SECONDS_TO_RUN : 40 ))
+TOK_SRCS="src/tokenizer/hf_import.cpp src/tokenizer/tokenizer.cpp src/tokenizer/unicode.cpp src/tokenizer/pretokenizer.cpp src/core/error.cpp src/core/file_io.cpp"
+if ! $CXX_FUZZ $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    tests/fuzz/fuzz_tokenizer_json.cpp $TOK_SRCS -o "$OUT/fuzz_tokenizer_json" -licuuc -licudata -lpcre2-8; then
+  echo "fuzz: ERROR: building the tokenizer.json fuzz target failed (libicu-dev, libpcre2-dev installed?)" >&2
+  exit 1
+fi
+rm -rf "$OUT/tok_seeds" && mkdir -p "$OUT/tok_corpus"
+python3 tests/fuzz/make_tokenizer_seeds.py "$OUT/tok_seeds"
+echo "fuzz: tokenizer.json: $(ls "$OUT/tok_seeds" | wc -l) seed files; fuzzing for ${TOK_SECONDS}s"
+if [ "$TOK_SECONDS" -gt 0 ]; then LIMIT="-max_total_time=$TOK_SECONDS"; else LIMIT="-runs=0"; fi
+"$OUT/fuzz_tokenizer_json" $LIMIT -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+  -max_len=16384 -print_final_stats=1 -artifact_prefix="$OUT/tok-" "$OUT/tok_corpus" "$OUT/tok_seeds"
+echo "fuzz: tokenizer.json: no findings in ${TOK_SECONDS}s"

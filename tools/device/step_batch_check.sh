@@ -24,7 +24,7 @@ else
 fi
 grep -E "^\[  PASSED|^\[  FAILED|tests passed|FAILED|Failed" "$OUT/gpu_tests.txt" | head -30
 echo "== batched GEMV lab"
-timeout 90 build-gpu/kvq_bench_gemv_batch 20 2>&1 | tail -30
+timeout 90 build-gpu/kvq_bench_gemv_batch 20 >"$OUT/gemv_batch.txt" 2>&1; grep -E "^[A-Z][A-Za-z0-9_]*$|^layer" "$OUT/gemv_batch.txt"
 K=build-gpu/kvq
 H=/tmp/kvq-home
 echo "== kvq bench --batch"
