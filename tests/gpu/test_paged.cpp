@@ -82,7 +82,7 @@ Sequences scrambled(const std::vector<int>& lengths, int spare_pages, uint64_t s
   int need = spare_pages;
   for (int len : lengths) need += kv::pages_for(len, kPageTokens);
   s.n_pages = need;
-  std::vector<int32_t> order(size_t(need));
+  std::vector<int32_t> order(static_cast<size_t>(need));
   for (int i = 0; i < need; ++i) order[size_t(i)] = need - 1 - i;  // descending, then shuffled
   Rng rng(seed);
   for (int i = need - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng.below(uint64_t(i + 1)))]);
@@ -406,7 +406,7 @@ TEST_P(CudaBatchDecoder, EachSequenceGetsItsSoloResult) {
   std::vector<std::vector<TokenId>> prompts;
   Rng rng(9);
   for (int len : lengths) {
-    std::vector<TokenId> p(size_t(len));
+    std::vector<TokenId> p(static_cast<size_t>(len));
     for (auto& t : p) t = TokenId(rng.below(uint64_t(vocab)));
     prompts.push_back(p);
   }
@@ -433,7 +433,7 @@ TEST_P(CudaBatchDecoder, EachSequenceGetsItsSoloResult) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = prompts[i];
     auto cache = be->make_cache(o, model->cache_shape(int(p.size()) + steps + 1));
-    std::vector<float> logits(size_t(vocab));
+    std::vector<float> logits(static_cast<size_t>(vocab));
     model->forward(p.data(), int(p.size()), 0, *cache, logits.data(), false);
     const std::vector<TokenId>& toks = dec.tokens(handles[i]);
     int pos = int(p.size()), clear = 0;
