@@ -64,10 +64,16 @@
 // flight while it computes S (D <= 128; D = 256 has no registers to spare:
 // o alone takes 128 per lane); the first tile is asked into L2 before the
 // wait for the predecessor and loaded right after the q loads of the
-// prologue. Register use (-Xptxas -v, sm_90): D = 64 148, D = 128 242,
-// D = 256 250, no spills: 2 CTAs (8 warps) per SM for D >= 128, 3 for D = 64.
-// The keys-major instances are bounded to 3 CTAs (12 warps) per SM: <= 168
-// registers, no spills (4 CTAs at 128 registers spill and ran slower).
+// prologue. Register use (-Xptxas -v, sm_90, bf16 instances, with the paged
+// tile addressing): D = 64 160, D = 128 253, D = 256 255, no spills: 2 CTAs
+// (8 warps) per SM for D >= 128, 3 for D = 64. The keys-major instances are
+// bounded to 3 CTAs (12 warps) per SM: <= 168 registers (the iso +qjl ones
+// spill 12 bytes, as before paging; 4 CTAs at 128 registers spill and ran
+// slower).
+//
+// Paging (kv_store.hpp): a CTA's sequence is blockIdx.z; a 16-key tile's
+// first row is resolved once (tile_row: block table, then PageGeometry) and
+// its keys are the 15 rows after it.
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
