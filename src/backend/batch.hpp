@@ -40,7 +40,8 @@ struct StepBatch {
   static StepBatch one_sequence(const int32_t* ids, int n, int pos, const std::vector<int32_t>& pages,
                                 int page_tokens, Logits logits);
   // True when this is one sequence whose slots are its positions (an
-  // identity table): what a backend without paged kernels can run.
+  // identity table): the CUDA backend's fused single-token ops and
+  // recorded steps run this case; other batches take its paged path.
   bool is_one_contiguous_sequence() const;
 };
 

@@ -39,8 +39,9 @@ struct CacheShape {
   int head_dim = 0;
   int max_tokens = 0;  // tokens the store holds in all (one sequence's context, or a pool's)
   int n_heads = 0;     // query heads (0: unknown; GPU kernels are chosen per GQA group)
-  // Rows per page. A backend may choose another (the CUDA store holds one
-  // page of max_tokens rows until its paged kernels land); shape() says.
+  // Rows per page. A backend may choose another (the CUDA store takes one
+  // page of max_tokens rows when page_tokens >= max_tokens, and refuses
+  // pages that are not a multiple of 16, its attention tile); shape() says.
   int page_tokens = kDefaultPageTokens;
 
   int n_pages() const { return pages_for(max_tokens, page_tokens); }

@@ -92,12 +92,14 @@ TEST_P(CudaAttention, MatchesCpuNoneCache) {
 
   // The cache rows: bf16 of the inputs at their positions; the other layer untouched (zero).
   const auto& view = dynamic_cast<cuda::CudaLayerCache&>(gpu_cache->layer(layer)).view();
-  std::vector<uint16_t> kc(size_t(c.n_kv) * shape.max_tokens * c.head_dim);
+  // (The store is paged: token t of head h is row geometry().row(t / P, h, t % P).)
+  std::vector<uint16_t> kc(size_t(view.n_pages) * c.n_kv * view.page_tokens * c.head_dim);
   KVQ_CUDA_CHECK(cudaMemcpy(kc.data(), view.k.code, kc.size() * 2, cudaMemcpyDeviceToHost));
   for (int h = 0; h < c.n_kv; ++h)
     for (int t = 0; t < shape.max_tokens; ++t)
       for (int d = 0; d < c.head_dim; ++d) {
-        const uint16_t got = kc[(size_t(h) * shape.max_tokens + t) * c.head_dim + d];
+        const size_t row = view.geometry().row(t / view.page_tokens, h, t % view.page_tokens);
+        const uint16_t got = kc[row * c.head_dim + d];
         const uint16_t want = t < total ? f32_to_bf16(k[t * kv_row + h * c.head_dim + d]) : 0;
         ASSERT_EQ(got, want) << "K cache head " << h << " token " << t << " dim " << d;
       }

@@ -103,23 +103,32 @@ std::vector<float> hostile_rows(Rng& rng, int tokens, int n_kv, int D) {
   return x;
 }
 
-// The CPU blocks' encode of rows [0, tokens) of x into the layout of one GPU
-// store side ([n_kv][max_tokens][bytes]); rows not written stay zero.
+// The CPU blocks' encode of x's rows t < tokens at slots slot_of(t) into the
+// layout of one GPU store side (`layout`'s pages, kv_store.hpp); rows not
+// written stay zero.
 struct CpuSide {
   std::vector<uint8_t> code, side;
 };
-CpuSide cpu_encode(const kv::SideDescriptor& d, kv::Side which, const std::vector<float>& x, int pos, int tokens,
-                   int n_kv, int D, int max_tokens, int layer) {
-  CpuSide s{std::vector<uint8_t>(size_t(n_kv) * max_tokens * d.code_bytes),
-            std::vector<uint8_t>(size_t(n_kv) * max_tokens * d.side_bytes)};
+template <class SlotOf>
+CpuSide cpu_encode_at(const kv::SideDescriptor& d, kv::Side which, const std::vector<float>& x, int tokens, int n_kv,
+                      int D, const cuda::GpuKvLayer& layout, int layer, SlotOf slot_of) {
+  const size_t rows = size_t(layout.n_pages) * n_kv * layout.page_tokens;
+  CpuSide s{std::vector<uint8_t>(rows * d.code_bytes), std::vector<uint8_t>(rows * d.side_bytes)};
+  const kv::PageGeometry geo = layout.geometry();
   for (int h = 0; h < n_kv; ++h) {
     const auto block = kv::make_block(d.spec, D, kv::CodecOptions{}.seed, layer, h, which);
-    for (int t = 0; t < tokens; ++t)
-      block->encode(x.data() + (size_t(t) * n_kv + h) * D,
-                    s.code.data() + (size_t(h) * max_tokens + pos + t) * d.code_bytes,
-                    s.side.data() + (size_t(h) * max_tokens + pos + t) * d.side_bytes);
+    for (int t = 0; t < tokens; ++t) {
+      const size_t r = geo.slot_row(slot_of(t), h);
+      block->encode(x.data() + (size_t(t) * n_kv + h) * D, s.code.data() + r * d.code_bytes,
+                    s.side.data() + r * d.side_bytes);
+    }
   }
   return s;
+}
+// Tokens [pos, pos + tokens) of a one-sequence store (the identity table).
+CpuSide cpu_encode(const kv::SideDescriptor& d, kv::Side which, const std::vector<float>& x, int pos, int tokens,
+                   int n_kv, int D, const cuda::GpuKvLayer& layout, int layer) {
+  return cpu_encode_at(d, which, x, tokens, n_kv, D, layout, layer, [pos](int t) { return pos + t; });
 }
 
 void expect_side_equal(const CpuSide& want, const cuda::GpuKvSide& got, size_t rows, const std::string& what) {
@@ -165,8 +174,8 @@ TEST_P(CudaKvStore, EncodeIsBitIdenticalToCpu) {
   cuda::write_kv_at(store_of(*cache, layer), pos_dev.data(), dk.data() + n * row, dv.data() + n * row, nullptr);
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const CpuSide want_k = cpu_encode(desc.k, kv::Side::k, k, pos, n + 1, c.n_kv, D, max_tokens, layer);
-  const CpuSide want_v = cpu_encode(desc.v, kv::Side::v, v, pos, n + 1, c.n_kv, D, max_tokens, layer);
+  const CpuSide want_k = cpu_encode(desc.k, kv::Side::k, k, pos, n + 1, c.n_kv, D, store_of(*cache, layer), layer);
+  const CpuSide want_v = cpu_encode(desc.v, kv::Side::v, v, pos, n + 1, c.n_kv, D, store_of(*cache, layer), layer);
   const size_t rows = size_t(c.n_kv) * max_tokens;
   expect_side_equal(want_k, store_of(*cache, layer).k, rows, std::string(c.codec) + " K");
   expect_side_equal(want_v, store_of(*cache, layer).v, rows, std::string(c.codec) + " V");
@@ -235,9 +244,9 @@ TEST(CudaKvStoreFp8, RoundingBoundariesMatchCpu) {
   dx.upload(values);
   cache->layer(0).write(0, n, dx.data(), dx.data());
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  const CpuSide want = cpu_encode(desc.k, kv::Side::k, values, 0, n, n_kv, D, n, 0);
+  const CpuSide want = cpu_encode(desc.k, kv::Side::k, values, 0, n, n_kv, D, store_of(*cache, 0), 0);
   expect_side_equal(want, store_of(*cache, 0).k, size_t(n), "fp8 boundaries K");
-  expect_side_equal(cpu_encode(desc.v, kv::Side::v, values, 0, n, n_kv, D, n, 0), store_of(*cache, 0).v, size_t(n),
+  expect_side_equal(cpu_encode(desc.v, kv::Side::v, values, 0, n, n_kv, D, store_of(*cache, 0), 0), store_of(*cache, 0).v, size_t(n),
                     "fp8 boundaries V");
 }
 
@@ -316,8 +325,7 @@ TEST_P(CudaCodecDecode, MatchesCpuOverTheSamePackedStore) {
   const cuda::GpuKvLayer& store = store_of(*gpu, 0);
   for (kv::Side which : {kv::Side::k, kv::Side::v}) {
     const auto& x = which == kv::Side::k ? k : v;
-    const CpuSide bytes = cpu_encode(which == kv::Side::k ? desc.k : desc.v, which, x, 0, kFilled, c.n_kv, D,
-                                     c.max_tokens, 0);
+    const CpuSide bytes = cpu_encode(which == kv::Side::k ? desc.k : desc.v, which, x, 0, kFilled, c.n_kv, D, store, 0);
     const cuda::GpuKvSide& side = which == kv::Side::k ? store.k : store.v;
     KVQ_CUDA_CHECK(cudaMemcpy(side.code, bytes.code.data(), bytes.code.size(), cudaMemcpyHostToDevice));
     if (side.side_bytes)

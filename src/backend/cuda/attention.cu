@@ -39,7 +39,8 @@ struct Params {
   float* part_m;
   float* part_l;
   float* part_o;
-  int pos, n, n_heads, n_kv, D, max_tokens, G, Tq, chunk_len, n_chunks;
+  SeqRows rows;  // where the sequence's token t of a KV head is (kv_store.hpp)
+  int pos, n, n_heads, n_kv, D, G, Tq, chunk_len, n_chunks;
   float scale;  // scale * log2(e): scores in log2 units (softmax_state.cuh)
 };
 
@@ -72,7 +73,6 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
 #pragma unroll
   for (int i = 0; i < kMaxItems; ++i) acc[i] = 0.0f;
 
-  const size_t head_base = size_t(kvh) * p.max_tokens;
   const int c0 = chunk * p.chunk_len;
   const int c1 = min(c0 + p.chunk_len, pos + t0 + nt);  // keys past the last query's position are masked anyway
   __syncthreads();
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
     const int tl = min(kTile, c1 - kt);
     for (int e = tid; e < tl * D; e += kThreads) {
       const int j = e / D, d = e % D;
-      kv_s[j * (D + 1) + d] = bf16_to_f32(p.k[(head_base + kt + j) * D + d]);
+      kv_s[j * (D + 1) + d] = bf16_to_f32(p.k[p.rows.row(kvh, kt + j) * D + d]);
     }
     __syncthreads();
     // Scores: one (row, key) pair per thread and step.
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_kernel(Params p) {
     // V tile replaces the K tile (every score was computed before the sync above).
     for (int e = tid; e < tl * D; e += kThreads) {
       const int j = e / D, d = e % D;
-      kv_s[j * (D + 1) + d] = bf16_to_f32(p.v[(head_base + kt + j) * D + d]);
+      kv_s[j * (D + 1) + d] = bf16_to_f32(p.v[p.rows.row(kvh, kt + j) * D + d]);
     }
     __syncthreads();
 #pragma unroll
@@ -218,7 +218,7 @@ void launch_attention(const KvLayerView& layer, int pos, const int* pos_dev, int
   p.n_heads = n_heads;
   p.n_kv = n_kv;
   p.D = D;
-  p.max_tokens = layer.max_tokens;
+  p.rows = layer.rows();
   p.G = G;
   p.Tq = Tq;
   p.chunk_len = chunk_len;
@@ -248,14 +248,22 @@ KvLayerView::operator GpuKvLayer() const {
   g.n_kv_heads = n_kv_heads;
   g.head_dim = head_dim;
   g.max_tokens = max_tokens;
+  g.page_tokens = page_tokens ? page_tokens : max_tokens;
+  g.n_pages = n_pages;
   return g;
 }
 
-KvLayerView bf16_view(const GpuKvLayer& layer) {
+KvLayerView bf16_view(const GpuKvLayer& layer, const int32_t* pages) {
   KVQ_CHECK(layer.is_bf16(), Errc::internal, "bf16_view of a ", kv::family_name(layer.k.family), "/",
             kv::family_name(layer.v.family), " store");
-  return KvLayerView{reinterpret_cast<uint16_t*>(layer.k.code), reinterpret_cast<uint16_t*>(layer.v.code),
-                     layer.n_kv_heads, layer.head_dim, layer.max_tokens};
+  KvLayerView v{reinterpret_cast<uint16_t*>(layer.k.code), reinterpret_cast<uint16_t*>(layer.v.code),
+                layer.n_kv_heads, layer.head_dim, layer.max_tokens};
+  v.page_tokens = layer.page_tokens;
+  v.pages = pages;
+  v.n_pages = layer.n_pages;
+  // A sequence over a table may hold the whole store.
+  if (pages) v.max_tokens = layer.capacity();
+  return v;
 }
 
 namespace {
@@ -271,35 +279,46 @@ bool runs_decode_instance(const AttentionPlan& plan) {
   return plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
 }
 
-// A quantized store's prefix [0, len) dequantized into the scratch: the bf16
-// rows prefill attends to (AttentionPlan::dequant_prefix).
+// A quantized store's prefix [0, len) of a sequence (its block table
+// `pages`, device; null: the identity table) gathered through the table and
+// dequantized into the (contiguous) scratch: the bf16 rows prefill attends
+// to (AttentionPlan::dequant_prefix).
 KvLayerView dequantized_prefix(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream,
-                               const DeviceContext& ctx) {
+                               const DeviceContext& ctx, const int32_t* pages) {
   // Capacity rounded up so that growing contexts reallocate rarely.
-  const int cap = std::min(layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
+  const int cap = std::min(pages ? layer.capacity() : layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
   const size_t need = size_t(layer.n_kv_heads) * cap * layer.head_dim;
   if (scratch.prefix_k.size() < need) {
     scratch.prefix_k.resize(need);
     scratch.prefix_v.resize(need);
   }
   KvLayerView view{scratch.prefix_k.data(), scratch.prefix_v.data(), layer.n_kv_heads, layer.head_dim, cap};
-  dequantize_kv_bf16(layer, len, view, stream, ctx);
+  dequantize_kv_bf16(layer, len, view, stream, ctx, pages);
   return view;
 }
 
 }  // namespace
 
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx) {
-  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU attention: tokens [",
-            pos, ", ", int64_t(pos) + n, ") outside the cache capacity of ", layer.max_tokens);
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx,
+                     const int32_t* pages) {
+  const int cap = pages ? layer.capacity() : layer.max_tokens;
+  KVQ_CHECK(pos >= 0 && n > 0 && int64_t(pos) + n <= cap, Errc::out_of_range, "GPU attention: tokens [", pos, ", ",
+            int64_t(pos) + n, ") outside the cache capacity of ", cap);
   const AttentionPlan plan = checked_plan(layer, n_heads, n == 1);
   if (runs_decode_instance(plan)) {
-    flash_decode(plan, layer, pos, nullptr, q, n_heads, scale, out, scratch, stream, nullptr, ctx);
+    DecodeBatch one;
+    one.pos = pos;
+    if (pages) {
+      one.pages = pages;
+      one.table_stride = layer.n_pages;
+    }
+    flash_decode_batch(plan, layer, one, q, n_heads, scale, out, scratch, stream, nullptr, ctx);
     return;
   }
+  // A `none` store is read in place through the table (bf16_view).
   const KvLayerView rows =
-      plan.dequant_prefix ? dequantized_prefix(layer, pos + n, scratch, stream, ctx) : bf16_view(layer);
+      plan.dequant_prefix ? dequantized_prefix(layer, pos + n, scratch, stream, ctx, pages) : bf16_view(layer, pages);
   if (plan.kernel == AttentionKernel::prefill_tc) {
     flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream, 0, ctx);
     return;

@@ -48,25 +48,38 @@
 
 namespace kvq::cuda {
 
-// bf16 rows of one layer, K and V separate, [kv_head][max_tokens][head_dim]:
-// a `none` store, or the prefill scratch a quantized store is dequantized
-// into. Converts to the store it is (both sides bf16).
+// bf16 rows of one layer, K and V separate, head_dim values per row, rows
+// found through rows() (kv_store.hpp): a `none` store (paged, with a
+// sequence's block table), or the prefill scratch a quantized store is
+// dequantized into (one page: [kv_head][max_tokens][head_dim]). Converts to
+// the store it is (both sides bf16).
 struct KvLayerView {
-  uint16_t* k = nullptr;  // bf16 bits [n_kv_heads][max_tokens][head_dim]
+  uint16_t* k = nullptr;  // bf16 bits, rows of head_dim values
   uint16_t* v = nullptr;
   int n_kv_heads = 0;
   int head_dim = 0;
-  int max_tokens = 0;
+  int max_tokens = 0;       // tokens of the sequence the view can hold
+  int page_tokens = 0;      // 0: max_tokens (one page, contiguous [head][token])
+  const int32_t* pages = nullptr;  // the sequence's block table (device); null: identity
+  int n_pages = 1;          // pages of the store (a `none` store's; 1 for the scratch)
+  KVQ_STORE_HD SeqRows rows() const { return {{n_kv_heads, page_tokens ? page_tokens : max_tokens}, pages}; }
   operator GpuKvLayer() const;
 };
-// The bf16 rows of a store whose sides are both bf16 (Errc::internal otherwise).
-KvLayerView bf16_view(const GpuKvLayer& layer);
+// The bf16 rows of a store whose sides are both bf16 (Errc::internal
+// otherwise), for the sequence whose block table is `pages` (device; null:
+// the identity table).
+KvLayerView bf16_view(const GpuKvLayer& layer, const int32_t* pages = nullptr);
 
 // Encodes k, v ([n][n_kv_heads][head_dim] fp32, device) for tokens
-// [pos, pos+n) into the store with each side's encode hook (bf16: NaN -> 0,
-// clamped to +-65504 like the CPU `none` block; q8: bit-identical to the CPU
-// block). kv_encode.cu.
+// [pos, pos+n) of a one-sequence store (the identity table: slot = position)
+// with each side's encode hook (bf16: NaN -> 0, clamped to +-65504 like the
+// CPU `none` block; q8: bit-identical to the CPU block). kv_encode.cu.
 void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const float* v, cudaStream_t stream);
+
+// write_kv() of n tokens, token t at slot slots_dev[t] (device memory,
+// already range-checked: kv/page.hpp, page * page_tokens + entry).
+void write_kv_slots(const GpuKvLayer& layer, const int32_t* slots_dev, int n, const float* k, const float* v,
+                    cudaStream_t stream);
 
 // write_kv() of one token whose position is read from device memory
 // (*pos_dev, already range-checked by the caller): a recorded launch (CUDA
@@ -76,23 +89,27 @@ void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, co
 // True when the store's sides have encode hooks for this head_dim (write_kv).
 bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
 
-// Dequantizes rows [0, n_tokens) of every KV head of the store into bf16
+// Dequantizes tokens [0, n_tokens) of every KV head of a sequence (its
+// block table `pages`, device memory; null: the identity table) into bf16
 // rows laid out as `dst` (dst.max_tokens >= n_tokens). kv_encode.cu.
 void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
-                        const DeviceContext& ctx = default_context());
+                        const DeviceContext& ctx = default_context(), const int32_t* pages = nullptr);
 
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).
-// decode_counters: per-KV-head arrival counters of the tensor-core decode
+// decode_counters: per-(sequence, KV head) arrival counters of the tensor-core decode
 // kernel (attention_decode.hpp), zeroed when allocated and left at zero by
 // every launch; allocated by the first decode call (before any recording),
 // and a recorded step bakes its address in like part's.
 // prefix_k/prefix_v: the bf16 rows a quantized store's prefix is dequantized
 // into for prefill (grown on demand, shared by the layers).
+// batch_slots, batch_pos, batch_pages: device copies of a step's slots,
+// positions and block tables for CudaLayerCache::write_slots / attend_runs.
 struct AttentionScratch {
   DeviceBuffer<float> part;
   DeviceBuffer<unsigned> decode_counters;
   DeviceBuffer<uint16_t> prefix_k, prefix_v;
+  DeviceBuffer<int32_t> batch_slots, batch_pos, batch_pages;
 };
 
 // True when the CUDA-core kernel supports this shape (head_dim a multiple of
@@ -102,9 +119,12 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim, const 
 
 // q [n][n_heads][head_dim] fp32 (post-RoPE), out [n][n_heads][head_dim] fp32.
 // Runs the kernel choose_attention() plans for the store at n_heads (n == 1:
-// decode, else prefill); Errc::unsupported when it plans none.
+// decode, else prefill); Errc::unsupported when it plans none. pages: the
+// sequence's block table (device memory, at least pages_for(pos + n)
+// entries; null: the identity table of a one-sequence store).
 void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, int n_heads, float scale, float* out,
-                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx = default_context());
+                     AttentionScratch& scratch, cudaStream_t stream, const DeviceContext& ctx = default_context(),
+                     const int32_t* pages = nullptr);
 
 // Decode attention (one query token) at the position *pos_dev (device memory,
 // already range-checked) with a work split that depends only on the cache's

@@ -64,10 +64,16 @@
 // flight while it computes S (D <= 128; D = 256 has no registers to spare:
 // o alone takes 128 per lane); the first tile is asked into L2 before the
 // wait for the predecessor and loaded right after the q loads of the
-// prologue. Register use (-Xptxas -v, sm_90): D = 64 148, D = 128 242,
-// D = 256 250, no spills: 2 CTAs (8 warps) per SM for D >= 128, 3 for D = 64.
-// The keys-major instances are bounded to 3 CTAs (12 warps) per SM: <= 168
-// registers, no spills (4 CTAs at 128 registers spill and ran slower).
+// prologue. Register use (-Xptxas -v, sm_90, bf16 instances, with the paged
+// tile addressing): D = 64 160, D = 128 253, D = 256 255, no spills: 2 CTAs
+// (8 warps) per SM for D >= 128, 3 for D = 64. The keys-major instances are
+// bounded to 3 CTAs (12 warps) per SM: <= 168 registers (the iso +qjl ones
+// spill 12 bytes, as before paging; 4 CTAs at 128 registers spill and ran
+// slower).
+//
+// Paging (kv_store.hpp): a CTA's sequence is blockIdx.z; a 16-key tile's
+// first row is resolved once (tile_row: block table, then PageGeometry) and
+// its keys are the 15 rows after it.
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
@@ -104,20 +110,26 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
   GpuKvSide k, v;        // the packed store of this layer
-  const float* q;        // [n_heads][D]
-  float* out;            // [n_heads][D]
+  const float* q;        // [n_seq][n_heads][D]: sequence z's query is row z
+  float* out;            // [n_seq][n_heads][D]
   // Rotated sides: this layer's rotation tables ([n_kv][stride] floats,
   // GpuKvSide::rot), else null. q is rotated in shared memory before its
   // fragments are built, and the last CTA un-rotates o before writing it: no
   // launch of their own. +qjl K sides also get S q_rot there (k.qjl).
   const float* q_rot;
   const float* o_rot;
-  float* part_o;         // [n_kv][n_splits][G][D] unnormalised partial outputs
-  float* part_m;         // [n_kv][n_splits][G] running max (log2 domain)
-  float* part_l;         // [n_kv][n_splits][G] running sum
-  unsigned* counters;    // [n_kv] arrival counters, 0 between launches
-  const int* pos_dev;    // when set, the position is read from here
-  int pos;
+  float* part_o;         // [n_seq][n_kv][n_splits][G][D] unnormalised partial outputs
+  float* part_m;         // [n_seq][n_kv][n_splits][G] running max (log2 domain)
+  float* part_l;         // [n_seq][n_kv][n_splits][G] running sum
+  unsigned* counters;    // [n_seq][n_kv] arrival counters, 0 between launches
+  const int* pos_dev;    // [n_seq] when set, sequence z's position is pos_dev[z]
+  int pos;               // else the position (one sequence)
+  // Where the rows are (kv_store.hpp): the store's geometry and the block
+  // tables [n_seq][table_stride] (device), or null: one sequence over the
+  // identity table.
+  kv::PageGeometry geo;
+  const int32_t* pages;
+  int table_stride;
   // Fused q path (QPrep): q is raw, as the QKV projection wrote it; every CTA
   // norms and rotates (RoPE) its group's rows itself, and the kernel waits
   // for its predecessor (the store's encode, qk_rope_store with
@@ -127,7 +139,7 @@ struct DecodeParams {
   float q_eps;
   RopeParams rope;
   int G;
-  int max_tokens;
+  int capacity;          // tokens a sequence can hold (clamps the early prefetch)
   float q_scale;         // scale * log2(e)
   int prefetch_tiles;    // tiles per warp prefetched before the wait (KernelSettings::attn_prefetch_tiles)
   unsigned long long* trace;  // kernel-lab timeline (KernelSettings::decode_trace), or null
@@ -288,8 +300,16 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       smem + ((reinterpret_cast<uintptr_t>(is_last + 1) - reinterpret_cast<uintptr_t>(smem) + 15) & ~uintptr_t(15)));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int split = blockIdx.x, n_splits = gridDim.x, kvh = blockIdx.y;
-  const size_t head_row0 = size_t(kvh) * p.max_tokens;  // row index of this KV head's token 0
+  const int split = blockIdx.x, n_splits = gridDim.x, kvh = blockIdx.y, seq = blockIdx.z;
+  // This CTA's (sequence, KV head): its q / out rows, counter and partials.
+  const int seq_head = seq * int(gridDim.y) + kvh;
+  // The row of the first key of the 16-key tile at kb (a multiple of 16): a
+  // tile never straddles a page (kv_store.hpp), so its keys are rows
+  // tile_row(kb) + 0..15. Direct hooks take (row0, key) and address row0 +
+  // key: they get tile_row(kb) - kb (modulo 2^64, which the unsigned
+  // arithmetic undoes).
+  const SeqRows seq_rows{p.geo, p.pages ? p.pages + size_t(seq) * p.table_stride : nullptr};
+  auto tile_row = [&](int kb) -> size_t { return seq_rows.row(kvh, kb); };
 
   // This CTA's keys: whole 16-key tiles from a multiple of 16; the last tile of
   // the context may run past it (those keys are masked, their loads clamped).
@@ -306,17 +326,19 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   };
   // Lane 0 asks L2 for the K and V rows of one of this CTA's tiles (a hint:
   // see l2_prefetch.cuh), clamped to the cache.
-  auto prefetch_side = [&](const GpuKvSide& s, int kb, int n) {
-    prefetch_l2(s.code + (head_row0 + kb) * s.code_bytes, uint64_t(n) * s.code_bytes);
-    if (s.side_bytes) prefetch_l2(s.side + (head_row0 + kb) * s.side_bytes, uint64_t(n) * s.side_bytes);
+  // One tile's n <= 16 rows are consecutive (one page).
+  auto prefetch_side = [&](const GpuKvSide& s, size_t row, int n) {
+    prefetch_l2(s.code + row * s.code_bytes, uint64_t(n) * s.code_bytes);
+    if (s.side_bytes) prefetch_l2(s.side + row * s.side_bytes, uint64_t(n) * s.side_bytes);
   };
   auto prefetch_tile = [&](const Range& r, int tile) {
     if (lane != 0 || tile >= r.n_tiles) return;
     const int kb = r.key0 + tile * kTileKeys;
-    const int n = min(kTileKeys, p.max_tokens - kb);
+    const int n = min(kTileKeys, p.capacity - kb);
     if (n <= 0) return;
-    prefetch_side(p.k, kb, n);
-    prefetch_side(p.v, kb, n);
+    const size_t row = tile_row(kb);
+    prefetch_side(p.k, row, n);
+    prefetch_side(p.v, row, n);
   };
 
   // Dependent launch (dependent_launch.cuh): the K/V row at the position was
@@ -327,8 +349,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   trace_event(p.trace, 0);
   allow_dependents();
   if (p.prefetch_tiles > 0) {
-    const int early_pos = p.pos_dev ? *reinterpret_cast<const volatile int*>(p.pos_dev) : p.pos;
-    const Range early = range_of(min(max(early_pos, 0), p.max_tokens - 1) + 1);
+    const int early_pos = p.pos_dev ? reinterpret_cast<const volatile int*>(p.pos_dev)[seq] : p.pos;
+    const Range early = range_of(min(max(early_pos, 0), p.capacity - 1) + 1);
     for (int j = 0; j < p.prefetch_tiles; ++j) prefetch_tile(early, warp + j * kWarps);
   }
   // Fused q: nothing this kernel reads before the step's own K/V row was
@@ -343,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 
   // From L2: with the fused q path no wait has made this grid's view of
   // memory current (the position changes every step).
-  const int len = (p.pos_dev ? __ldcg(p.pos_dev) : p.pos) + 1;
+  const int len = (p.pos_dev ? __ldcg(p.pos_dev + seq) : p.pos) + 1;
   const Range range = range_of(len);
   const int key0 = range.key0, n_tiles = range.n_tiles;
   const int last_key = len - 1;
@@ -364,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // a power of two 2^e so that its largest value is near 2^14 (no part is
   // subnormal, none overflows); scores are multiplied by 2^-e afterwards.
   float score_factor = 1.0f;
-  const float* q_group = p.q + size_t(kvh) * G * D;
+  const float* q_group = p.q + size_t(seq_head) * G * D;
   int q_stride = D;
   if (p.q_fused) {  // q = RoPE(norm(q_raw)) of the group's rows, into shared memory [G][kQDims]
     constexpr int kPer = D / 32;
@@ -520,8 +542,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     const int tile = warp + i * kWarps;
     const int kb = key0 + tile * kTileKeys;
     const int n_valid = min(kTileKeys, len - kb);
-    if constexpr (kKStaged) KH::stage(p.k, head_row0 + kb, n_valid, slot_k(i), lane);
-    if constexpr (kVStaged) VH::stage(p.v, head_row0 + kb, n_valid, slot_v(i), lane);
+    const size_t row = tile_row(kb);
+    if constexpr (kKStaged) KH::stage(p.k, row, n_valid, slot_k(i), lane);
+    if constexpr (kVStaged) VH::stage(p.v, row, n_valid, slot_v(i), lane);
   };
   auto stage = [&](int i) {
     if constexpr (kAnyStaged) {
@@ -545,8 +568,10 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   if constexpr (kAnyStaged)
     for (int i = 0; i < kDecodeStages - 1; ++i) stage(i);
   if (kPipelined && warp < n_main) {
-    if constexpr (!kKStaged) KH::load(p.k, head_row0, key0 + warp * kTileKeys, last_key, g, t, k_cur, false);
-    if constexpr (!kVStaged) VH::load(p.v, head_row0, key0 + warp * kTileKeys, last_key, g, t, v_cur, false);
+    const int kb = key0 + warp * kTileKeys;
+    const size_t row0 = tile_row(kb) - kb;
+    if constexpr (!kKStaged) KH::load(p.k, row0, kb, last_key, g, t, k_cur, false);
+    if constexpr (!kVStaged) VH::load(p.v, row0, kb, last_key, g, t, v_cur, false);
   }
   if constexpr (KH::kLutEntries > 0) KH::build_lut(p.k, lut_k, tid, kThreads);
   if constexpr (VH::kLutEntries > 0) VH::build_lut(p.v, lut_v, tid, kThreads);
@@ -567,8 +592,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     // One tile, staged in ring slot i.
     auto step = [&](int i, int tile) {
       const int kb = key0 + tile * kTileKeys;
-      KH::bind_km(p.k, head_row0 + kb, slot_k(i), g, k_cur);
-      VH::bind_km(p.v, head_row0 + kb, slot_v(i), g, v_cur);
+      const size_t row = tile_row(kb);
+      KH::bind_km(p.k, row, slot_k(i), g, k_cur);
+      VH::bind_km(p.v, row, slot_v(i), g, v_cur);
       float s[4];  // keys g (0, 1), g + 8 (2, 3); heads 2t (0, 2), 2t + 1 (1, 3)
       KH::scores_km(qb, k_cur, lane, s, k_ctx);
 #pragma unroll
@@ -675,12 +701,12 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // (pipelined) or loaded here (V, not pipelined; from L2 for the newest).
   auto step = [&](int i, int tile, bool is_newest) {
     const int kb = key0 + tile * kTileKeys;
-    if constexpr (kKStaged) KH::bind(p.k, head_row0 + kb, slot_k(i), g, t, k_cur);
-    if constexpr (kVStaged) VH::bind(p.v, head_row0 + kb, slot_v(i), g, t, v_cur);
+    if constexpr (kKStaged) KH::bind(p.k, tile_row(kb), slot_k(i), g, t, k_cur);
+    if constexpr (kVStaged) VH::bind(p.v, tile_row(kb), slot_v(i), g, t, v_cur);
     float s[2][4], alpha[2];
     KH::scores(q_frag, k_cur, lane, s, k_ctx);
     softmax(tile, s, alpha);
-    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, is_newest);
+    if constexpr (!kPipelined && !kVStaged) VH::load(p.v, tile_row(kb) - kb, kb, last_key, g, t, v_cur, is_newest);
     VH::accumulate(s, alpha, v_cur, o, v_ctx);
   };
   for (int i = 0, tile = warp; tile < n_main; ++i, tile += kWarps) {
@@ -694,13 +720,14 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     bool has_next = false;
     if constexpr (kPipelined) {
       if constexpr (!kVStaged)
-        if (tile != warp) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, false);
+        if (tile != warp) VH::load(p.v, tile_row(kb) - kb, kb, last_key, g, t, v_cur, false);
       if constexpr (!kKStaged) {
         has_next = tile + kWarps < n_main;
-        if (has_next) KH::load(p.k, head_row0, kb + kWarps * kTileKeys, last_key, g, t, k_next, false);
+        const int kb_next = kb + kWarps * kTileKeys;
+        if (has_next) KH::load(p.k, tile_row(kb_next) - kb_next, kb_next, last_key, g, t, k_next, false);
       }
     } else {
-      if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, false);
+      if constexpr (!kKStaged) KH::load(p.k, tile_row(kb) - kb, kb, last_key, g, t, k_cur, false);
     }
     step(i, tile, false);
     if constexpr (kPipelined && !kKStaged)
@@ -711,8 +738,9 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     const int i = newest / kWarps, kb = key0 + newest * kTileKeys;
     wait_for_predecessor();
     stage_newest(i);
-    if constexpr (!kKStaged) KH::load(p.k, head_row0, kb, last_key, g, t, k_cur, true);
-    if constexpr (kPipelined && !kVStaged) VH::load(p.v, head_row0, kb, last_key, g, t, v_cur, true);
+    const size_t row0 = tile_row(kb) - kb;
+    if constexpr (!kKStaged) KH::load(p.k, row0, kb, last_key, g, t, k_cur, true);
+    if constexpr (kPipelined && !kVStaged) VH::load(p.v, row0, kb, last_key, g, t, v_cur, true);
     step(i, newest, true);
   }
 
@@ -736,7 +764,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
 
   }
 
-  const size_t part_base = (size_t(kvh) * n_splits + split) * G;  // this CTA's first (split, row) record
+  const size_t part_base = (size_t(seq_head) * n_splits + split) * G;  // this CTA's first (split, row) record
   const int n_vec = G * (D / 4);
   for (int e = tid; e < n_vec; e += kThreads) {
     const int row = e / (D / 4), d = (e % (D / 4)) * 4;
@@ -766,14 +794,14 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // ---- the last CTA of this KV head merges the n_splits partials
   __threadfence();  // release: this CTA's partial before its arrival
   __syncthreads();
-  if (tid == 0) *is_last = atomicAdd(&p.counters[kvh], 1u) == unsigned(n_splits - 1);
+  if (tid == 0) *is_last = atomicAdd(&p.counters[seq_head], 1u) == unsigned(n_splits - 1);
   __syncthreads();
   trace_event(p.trace, 4);
   if (!*is_last) return;
   __threadfence();  // acquire: the other CTAs' partials (read with ld.cg: L2, never a stale L1 line)
-  if (tid == 0) p.counters[kvh] = 0;  // every CTA of this launch has arrived: ready for the next launch
+  if (tid == 0) p.counters[seq_head] = 0;  // every CTA of this launch has arrived: ready for the next launch
 
-  const size_t head_base = size_t(kvh) * n_splits * G;  // record (split s, row r) = head_base + s * G + r
+  const size_t head_base = size_t(seq_head) * n_splits * G;  // record (split s, row r) = head_base + s * G + r
   for (int row = warp; row < G; row += kWarps) {
     constexpr int kPerLane = kMaxDecodeSplits / 32;
     float m_s[kPerLane], l_s[kPerLane], M = -INFINITY;
@@ -814,14 +842,14 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       acc.z += w * x.z;
       acc.w += w * x.w;
     }
-    float* dst = p.o_rot ? rot_rows + row * D + d : p.out + (size_t(kvh) * G + row) * D + d;
+    float* dst = p.o_rot ? rot_rows + row * D + d : p.out + (size_t(seq_head) * G + row) * D + d;
     *reinterpret_cast<float4*>(dst) = acc;
   }
   if (p.o_rot) {  // rotated V side: o = R^T o_rot, once per KV head
     __syncthreads();
     for (int row = warp; row < G; row += kWarps)
       warp_rotate_row(rotation_kind(p.v.family), p.o_rot + size_t(kvh) * p.v.rot_stride, rot_rows + row * D,
-                      p.out + (size_t(kvh) * G + row) * D, D, lane, true);
+                      p.out + (size_t(seq_head) * G + row) * D, D, lane, true);
   }
   if (p.trace) {
     __syncthreads();
@@ -1002,44 +1030,69 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
   return reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
 }
 
-int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx) {
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx, int n_seq, int capacity) {
   const int G = n_heads / layer.n_kv_heads;
   // One resident wave: every CTA streams its keys at the same time and they
   // finish together (a second, partial wave would double the latency).
   // Less the CTAs the store's encode (qk_rope_store: 2 n_kv warps, 4 CTAs
   // at 8 KV heads) may displace while it runs beside a fused-q launch
-  // (KernelSettings::decode_split_reserve).
+  // (KernelSettings::decode_split_reserve). A batch shares the wave among
+  // its sequences.
   const int wave = std::max(
       1, resident_ctas(ctx, instance_for(layer), G) * ctx.sm_count() - std::max(0, ctx.settings.decode_split_reserve));
-  int n = std::max(1, wave / layer.n_kv_heads);
+  int n = std::max(1, wave / (layer.n_kv_heads * std::max(n_seq, 1)));
   n = std::min(n, kMaxDecodeSplits);
-  n = std::min(n, (layer.max_tokens + kTileKeys - 1) / kTileKeys);  // no more splits than tiles in a full cache
+  // No more splits than tiles in a full sequence (the capacity, never the
+  // positions: a recorded launch serves every step).
+  const int cap = capacity > 0 ? capacity : layer.max_tokens;
+  n = std::min(n, (cap + kTileKeys - 1) / kTileKeys);
   return std::max(n, 1);
 }
 
 void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q,
                   int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
                   const QPrep* prep, const DeviceContext& ctx) {
+  KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
+            " outside the cache capacity of ", layer.max_tokens);
+  DecodeBatch one;
+  one.pos = pos;
+  one.pos_dev = pos_dev;
+  flash_decode_batch(plan, layer, one, q, n_heads, scale, out, scratch, stream, prep, ctx);
+}
+
+void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, const DecodeBatch& b, const float* q,
+                        int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
+                        const QPrep* prep, const DeviceContext& ctx) {
   const int D = layer.head_dim, n_kv = layer.n_kv_heads;
   KVQ_CHECK(flash_decode_supported(n_heads, n_kv, D, q, out), Errc::internal, "flash_decode: unsupported shape (",
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ") or q / out not 16-byte aligned");
-  KVQ_CHECK(pos_dev || (pos >= 0 && pos < layer.max_tokens), Errc::out_of_range, "flash_decode: position ", pos,
-            " outside the cache capacity of ", layer.max_tokens);
+  KVQ_CHECK(b.n_seq >= 1 && b.n_seq <= 65535 && (b.n_seq == 1 || (b.pos_dev && b.pages)), Errc::internal,
+            "flash_decode: ", b.n_seq, " sequences (more than one need device positions and block tables)");
+  KVQ_CHECK(!b.pages || (b.table_stride >= 1 && b.table_stride <= layer.n_pages), Errc::internal,
+            "flash_decode: block tables of ", b.table_stride, " entries over a store of ", layer.n_pages, " pages");
+  KVQ_CHECK(layer.page_tokens % kTileKeys == 0 || layer.n_pages == 1, Errc::internal, "flash_decode: pages of ",
+            layer.page_tokens, " tokens (a 16-key tile must not straddle two)");
+  // Tokens one sequence can hold: its table's pages, or the one-sequence
+  // store's capacity (the split does not depend on the positions).
+  const int capacity = b.pages ? b.table_stride * layer.page_tokens : layer.max_tokens;
+  KVQ_CHECK(b.pos_dev || (b.pos >= 0 && b.pos < capacity), Errc::out_of_range, "flash_decode: position ", b.pos,
+            " outside the capacity of ", capacity);
   const int index = plan.instance;
   const int G = n_heads / n_kv;
   KVQ_CHECK(index >= 0 && index < kNumInstances && kInstances[index].D == D && plan.of.n_heads == n_heads &&
                 variant_of(index, G).keys_major == (plan.kernel == AttentionKernel::decode_km),
             Errc::internal, "flash_decode: a plan made for another store or shape");
-  int n_splits = flash_decode_splits(layer, n_heads, ctx);
+  int n_splits = flash_decode_splits(layer, n_heads, ctx, b.n_seq, capacity);
   // A known position needs no more splits than it has key tiles to share
   // (fewer partial states to merge); a device position gets the full split.
-  if (!pos_dev) n_splits = std::min(n_splits, (pos + kMinKeysPerSplit) / kMinKeysPerSplit);
+  if (!b.pos_dev) n_splits = std::min(n_splits, (b.pos + kMinKeysPerSplit) / kMinKeysPerSplit);
 
-  const size_t records = size_t(n_kv) * n_splits * G;
+  const size_t heads = size_t(b.n_seq) * n_kv;  // (sequence, KV head) pairs
+  const size_t records = heads * n_splits * G;
   const size_t need = records * (D + 2);
   if (scratch.part.size() < need) scratch.part.resize(need);
-  if (scratch.decode_counters.size() < size_t(n_kv)) {
-    scratch.decode_counters.resize(n_kv);
+  if (scratch.decode_counters.size() < heads) {
+    scratch.decode_counters.resize(heads);
     KVQ_CUDA_CHECK(cudaMemsetAsync(scratch.decode_counters.data(), 0, scratch.decode_counters.bytes(), stream));
   }
 
@@ -1052,15 +1105,18 @@ void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, c
   p.part_m = p.part_o + records * D;
   p.part_l = p.part_m + records;
   p.counters = scratch.decode_counters.data();
-  p.pos_dev = pos_dev;
-  p.pos = pos;
+  p.pos_dev = b.pos_dev;
+  p.pos = b.pos;
+  p.geo = layer.geometry();
+  p.pages = b.pages;
+  p.table_stride = b.table_stride;
   p.q_fused = prep != nullptr;
   p.q_norm = prep ? prep->norm_w : nullptr;
   p.q_eps = prep ? prep->eps : 0.0f;
   if (prep) p.rope = prep->rope;
   KVQ_CHECK(!prep || prep->rope.inv_freq, Errc::internal, "flash_decode: a raw q without its RoPE table");
   p.G = G;
-  p.max_tokens = layer.max_tokens;
+  p.capacity = capacity;
   p.q_scale = scale * kLog2e;
   p.prefetch_tiles = std::max(0, ctx.settings.attn_prefetch_tiles);
   p.trace = ctx.settings.decode_trace;
@@ -1071,7 +1127,7 @@ void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, c
             Errc::internal, "flash_decode: a rotated or +qjl store without its tables");
   resident_ctas(ctx, index, G);  // the shared-memory opt-in
   const Variant v = variant_of(index, G);
-  launch_dependent(ctx, v.fn, dim3(n_splits, n_kv), dim3(kThreads),
+  launch_dependent(ctx, v.fn, dim3(n_splits, n_kv, b.n_seq), dim3(kThreads),
                    smem_bytes(D, G, n_splits, p.q_rot || p.o_rot || layer.k.has_qjl || p.q_fused, v.extra_bytes,
                               v.keys_major),
                    stream, p);

@@ -5,7 +5,9 @@
 // n == 1 and flash_attention_decode_at() route here when choose_attention()
 // plans decode_tc or decode_km; prefill (n > 1) never does.
 //
-// Work split: grid (n_splits, n_kv_heads), 4 warps per CTA. n_splits is fixed
+// Work split: grid (n_splits, n_kv_heads, n_seq), 4 warps per CTA; the z
+// axis is the sequence of a batched step (flash_decode_batch): its query
+// row, position, block table, arrival counters and partial states. n_splits is fixed
 // per launch (one resident wave of CTAs, at most kMaxDecodeSplits); each CTA
 // reads the position at run time and takes the keys
 //   [split * chunk, min((split + 1) * chunk, pos + 1)),
@@ -49,9 +51,11 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
 
 // The number of key splits (gridDim.x) a decode launch of this shape uses when
 // the position is only known on the device; depends on the shape, the GPU,
-// the cache capacity and ctx.settings.decode_split_reserve, never on the
-// position.
-int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx = default_context());
+// the cache capacity and ctx.settings.decode_split_reserve, the number of
+// sequences and a sequence's capacity in tokens (0: the one-sequence
+// store's max_tokens), never on the positions.
+int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx = default_context(),
+                        int n_seq = 1, int capacity = 0);
 
 // Decode attention of one query token with the instance `plan` chose
 // (decode_tc or decode_km for this store), at position pos (or *pos_dev when
@@ -65,5 +69,23 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContex
 void flash_decode(const AttentionPlan& plan, const GpuKvLayer& layer, int pos, const int* pos_dev, const float* q,
                   int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
                   const QPrep* prep = nullptr, const DeviceContext& ctx = default_context());
+
+// One decode token of each of n_seq sequences over a paged store: sequence
+// z's query is row z of q ([n_seq][n_heads][head_dim] fp32, device; out
+// alike), at position pos_dev[z], its rows found through its block table
+// pages[z * table_stride ...] (kv_store.hpp). The work split depends on
+// n_seq and table_stride * page_tokens (a sequence's capacity), never on
+// the positions. One sequence with pages == nullptr is flash_decode() over
+// the identity table (the same split and results).
+struct DecodeBatch {
+  int n_seq = 1;
+  const int32_t* pos_dev = nullptr;  // [n_seq] device positions; null: `pos` (one sequence)
+  int pos = 0;
+  const int32_t* pages = nullptr;    // [n_seq][table_stride] device block tables; null: identity (one sequence)
+  int table_stride = 0;              // entries per table row (pages a sequence may hold)
+};
+void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, const DecodeBatch& batch, const float* q,
+                        int n_heads, float scale, float* out, AttentionScratch& scratch, cudaStream_t stream,
+                        const QPrep* prep = nullptr, const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda

@@ -105,14 +105,15 @@ struct Tile {
 };
 
 struct Params {
-  const uint16_t* k;  // layer's K cache [n_kv][max_tokens][D]
+  const uint16_t* k;  // layer's K rows (D bf16 each), token t of head h at row rows.row(h, t)
   const uint16_t* v;
   const float* q;
   float* out;     // one key chunk: normalised output
   float* part_m;  // key chunks: [n * n_heads][n_chunks] (log2 units)
   float* part_l;
   float* part_o;  // [n * n_heads][n_chunks][D], unnormalised
-  int pos, n, n_heads, G, Tq, max_tokens, chunk_len, n_chunks;
+  SeqRows rows;  // the sequence's rows (kv_store.hpp): its block table in a paged `none` store
+  int pos, n, n_heads, G, Tq, chunk_len, n_chunks;
   float q_factor;  // scale * log2 e
 };
 
@@ -156,7 +157,7 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, int kvh, int kt, i
     const int key = kt + r;
     const bool inside = key < key_end;
     // kt < key_end always: an outside row points at the tile's first row (valid, not read).
-    const size_t src = (size_t(kvh) * p.max_tokens + (inside ? key : kt)) * D + c * 8;
+    const size_t src = p.rows.row(kvh, inside ? key : kt) * D + c * 8;
     const int off = swizzled<D>(r, c);
     cp_async_16(smem_u32(sk + off), p.k + src, inside ? 16 : 0);
     cp_async_16(smem_u32(sv + off), p.v + src, inside ? 16 : 0);
@@ -446,7 +447,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   p.n_heads = n_heads;
   p.G = G;
   p.Tq = Tq;
-  p.max_tokens = layer.max_tokens;
+  p.rows = layer.rows();
   p.chunk_len = chunk_tiles * K;
   p.n_chunks = n_chunks;
   p.q_factor = prefill_query_factor(scale);

@@ -305,6 +305,10 @@ class CudaBackend final : public Backend {
                         int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
                         const Rope& r) override {
     ctx_.make_current();
+    if (!batch.is_one_contiguous_sequence()) {
+      qk_rope_write_kv_paged(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
+      return;
+    }
     const auto [pos, n] = one_sequence(batch, "qk_rope_write_kv");
     if (n != 1 || !qk_rope_store_supported(head_dim)) {
       Backend::qk_rope_write_kv(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
@@ -335,8 +339,13 @@ class CudaBackend final : public Backend {
 
   void write_kv(kv::LayerCache& layer, const StepBatch& batch, const float* k, const float* v) override {
     ctx_.make_current();
-    const auto [pos, n] = one_sequence(batch, "write_kv");
     const CudaLayerCache& g = gpu_layer(layer);
+    if (!batch.is_one_contiguous_sequence()) {
+      const BatchMirror m = mirror(batch, g.view(), "write_kv");
+      cuda::write_kv_slots(g.view(), m.slot, batch.n_tok(), k, v, stream_);
+      return;
+    }
+    const auto [pos, n] = one_sequence(batch, "write_kv");
     if (in_step_) {
       check_step_pos(n, pos, "write_kv");
       KVQ_CHECK(pos < g.view().max_tokens, Errc::out_of_range, "GPU KV cache: position ", pos,
@@ -350,8 +359,12 @@ class CudaBackend final : public Backend {
   void attention(const kv::LayerCache& layer, const StepBatch& batch, const float* q, int n_heads, float scale,
                  float* out) override {
     ctx_.make_current();
-    const auto [pos, n] = one_sequence(batch, "attention");
     const CudaLayerCache& g = gpu_layer(layer);
+    if (!batch.is_one_contiguous_sequence()) {
+      attention_paged(g, batch, q, n_heads, scale, out);
+      return;
+    }
+    const auto [pos, n] = one_sequence(batch, "attention");
     if (in_step_) {
       check_step_pos(n, pos, "attention");
       // The q of this layer's qk_rope_write_kv, left raw for this call.
@@ -607,13 +620,125 @@ class CudaBackend final : public Backend {
       if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols) return false;
     return true;
   }
-  // The (position, count) of a batch this backend can run: one sequence
-  // whose slots are its positions (the CUDA store holds one page per
-  // sequence until the paged, batched kernels land: docs/architecture.md).
+  // The (position, count) of a one-sequence batch whose slots are its
+  // positions (a Session's identity table): the path of the fused
+  // single-token ops and of recorded steps. Other batches take the paged
+  // path (mirror(), attention_paged()).
   static std::pair<int, int> one_sequence(const StepBatch& b, const char* op) {
-    KVQ_CHECK(b.is_one_contiguous_sequence(), Errc::unsupported, op, ": the CUDA backend runs one sequence per step ",
-              "(a step of ", b.n_seq(), " sequences needs the paged GPU kernels, not built yet); use --device cpu");
+    KVQ_CHECK(b.is_one_contiguous_sequence(), Errc::unsupported, op,
+              ": a recorded CUDA decode step runs one sequence over its identity block table, not a step of ",
+              b.n_seq(), " sequences");
     return {b.pos[0], b.n_tok()};
+  }
+
+  // ---- paged steps (any StepBatch): the batch's positions, slots and block
+  // tables mirrored to device memory, one copy per step (a layer's ops see
+  // the same batch: the copy is skipped when nothing changed).
+  struct BatchMirror {
+    const int32_t* pos = nullptr;      // [n_tok] each token's position
+    const int32_t* slot = nullptr;     // [n_tok] each token's slot
+    const int32_t* run_pos = nullptr;  // [n_seq] each run's first position
+    const int32_t* pages = nullptr;    // [n_seq][stride] block tables, padded with page 0 (never read)
+    int stride = 1;
+  };
+  BatchMirror mirror(const StepBatch& b, const GpuKvLayer& store, const char* op) {
+    KVQ_CHECK(!in_step_ && !recording_, Errc::unsupported, op,
+              ": a recorded CUDA decode step runs one sequence over its identity block table");
+    const int n_tok = b.n_tok(), n_seq = b.n_seq();
+    KVQ_CHECK(n_tok > 0 && n_seq > 0 && int(b.pos.size()) == n_tok && int(b.slot.size()) == n_tok, Errc::internal,
+              op, ": a step batch of ", n_tok, " tokens with ", b.pos.size(), " positions and ", b.slot.size(),
+              " slots");
+    const int32_t n_slots = store.n_pages * store.page_tokens;
+    int stride = 1;
+    for (const kv::QueryRun& r : b.runs) {
+      KVQ_CHECK(r.n >= 1 && r.pos >= 0 && r.first >= 0 && r.first + r.n <= n_tok &&
+                    kv::pages_for(r.pos + r.n, store.page_tokens) <= r.n_pages,
+                Errc::out_of_range, op, ": a run of ", r.n, " tokens at position ", r.pos, " over ", r.n_pages,
+                " pages of ", store.page_tokens, " tokens");
+      for (int i = 0; i < r.n_pages; ++i)
+        KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < store.n_pages, Errc::out_of_range, op, ": page ", r.pages[i],
+                  " of a block table outside the GPU KV store's ", store.n_pages, " pages");
+      stride = std::max(stride, r.n_pages);
+    }
+    KVQ_CHECK(stride <= store.n_pages, Errc::out_of_range, op, ": a block table of ", stride,
+              " pages over a store of ", store.n_pages);
+    for (int t = 0; t < n_tok; ++t)
+      KVQ_CHECK(b.slot[size_t(t)] >= 0 && b.slot[size_t(t)] < n_slots, Errc::out_of_range, op, ": slot ",
+                b.slot[size_t(t)], " outside the GPU KV store's ", n_slots, " slots");
+    std::vector<int32_t>& h = batch_next_;
+    h.assign(size_t(2) * n_tok + n_seq + size_t(n_seq) * stride, 0);
+    std::copy(b.pos.begin(), b.pos.end(), h.begin());
+    std::copy(b.slot.begin(), b.slot.end(), h.begin() + n_tok);
+    for (int z = 0; z < n_seq; ++z) {
+      const kv::QueryRun& r = b.runs[size_t(z)];
+      h[size_t(2) * n_tok + z] = r.pos;
+      std::copy(r.pages, r.pages + r.n_pages, h.begin() + 2 * n_tok + n_seq + size_t(z) * stride);
+    }
+    if (h != batch_host_) {
+      if (batch_dev_.size() < h.size()) batch_dev_.resize(h.size());
+      // Pageable source: staged before the call returns; stream order puts
+      // the copy after the kernels that read the previous contents.
+      KVQ_CUDA_CHECK(cudaMemcpyAsync(batch_dev_.data(), h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     stream_));
+      batch_host_.swap(h);
+    }
+    BatchMirror m;
+    m.pos = batch_dev_.data();
+    m.slot = m.pos + n_tok;
+    m.run_pos = m.slot + n_tok;
+    m.pages = m.run_pos + n_seq;
+    m.stride = stride;
+    return m;
+  }
+
+  // Norm, RoPE at each token's position and the store's encode at each
+  // token's slot, one launch for the batch (qk_rope_store over n_tok rows).
+  void qk_rope_write_kv_paged(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
+                              int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm,
+                              float eps, const Rope& r) {
+    const CudaLayerCache& g = gpu_layer(layer);
+    KVQ_CHECK(g.view().n_kv_heads == n_kv_heads, Errc::internal, "qk_rope_write_kv: cache has ", g.view().n_kv_heads,
+              " KV heads, the call ", n_kv_heads);
+    if (!qk_rope_store_supported(head_dim) || batch.n_tok() > 65535) {
+      Backend::qk_rope_write_kv(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
+      return;
+    }
+    const BatchMirror m = mirror(batch, g.view(), "qk_rope_write_kv");
+    set_rope_table(r, head_dim);
+    pending_q_ = {};
+    qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, 0, m.pos, inv_freq_.data(), r.neox,
+                  r.pos_scale, g.view(), stream_, false, ctx_, batch.n_tok(), m.slot);
+  }
+
+  // One batched decode launch when every run is one token and run z is row
+  // z (a decode step); otherwise each run over its block table (a prefill
+  // chunk, or a mixed step).
+  void attention_paged(const CudaLayerCache& g, const StepBatch& batch, const float* q, int n_heads, float scale,
+                       float* out) {
+    const BatchMirror m = mirror(batch, g.view(), "attention");
+    const int n_seq = batch.n_seq();
+    bool decode = true;
+    for (int z = 0; z < n_seq; ++z) decode = decode && batch.runs[size_t(z)].n == 1 && batch.runs[size_t(z)].first == z;
+    const AttentionPlan plan = choose_attention(AttentionCase::of(g.view(), n_heads, true));
+    const bool tensor_core = plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
+    if (decode && n_seq <= 65535 && tensor_core && flash_decode_supported(n_heads, g.view().n_kv_heads,
+                                                                          g.view().head_dim, q, out)) {
+      DecodeBatch b;
+      b.n_seq = n_seq;
+      b.pos_dev = m.run_pos;
+      b.pages = m.pages;
+      b.table_stride = m.stride;
+      flash_decode_batch(plan, g.view(), b, q, n_heads, scale, out, g.scratch(), stream_, nullptr, ctx_);
+      count_attention(g, true);
+      return;
+    }
+    const size_t row = size_t(n_heads) * g.view().head_dim;
+    for (int z = 0; z < n_seq; ++z) {
+      const kv::QueryRun& r = batch.runs[size_t(z)];
+      flash_attention(g.view(), r.pos, r.n, q + r.first * row, n_heads, scale, out + r.first * row, g.scratch(),
+                      stream_, ctx_, m.pages + size_t(z) * m.stride);
+      count_attention(g, r.n == 1);
+    }
   }
   void check_step_pos(int n, int pos, const char* op) const {
     KVQ_CHECK(n == 1 && pos == step_host_[1], Errc::internal, op,
@@ -686,6 +811,9 @@ class CudaBackend final : public Backend {
   using HostKey = std::tuple<const uint8_t*, gguf::TensorType, int64_t, int64_t>;
   std::map<HostKey, Matrix> by_host_;  // host tensor -> upload (tied embeddings share one)
   DeviceBuffer<int32_t> ids_;
+  // The paged step's device mirror (BatchMirror) and the host values it holds.
+  DeviceBuffer<int32_t> batch_dev_;
+  std::vector<int32_t> batch_host_, batch_next_;
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;
   std::vector<float> inv_freq_host_;

@@ -1,5 +1,9 @@
 #include "backend/cuda/cuda_kv_cache.hpp"
 
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/attention_decode.hpp"
 #include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kv/block.hpp"
@@ -15,24 +19,83 @@ void CudaLayerCache::attend(int pos, int n, const float* q, int n_heads, float s
   flash_attention(store_, pos, n, q, n_heads, scale, out, *scratch_, nullptr);
 }
 
+namespace {
+// Host int32 values into a device buffer grown on demand (ordered with the
+// legacy stream these LayerCache calls run on).
+const int32_t* to_device(DeviceBuffer<int32_t>& dst, const std::vector<int32_t>& src) {
+  if (src.empty()) return nullptr;
+  if (dst.size() < src.size()) dst.resize(src.size());
+  KVQ_CUDA_CHECK(cudaMemcpy(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return dst.data();
+}
+}  // namespace
+
 void CudaLayerCache::write_slots(const int32_t* slots, int n, const float* k, const float* v) {
+  if (n <= 0) return;
+  const int32_t n_slots = store_.n_pages * store_.page_tokens;
   for (int i = 0; i < n; ++i)
-    KVQ_CHECK(slots[i] == slots[0] + i, Errc::unsupported,
-              "the CUDA KV store takes one sequence's consecutive positions per write (paged GPU stores are not built yet)");
-  if (n > 0) write(slots[0], n, k, v);
+    KVQ_CHECK(slots[i] >= 0 && slots[i] < n_slots, Errc::out_of_range, "GPU KV cache write at slot ", slots[i],
+              " outside its ", n_slots, " slots");
+  const int32_t* dev = to_device(scratch_->batch_slots, std::vector<int32_t>(slots, slots + n));
+  write_kv_slots(store_, dev, n, k, v, nullptr);
 }
 
 void CudaLayerCache::attend_runs(const kv::QueryRun* runs, int n_runs, const float* q, int n_heads, float scale,
                                  float* out) const {
-  KVQ_CHECK(n_runs == 1 && runs[0].first == 0 && runs[0].n_pages >= 1 && runs[0].pages[0] == 0, Errc::unsupported,
-            "the CUDA backend attends one sequence per step over its own store (batched GPU attention is not built yet)");
-  attend(runs[0].pos, runs[0].n, q, n_heads, scale, out);
+  if (n_runs <= 0) return;
+  // Block tables [n_runs][stride], padded with page 0 (never read: a
+  // sequence's keys stop at its position).
+  int stride = 1;
+  bool decode_batch = true;  // every run one token, run z at row z: one batched launch
+  for (int z = 0; z < n_runs; ++z) {
+    const kv::QueryRun& r = runs[z];
+    KVQ_CHECK(r.n >= 1 && r.pos >= 0 && kv::pages_for(r.pos + r.n, store_.page_tokens) <= r.n_pages &&
+                  r.n_pages <= store_.n_pages,
+              Errc::out_of_range, "GPU attention: a run of ", r.n, " tokens at position ", r.pos, " over ", r.n_pages,
+              " pages of ", store_.page_tokens, " tokens (the store has ", store_.n_pages, ")");
+    for (int i = 0; i < r.n_pages; ++i)
+      KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < store_.n_pages, Errc::out_of_range, "GPU attention: page ",
+                r.pages[i], " of a block table outside the store's ", store_.n_pages);
+    stride = std::max(stride, r.n_pages);
+    decode_batch = decode_batch && r.n == 1 && r.first == z;
+  }
+  std::vector<int32_t> tables(size_t(n_runs) * stride, 0);
+  std::vector<int32_t> pos(static_cast<size_t>(n_runs));
+  for (int z = 0; z < n_runs; ++z) {
+    std::copy(runs[z].pages, runs[z].pages + runs[z].n_pages, tables.begin() + size_t(z) * stride);
+    pos[size_t(z)] = runs[z].pos;
+  }
+  const int32_t* tables_dev = to_device(scratch_->batch_pages, tables);
+  const int32_t* pos_dev = to_device(scratch_->batch_pos, pos);
+  const int D = store_.head_dim;
+  const AttentionPlan plan = choose_attention(AttentionCase::of(store_, n_heads, true));
+  const bool tensor_core = plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
+  if (decode_batch && tensor_core && flash_decode_supported(n_heads, store_.n_kv_heads, D, q, out)) {
+    DecodeBatch b;
+    b.n_seq = n_runs;
+    b.pos_dev = pos_dev;
+    b.pages = tables_dev;
+    b.table_stride = stride;
+    flash_decode_batch(plan, store_, b, q, n_heads, scale, out, *scratch_, nullptr);
+    return;
+  }
+  for (int z = 0; z < n_runs; ++z) {
+    const size_t row0 = size_t(runs[z].first) * n_heads * D;
+    flash_attention(store_, runs[z].pos, runs[z].n, q + row0, n_heads, scale, out + row0, *scratch_, nullptr,
+                    default_context(), tables_dev + size_t(z) * stride);
+  }
 }
 
 CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed,
                          bool require_attention)
     : codec_(codec), shape_(shape) {
-  shape_.page_tokens = shape.max_tokens;  // one page: the contiguous [head][token] layout (kv/page.hpp)
+  // Pages of shape.page_tokens rows (a multiple of the 16-key decode tile),
+  // or one page of max_tokens rows: the contiguous [head][token] layout.
+  if (shape_.page_tokens <= 0) shape_.page_tokens = shape.max_tokens;
+  KVQ_CHECK(shape_.page_tokens % 16 == 0 || shape_.page_tokens >= shape.max_tokens, Errc::invalid_argument,
+            "GPU KV cache: pages of ", shape_.page_tokens,
+            " tokens; the GPU kernels need a multiple of 16 (or one page of the whole capacity)");
+  if (shape_.page_tokens > shape.max_tokens) shape_.page_tokens = shape.max_tokens;
   const int n_heads = shape.n_heads > 0 ? shape.n_heads : shape.n_kv_heads;
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0,
             Errc::invalid_argument, "GPU KV cache: empty shape (", shape.n_layers, " layers, ", shape.n_kv_heads,
@@ -52,12 +115,13 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
     (decode ? decode_kernel_ : prefill_kernel_) = plan.name();
   }
-  const size_t rows_per_layer = size_t(shape.n_kv_heads) * shape.max_tokens;
+  const int n_pages = shape_.n_pages();
+  const size_t rows_per_layer = size_t(n_pages) * shape.n_kv_heads * shape_.page_tokens;
   const size_t rows = rows_per_layer * shape.n_layers;
   const uint64_t bytes = uint64_t(rows) * codec.bytes_per_token_per_head();
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-    KVQ_CHECK(bytes < free_b, Errc::out_of_range, "GPU KV cache (", codec.name, ") for ", shape.max_tokens,
+    KVQ_CHECK(bytes < free_b, Errc::out_of_range, "GPU KV cache (", codec.name, ") for ", n_pages * shape_.page_tokens,
               " tokens needs ", bytes >> 20, " MiB but only ", free_b >> 20, " MiB of GPU memory are free; lower --ctx");
   k_code_.resize(rows * codec.k.code_bytes);
   v_code_.resize(rows * codec.v.code_bytes);
@@ -137,6 +201,8 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     store.n_kv_heads = shape.n_kv_heads;
     store.head_dim = shape.head_dim;
     store.max_tokens = shape.max_tokens;
+    store.page_tokens = shape_.page_tokens;
+    store.n_pages = n_pages;
     layers_.emplace_back(store, &scratch_, this, l);
   }
 }

@@ -2,7 +2,8 @@
 // per layer (kv_store.hpp) in the codec's own format (kv::CodecDescriptor),
 // for every codec whose blocks have GPU hooks (choose_attention() decides).
 //
-// Preallocated for shape.max_tokens at construction, so decode never
+// Paged (kv_store.hpp): shape.page_tokens rows per page (a multiple of 16,
+// or max_tokens: one page), shape.n_pages() pages. Preallocated at construction, so decode never
 // reallocates or copies through the host; there is no bf16 copy beside a
 // quantized store. The kv::LayerCache methods take DEVICE pointers here (the
 // CUDA backend's buffers), unlike the CPU caches; only the CUDA backend calls
@@ -24,9 +25,10 @@ class CudaLayerCache final : public kv::LayerCache {
  public:
   CudaLayerCache(GpuKvLayer store, AttentionScratch* scratch, const class CudaKvCache* owner, int index)
       : store_(store), scratch_(scratch), owner_(owner), index_(index) {}
-  // k, v, q, out: device memory. The store is one page per sequence until
-  // the paged kernels land (shape().page_tokens == max_tokens): the slot and
-  // run forms accept only the identity table of one sequence (slot = position).
+  // k, v, q, out: device memory; slots and the runs' block tables: host
+  // memory (copied to the device per call). Runs of one token each, run z
+  // at row z, are one batched decode launch (flash_decode_batch); other
+  // runs are attended one at a time through their block tables.
   void write(int pos, int n, const float* k, const float* v) override;
   void attend(int pos, int n, const float* q, int n_heads, float scale, float* out) const override;
   void write_slots(const int32_t* slots, int n, const float* k, const float* v) override;
@@ -35,7 +37,7 @@ class CudaLayerCache final : public kv::LayerCache {
   const GpuKvLayer& view() const { return store_; }
 
  protected:
-  int store_page_tokens() const override { return store_.max_tokens; }
+  int store_page_tokens() const override { return store_.page_tokens; }
 
  public:
   // The partial-state scratch shared by the cache's layers (the backend
@@ -81,7 +83,7 @@ class CudaKvCache final : public kv::Cache {
  private:
   kv::CodecDescriptor codec_;
   kv::CacheShape shape_;
-  // One allocation per array, [layer][kv_head][max_tokens][row bytes].
+  // One allocation per array, [layer][page][kv_head][page_tokens][row bytes].
   DeviceBuffer<uint8_t> k_code_, k_side_, v_code_, v_side_;
   // Per side: rotation tables [layer][kv_head][rot_stride], the codebook (one
   // for all layers), QJL sketches [layer][kv_head][D][D] (GpuKvSide).

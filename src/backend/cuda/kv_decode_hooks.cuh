@@ -8,6 +8,11 @@
 //                          loaded into registers, and S = Q K^T of one tile.
 //   VDecodeHooks<F, B, D>: the V side: load a 16-key tile, o += P V, and
 //                          where each accumulator lands in the output row.
+// Rows (kv_store.hpp, paged): direct hooks take (row_base, kb) and read key
+// j of the tile at row row_base + j, where row_base = (the tile's first row)
+// - kb, modulo 2^64: the decode kernel resolves the tile's page once and its
+// 16 keys are consecutive rows of that page. Staged hooks take the tile's
+// first row itself (row0).
 // bf16 and q8 sides load their tiles straight into registers (kStaged =
 // false); the low-bit sides are staged (rows copied into a per-warp ring in
 // shared memory by cp.async, decoded from there) and also serve the
@@ -57,11 +62,11 @@ struct KDecodeHooks<kv::Family::bf16, B, D> {
   };
   // Lane (g, t): keys g and 8 + g of the tile at kb, 16-byte chunks at dims 32c + 8t.
   // coherent: from L2 (ptx::load_kv16), for the tile a fused-q launch reads last.
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k,
+  __device__ static void load(const GpuKvSide& s, size_t row_base, int kb, int last_key, int g, int t, Tile& k,
                               bool coherent) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(2 * D) + 16 * t;
+      const uint8_t* row = s.code + (row_base + min(kb + 8 * nt + g, last_key)) * size_t(2 * D) + 16 * t;
 #pragma unroll
       for (int c = 0; c < kLoads; ++c) k.r[nt][c] = ptx::load_kv16(row + 64 * c, coherent);
     }
@@ -110,21 +115,21 @@ struct KDecodeHooks<kv::Family::q8, B, D> {
     uint2 code[2][kGroups];      // keys g, 8 + g: group p dims [32p + 8t, +8)
     uint32_t side[4][kSideWords];  // keys 2t, 2t+1, 8+2t, 9+2t: their scales
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& k,
+  __device__ static void load(const GpuKvSide& s, size_t row_base, int kb, int last_key, int g, int t, Tile& k,
                               bool coherent) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint8_t* row = s.code + (head_row0 + min(kb + 8 * nt + g, last_key)) * size_t(D) + 8 * t;
+      const uint8_t* row = s.code + (row_base + min(kb + 8 * nt + g, last_key)) * size_t(D) + 8 * t;
 #pragma unroll
       for (int p = 0; p < kGroups; ++p) k.code[nt][p] = ptx::load_kv8(row + 32 * p, coherent);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      load_side(s, head_row0, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key), k.side[i], coherent);
+      load_side(s, row_base, min(kb + 8 * (i >> 1) + 2 * t + (i & 1), last_key), k.side[i], coherent);
   }
-  __device__ static void load_side(const GpuKvSide& s, size_t head_row0, int key, uint32_t (&w)[kSideWords],
+  __device__ static void load_side(const GpuKvSide& s, size_t row_base, int key, uint32_t (&w)[kSideWords],
                                    bool coherent) {
-    const uint8_t* row = s.side + (head_row0 + key) * size_t(kSideBytes);
+    const uint8_t* row = s.side + (row_base + key) * size_t(kSideBytes);
     if constexpr (kSideBytes == 16) {
       const uint4 v = ptx::load_kv16(row, coherent);
       w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
@@ -242,12 +247,12 @@ struct VDecodeHooks<kv::Family::bf16, B, D> {
   struct Tile {
     uint4 r[4][kLoads];
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v,
+  __device__ static void load(const GpuKvSide& s, size_t row_base, int kb, int last_key, int g, int t, Tile& v,
                               bool coherent) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = kb + 2 * t + (i & 1) + 8 * (i >> 1);
-      const uint8_t* row = s.code + (head_row0 + min(key, last_key)) * size_t(2 * D) + (D / 4) * g;
+      const uint8_t* row = s.code + (row_base + min(key, last_key)) * size_t(2 * D) + (D / 4) * g;
 #pragma unroll
       for (int c = 0; c < kLoads; ++c) v.r[i][c] = ptx::load_kv16(row + 16 * c, coherent);
     }
@@ -314,15 +319,15 @@ struct VDecodeHooks<kv::Family::q8, B, D> {
     uint32_t code[4][kGroups];
     uint32_t side[4][kSideWords];
   };
-  __device__ static void load(const GpuKvSide& s, size_t head_row0, int kb, int last_key, int g, int t, Tile& v,
+  __device__ static void load(const GpuKvSide& s, size_t row_base, int kb, int last_key, int g, int t, Tile& v,
                               bool coherent) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = min(kb + 2 * t + (i & 1) + 8 * (i >> 1), last_key);
-      const uint8_t* row = s.code + (head_row0 + key) * size_t(D) + 4 * g;
+      const uint8_t* row = s.code + (row_base + key) * size_t(D) + 4 * g;
 #pragma unroll
       for (int a = 0; a < kGroups; ++a) v.code[i][a] = ptx::load_kv4(row + 32 * a, coherent);
-      KDecodeHooks<kv::Family::q8, 8, D>::load_side(s, head_row0, key, v.side[i], coherent);
+      KDecodeHooks<kv::Family::q8, 8, D>::load_side(s, row_base, key, v.side[i], coherent);
     }
   }
   __device__ static void accumulate(const float (&p)[2][4], const float (&alpha)[2], const Tile& v,

@@ -22,31 +22,33 @@ constexpr bool qjl_encode_supported(int D) { return D % 32 == 0 && D >= 32 && D 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
-// One warp per (token, KV head) row of one side: rows [pos, pos + n) of the
-// store from x [n][n_kv][D] fp32.
+// One warp per (token, KV head) row of one side: token t of x [n][n_kv][D]
+// fp32 goes to slot slots[t] (device memory) or, without slots, slot0 + t
+// (a one-sequence store's identity table: slot = position); its row is
+// PageGeometry::slot_row(slot, head).
 template <kv::Family F>
-__global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, int pos, const int* pos_dev, int n,
-                                   int n_kv, int D, int max_tokens) {
+__global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, int slot0, const int* slots, int n,
+                                   int n_kv, int D, kv::PageGeometry geo) {
   const int row = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= n * n_kv) return;
-  if (pos_dev) pos = *pos_dev;
   const int t = row / n_kv, h = row % n_kv;
-  uint8_t* code = side.code + side.code_offset(h, pos + t, max_tokens);
-  uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, pos + t, max_tokens) : nullptr;
+  const size_t r = geo.slot_row(slots ? slots[t] : slot0 + t, h);
+  uint8_t* code = side.code + side.code_offset(r);
+  uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
   encode_row_with<F>(side, h, x + size_t(row) * D, D, code, s, lane);
 }
 
 template <kv::Family F>
-void launch_encode(const GpuKvSide& side, const float* x, int pos, const int* pos_dev, int n, int n_kv, int D,
-                   int max_tokens, cudaStream_t stream) {
+void launch_encode(const GpuKvSide& side, const float* x, int slot0, const int* slots, int n, int n_kv, int D,
+                   kv::PageGeometry geo, cudaStream_t stream) {
   const int rows = n * n_kv;
   encode_rows_kernel<F><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kThreads, 0, stream>>>(
-      side, x, pos, pos_dev, n, n_kv, D, max_tokens);
+      side, x, slot0, slots, n, n_kv, D, geo);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void encode_side(const GpuKvSide& side, const float* x, int pos, const int* pos_dev, int n, int n_kv, int D,
-                 int max_tokens, cudaStream_t stream) {
+void encode_side(const GpuKvSide& side, const float* x, int slot0, const int* slots, int n, int n_kv, int D,
+                 kv::PageGeometry geo, cudaStream_t stream) {
   KVQ_CHECK(!is_rotated(side.family) || side.rot, Errc::internal, kv::family_name(side.family),
             " store without its rotation table");
   KVQ_CHECK(!uses_codebook(side.family) || side.codebook, Errc::internal, kv::family_name(side.family),
@@ -55,7 +57,7 @@ void encode_side(const GpuKvSide& side, const float* x, int pos, const int* pos_
             "+qjl store without its sketch, or head_dim ", D, " (the GPU sketch needs a multiple of 32 up to 256)");
 #define KVQ_ENCODE_CASE(fam)                                                         \
   case kv::Family::fam:                                                              \
-    launch_encode<kv::Family::fam>(side, x, pos, pos_dev, n, n_kv, D, max_tokens, stream); \
+    launch_encode<kv::Family::fam>(side, x, slot0, slots, n, n_kv, D, geo, stream); \
     break;
   switch (side.family) {
     KVQ_ENCODE_CASE(bf16)
@@ -73,18 +75,20 @@ void encode_side(const GpuKvSide& side, const float* x, int pos, const int* pos_
 #undef KVQ_ENCODE_CASE
 }
 
-// dst [n_kv][dst_stride][D] bf16 <- rows [0, n_tokens) of the side
+// dst rows (dst.row(h, t): bf16, D values each) <- token t < n_tokens of
+// every head of the side, found through `src` (the sequence's block table)
 // (unrotated families without a sketch: one thread per value).
-__global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, int max_tokens,
-                                  uint16_t* __restrict__ dst, int dst_stride) {
+__global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, SeqRows src,
+                                  uint16_t* __restrict__ dst, SeqRows dst_rows) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
     const int d = int(i % D);
     const int t = int((i / D) % n_tokens);
     const int h = int(i / (size_t(D) * n_tokens));
-    const uint8_t* code = side.code + side.code_offset(h, t, max_tokens);
-    const uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, t, max_tokens) : nullptr;
-    dst[(size_t(h) * dst_stride + t) * D + d] = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
+    const size_t r = src.row(h, t);
+    const uint8_t* code = side.code + side.code_offset(r);
+    const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
+    dst[dst_rows.row(h, t) * D + d] = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
   }
 }
 
@@ -94,35 +98,37 @@ __global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D,
 // inverse rotation (kv_rotation.cuh) and writes bf16 in the original basis:
 // bf16 of the CPU block's decode(), exactly. D <= kMaxRowD.
 constexpr int kMaxRowD = 256;
-__global__ void dequantize_rows_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, int max_tokens,
-                                       uint16_t* __restrict__ dst, int dst_stride) {
+__global__ void dequantize_rows_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, SeqRows src,
+                                       uint16_t* __restrict__ dst, SeqRows dst_rows) {
   __shared__ float rows[kWarpsPerBlock][kMaxRowD];
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int row = int(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= n_kv * n_tokens) return;
   const int h = row / n_tokens, t = row % n_tokens;
-  const uint8_t* code = side.code + side.code_offset(h, t, max_tokens);
-  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(h, t, max_tokens) : nullptr;
+  const size_t r = src.row(h, t);
+  const uint8_t* code = side.code + side.code_offset(r);
+  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
   float* y = rows[warp];
   for (int d = lane; d < D; d += 32)
     y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
   const RotationKind kind = rotation_kind(side.family);
   if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), y, y, D, lane, true);
   __syncwarp();
-  for (int d = lane; d < D; d += 32) dst[(size_t(h) * dst_stride + t) * D + d] = ::kvq::f32_to_bf16(y[d]);
+  uint16_t* out = dst + dst_rows.row(h, t) * D;
+  for (int d = lane; d < D; d += 32) out[d] = ::kvq::f32_to_bf16(y[d]);
 }
 
-void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, int max_tokens, uint16_t* dst,
-                     int dst_stride, cudaStream_t stream, const DeviceContext& ctx) {
+void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, SeqRows src, uint16_t* dst,
+                     SeqRows dst_rows, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
   if (is_rotated(side.family) || side.has_qjl) {
     KVQ_CHECK(D <= kMaxRowD, Errc::internal, "dequantize_kv_bf16: a rotated or +qjl store with head_dim ", D);
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
+    dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, D, src, dst, dst_rows);
   } else {
     const int grid = int(std::min<size_t>((total + 255) / 256, size_t(ctx.sm_count()) * 16));
-    dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, max_tokens, dst, dst_stride);
+    dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, src, dst, dst_rows);
   }
   KVQ_CUDA_CHECK_LAUNCH();
 }
@@ -150,24 +156,29 @@ void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const flo
   KVQ_CHECK(pos >= 0 && n >= 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU KV cache: tokens [",
             pos, ", ", int64_t(pos) + n, ") do not fit its capacity of ", layer.max_tokens, " tokens");
   if (n == 0) return;
-  encode_side(layer.k, k, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.max_tokens, stream);
-  encode_side(layer.v, v, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.max_tokens, stream);
+  encode_side(layer.k, k, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+  encode_side(layer.v, v, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+}
+
+void write_kv_slots(const GpuKvLayer& layer, const int32_t* slots_dev, int n, const float* k, const float* v,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  encode_side(layer.k, k, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+  encode_side(layer.v, v, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
 }
 
 void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream) {
-  encode_side(layer.k, k, 0, pos_dev, 1, layer.n_kv_heads, layer.head_dim, layer.max_tokens, stream);
-  encode_side(layer.v, v, 0, pos_dev, 1, layer.n_kv_heads, layer.head_dim, layer.max_tokens, stream);
+  write_kv_slots(layer, pos_dev, 1, k, v, stream);  // the identity table: slot = position
 }
 
 void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
-                        const DeviceContext& ctx) {
-  KVQ_CHECK(n_tokens >= 0 && n_tokens <= layer.max_tokens && n_tokens <= dst.max_tokens &&
+                        const DeviceContext& ctx, const int32_t* pages) {
+  KVQ_CHECK(n_tokens >= 0 && (pages || n_tokens <= layer.max_tokens) && n_tokens <= dst.max_tokens &&
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
-  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.k, dst.max_tokens, stream,
-                  ctx);
-  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, layer.max_tokens, dst.v, dst.max_tokens, stream,
-                  ctx);
+  const SeqRows src = layer.rows(pages);
+  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream, ctx);
+  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream, ctx);
 }
 
 }  // namespace kvq::cuda

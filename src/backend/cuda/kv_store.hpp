@@ -3,9 +3,18 @@
 // cache's whole capacity. Kernels read and write it only through the codec
 // hooks (kv_codec_hooks.cuh); nothing keeps a bf16 copy beside it.
 //
-// Per layer and side (K, V), two token-major arrays per KV head:
-//   code [n_kv_heads][max_tokens][code_bytes]
-//   side [n_kv_heads][max_tokens][side_bytes]   (absent when side_bytes == 0)
+// Per layer and side (K, V), two arrays of rows, paged (kv/page.hpp):
+//   code [n_pages][n_kv_heads][page_tokens][code_bytes]
+//   side [n_pages][n_kv_heads][page_tokens][side_bytes]   (absent when side_bytes == 0)
+// so row r = PageGeometry::row(page, head, entry) is at code + r * code_bytes
+// and side + r * side_bytes. A sequence's token t is in page table[t /
+// page_tokens] of its block table (SeqRows); a one-sequence store over the
+// identity table passes none. One page of max_tokens rows (page_tokens =
+// max_tokens) is the contiguous [head][token] layout.
+// Kernels find a row only through SeqRows / PageGeometry. The decode kernel
+// resolves a 16-key tile's first row once (page_tokens is a multiple of 16,
+// or the store is one page: a tile never straddles a page) and its hooks
+// address the tile's keys from there.
 // `none` is the bf16 block: code rows are the D bf16 values, no side array.
 #pragma once
 
@@ -13,6 +22,7 @@
 #include <cstdint>
 
 #include "kv/family.hpp"
+#include "kv/page.hpp"
 
 #ifdef __CUDACC__
 #define KVQ_STORE_HD __host__ __device__ __forceinline__
@@ -53,12 +63,9 @@ struct GpuKvSide {
   uint32_t qjl_code_offset = 0, qjl_side_offset = 0;
   bool has_qjl = false;
 
-  KVQ_STORE_HD size_t code_offset(int head, int token, int max_tokens) const {
-    return (size_t(head) * max_tokens + token) * code_bytes;
-  }
-  KVQ_STORE_HD size_t side_offset(int head, int token, int max_tokens) const {
-    return (size_t(head) * max_tokens + token) * side_bytes;
-  }
+  // Byte offsets of row r (PageGeometry::row) in the code and side arrays.
+  KVQ_STORE_HD size_t code_offset(size_t row) const { return row * code_bytes; }
+  KVQ_STORE_HD size_t side_offset(size_t row) const { return row * side_bytes; }
   KVQ_STORE_HD const float* rot_of(int head) const { return rot ? rot + size_t(head) * rot_stride : nullptr; }
 };
 
@@ -90,12 +97,35 @@ KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) {
                                                              : f;
 }
 
+// One sequence's rows in a paged store: the store's geometry and the
+// sequence's block table (device memory, token t in page pages[t /
+// page_tokens]); pages == nullptr is the identity table (page t / page_tokens).
+struct SeqRows {
+  kv::PageGeometry geo;
+  const int32_t* pages = nullptr;
+  KVQ_STORE_HD int page_of(int t) const {
+    const int i = t / geo.page_tokens;
+    return pages ? pages[i] : i;
+  }
+  // The row of token t of KV head `head`.
+  KVQ_STORE_HD size_t row(int head, int t) const {
+    const int i = t / geo.page_tokens;
+    return geo.row(pages ? pages[i] : i, head, t - i * geo.page_tokens);
+  }
+};
+
 struct GpuKvLayer {
   GpuKvSide k, v;
   int n_kv_heads = 0;
   int head_dim = 0;
-  int max_tokens = 0;
+  int max_tokens = 0;  // tokens of one sequence over the identity table (the cache's shape)
+  int page_tokens = 0;  // rows per page (kv::PageGeometry); max_tokens: one page
+  int n_pages = 0;      // pages of the store: n_pages * n_kv_heads * page_tokens rows per side
   bool is_bf16() const { return k.family == kv::Family::bf16 && v.family == kv::Family::bf16; }
+  KVQ_STORE_HD kv::PageGeometry geometry() const { return {n_kv_heads, page_tokens}; }
+  KVQ_STORE_HD SeqRows rows(const int32_t* pages = nullptr) const { return {geometry(), pages}; }
+  // Tokens a store holds in all (n_pages pages).
+  KVQ_STORE_HD int capacity() const { return n_pages * page_tokens; }
 };
 
 }  // namespace kvq::cuda

@@ -240,9 +240,15 @@ template <int kPer, bool kGeneric>
 __global__ void __launch_bounds__(128)
     qk_rope_store_kernel(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v, int nh, int nkv,
                          bool q_in_attention, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                         float eps, int pos, const int* pos_dev, RopeParams rope, GpuKvLayer kv,
-                         unsigned long long* trace) {
+                         float eps, int pos, const int* pos_dev, const int32_t* slot_dev, RopeParams rope,
+                         GpuKvLayer kv, unsigned long long* trace) {
   constexpr int D = kPer * 32;
+  // Token blockIdx.y of the step: its rows of q, k and v, its position and
+  // its slot (without slots: the identity table, slot = position).
+  const int tok = blockIdx.y;
+  q += size_t(tok) * nh * D;
+  k += size_t(tok) * nkv * D;
+  v += size_t(tok) * nkv * D;
   const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5) + (q_in_attention ? nh : 0);
   const int lane = threadIdx.x & 31;
   const bool in_grid = warp < nh + 2 * nkv;
@@ -260,7 +266,7 @@ __global__ void __launch_bounds__(128)
   if (q_in_attention) allow_dependents();
   trace_warp_event(trace, 0);
   if (!in_grid) return;
-  if (pos_dev) pos = *pos_dev;
+  if (pos_dev) pos = pos_dev[tok];
   const float* src = is_q ? q + size_t(head) * D : is_k ? k + size_t(head) * D : v + size_t(head) * D;
   int dim[kPer];
   rope_lane_dims<kPer>(rope.neox, lane, dim);
@@ -274,7 +280,8 @@ __global__ void __launch_bounds__(128)
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
   }
   if (!is_q && kv.k.code) {
-    uint8_t* code = side.code + side.code_offset(head, pos, kv.max_tokens);
+    const size_t store_row = kv.geometry().slot_row(slot_dev ? slot_dev[tok] : pos, head);
+    uint8_t* code = side.code + side.code_offset(store_row);
     if (!kGeneric || side.family == kv::Family::bf16) {  // straight from the registers
       uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int j = 0; j < kPer; ++j) row[dim[j]] = x[j];
       __syncwarp();
-      uint8_t* s = side.side_bytes ? side.side + side.side_offset(head, pos, kv.max_tokens) : nullptr;
+      uint8_t* s = side.side_bytes ? side.side + side.side_offset(store_row) : nullptr;
       encode_row_any(side, head, row, D, code, s, lane);
     }
   }
@@ -442,12 +449,14 @@ bool qk_rope_store_supported(int head_dim) { return head_dim == 64 || head_dim =
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
                    double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention,
-                   const DeviceContext& ctx) {
+                   const DeviceContext& ctx, int n_tok, const int32_t* slot_dev) {
   KVQ_CHECK(qk_rope_store_supported(head_dim), Errc::internal, "qk_rope_store: head_dim ", head_dim);
   KVQ_CHECK(!kv.k.code || kv.head_dim == head_dim, Errc::internal, "qk_rope_store: cache head_dim ", kv.head_dim);
   KVQ_CHECK(!kv.k.code || kv_encode_supported(kv.k.family, kv.v.family, head_dim), Errc::internal,
             "qk_rope_store: no encode hooks for this store");
   KVQ_CHECK(!q_in_attention || kv.k.code, Errc::internal, "qk_rope_store: q left to an attention without a store");
+  KVQ_CHECK(n_tok == 1 || (n_tok > 1 && n_tok <= 65535 && pos_dev && (slot_dev || !kv.k.code)), Errc::internal,
+            "qk_rope_store: ", n_tok, " tokens (more than one need device positions and slots)");
   const int warps = (q_in_attention ? 0 : n_heads) + 2 * n_kv_heads;
   const int grid = (warps * 32 + 127) / 128;
   // No store, or plain bf16 on both sides (the kernel writes bf16 straight
@@ -455,8 +464,9 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
   const bool lean = !kv.k.code || !store_encodes(kv);
   const RopeParams rope{inv_freq, neox, pos_scale};
   const auto launch = [&](auto kernel) {
-    launch_dependent(ctx, kernel, dim3(grid), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads, q_in_attention,
-                     q_norm, k_norm, eps, pos, pos_dev, rope, kv, ctx.settings.qk_rope_store_trace);
+    launch_dependent(ctx, kernel, dim3(grid, n_tok), dim3(128), 0, stream, q, k, v, n_heads, n_kv_heads,
+                     q_in_attention, q_norm, k_norm, eps, pos, pos_dev, slot_dev, rope, kv,
+                     ctx.settings.qk_rope_store_trace);
   };
   switch (head_dim) {
     case 64: lean ? launch(qk_rope_store_kernel<2, false>) : launch(qk_rope_store_kernel<2, true>); break;

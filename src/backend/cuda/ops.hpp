@@ -63,10 +63,14 @@ void argmax_rows(const float* x, int rows, int n, size_t stride, int32_t* out, f
 // start as soon as this kernel's predecessor has finished, overlapping the
 // store's encode with its keys.
 bool qk_rope_store_supported(int head_dim);
+// n_tok > 1: one token of each of n_tok rows of q, k, v (a batched decode
+// step), token t at position pos_dev[t] and KV slot slot_dev[t] (device
+// memory, kv/page.hpp); with n_tok == 1 and no slot_dev the slot is the
+// position (a one-sequence store's identity table).
 void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, int pos, const int* pos_dev, const float* inv_freq, bool neox,
                    double pos_scale, const GpuKvLayer& kv, cudaStream_t stream, bool q_in_attention = false,
-                   const DeviceContext& ctx = default_context());
+                   const DeviceContext& ctx = default_context(), int n_tok = 1, const int32_t* slot_dev = nullptr);
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
