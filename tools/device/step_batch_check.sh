@@ -18,7 +18,13 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAK
 time cmake --build build-gpu -j "$(nproc)" --target kvq kvq_gpu_tests kvq_bench_gemv_batch 2>&1 | grep -E "error|FAILED" | head -20
 echo "== gpu tests (${1:-all})"
 if [ -n "${1:-}" ]; then
-  build-gpu/tests/kvq_gpu_tests --gtest_filter="$1" >"$OUT/gpu_tests.txt" 2>&1
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout "${TEST_TIMEOUT:-150}" build-gpu/tests/kvq_gpu_tests \
+      --gtest_filter="$1" >"$OUT/gpu_tests_$i.txt" 2>&1 &
+  done
+  wait
+  cat "$OUT"/gpu_tests_?.txt >"$OUT/gpu_tests.txt"
+  grep -h -E "^\[  FAILED|^\[  PASSED|Failure" "$OUT"/gpu_tests_?.txt | head -30
 else
   (cd build-gpu && ctest -L gpu -j 4 >"$OUT/gpu_tests.txt" 2>&1)
 fi
@@ -29,12 +35,12 @@ K=build-gpu/kvq
 H=/tmp/kvq-home
 echo "== kvq bench --batch"
 timeout 240 $K bench -m synthetic:bonsai-8b --device cuda --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" \
-  --contexts "${BATCH_CTX:-512}" --batch "${BATCHES:-1,8,32,64}" --gen 128 --reps 3 --home "$H" --out "$H/batch" 2>&1 |
+  --contexts "${BATCH_CTX:-512}" --batch "${BATCHES:-1,8,32,64}" --gen "${GEN:-128}" --reps "${REPS:-3}" --home "$H" --out "$H/batch" 2>&1 |
   grep -v "^\[" | tail -20
 if [ -n "${REF_CONTEXTS-4k,16k,65408}" ]; then
   echo "== one sequence per step (reference)"
   timeout 150 $K bench -m synthetic:bonsai-8b --device cuda --codecs none --contexts "${REF_CONTEXTS-4k,16k,65408}" \
-    --gen 128 --reps 3 --home "$H" --out "$H/ref" 2>&1 | grep -v "^\[" | tail -6
+    --gen "${GEN:-128}" --reps "${REPS:-3}" --home "$H" --out "$H/ref" 2>&1 | grep -v "^\[" | tail -6
 fi
 (cd "$H" && tar czf "$OUT/batch.tgz" .)
 echo "== done"
