@@ -19,7 +19,6 @@
 #include "backend/cuda/device_buffer.hpp"
 #include "backend/cuda/device_context.hpp"
 #include "backend/cuda/gemv.hpp"
-#include "backend/cuda/gemv_batch.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/gpu_layout.hpp"
 #include "core/error.hpp"
@@ -185,12 +184,6 @@ class CudaBackend final : public Backend {
       return;
     }
     if (n <= 0) return;
-    if (batched_gemv(n)) {
-      GemvBatchRequest req = batch_gemv(x, n);
-      req.out[0] = {&m, y};
-      gemv_batch(req, stream_, ctx_);
-      return;
-    }
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
     // as the column-major cols x rows matrix it is in memory (op T).
     const size_t xn = size_t(n) * m.cols;
@@ -241,18 +234,11 @@ class CudaBackend final : public Backend {
   void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix* const* ws,
                    float* const* ys, int count) override {
     ctx_.make_current();
-    if ((n != 1 && !batched_gemv(n)) || count < 1 || count > 3 || !same_kind(ws, count)) {
+    if (n != 1 || count < 1 || count > 3 || !same_kind(ws, count)) {
       Backend::norm_matmul(x, norm_w, n, dim, eps, h, ws, ys, count);
       return;
     }
     check_width(*ws[0], dim, "norm_matmul");
-    if (n > 1) {
-      GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
-      req.n_out = count;
-      for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
-      gemv_batch(req, stream_, ctx_);
-      return;
-    }
     GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = count;
     for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
@@ -260,15 +246,8 @@ class CudaBackend final : public Backend {
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
     ctx_.make_current();
-    if (n != 1 && !batched_gemv(n)) {
+    if (n != 1) {
       Backend::matmul_add(w, a, n, x, tmp);
-      return;
-    }
-    if (n > 1) {
-      GemvBatchRequest req = batch_gemv(a, n);
-      req.out[0] = {&find(w), x};
-      req.epilogue = GemvEpilogue::add;
-      gemv_batch(req, stream_, ctx_);
       return;
     }
     GemvRequest req = step_gemv(a);
@@ -280,20 +259,11 @@ class CudaBackend final : public Backend {
                    const Matrix& w_up, float* up, float* out) override {
     ctx_.make_current();
     const Matrix* pair[2] = {&w_gate, &w_up};
-    if ((n != 1 && !batched_gemv(n)) || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
+    if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
       Backend::norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, out);
       return;
     }
     check_width(w_gate, dim, "norm_swiglu");
-    if (n > 1) {
-      GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
-      req.n_out = 2;
-      req.out[0] = {&find(w_gate), out};
-      req.out[1] = {&find(w_up), nullptr};
-      req.epilogue = GemvEpilogue::swiglu;
-      gemv_batch(req, stream_, ctx_);
-      return;
-    }
     GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = 2;
     req.out[0] = {&find(w_gate), out};
@@ -591,20 +561,6 @@ class CudaBackend final : public Backend {
   GemvRequest step_gemv(const float* x, const float* norm_w = nullptr, float eps = 0.0f) {
     GemvRequest req;
     req.x = x;
-    req.norm_weight = norm_w;
-    req.norm_eps = eps;
-    return req;
-  }
-  // Calls of a few rows (a decode step of several sequences, a short prefill
-  // chunk) read each weight once for all rows through gemv_batch (launches
-  // of up to kGemvBatchMax rows); longer ones are prefill GEMMs on cuBLAS
-  // over dequantized tiles.
-  static constexpr int kBatchedGemvMaxRows = 4 * kGemvBatchMax;
-  static bool batched_gemv(int n) { return n > 1 && n <= kBatchedGemvMaxRows; }
-  GemvBatchRequest batch_gemv(const float* x, int n, const float* norm_w = nullptr, float eps = 0.0f) {
-    GemvBatchRequest req;
-    req.x = x;
-    req.batch = n;
     req.norm_weight = norm_w;
     req.norm_eps = eps;
     return req;
