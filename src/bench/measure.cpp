@@ -150,11 +150,6 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
     }
   }
 
-  auto spread_of = []<class Run>(const std::vector<Run>& runs, double Run::*field) {
-    std::vector<double> v;
-    for (const auto& r : runs) v.push_back(r.*field);
-    return spread(v);
-  };
   c.decode_tps = spread_of(c.rep_results, &RepResult::decode_tps);
   if (o.prefill_every_run) {
     c.ttft_s = spread_of(c.rep_results, &RepResult::ttft_s);

@@ -92,11 +92,6 @@ CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
     if (i >= o.warmup) c.rep_results.push_back(x);
   }
 
-  auto spread_of = []<class Run>(const std::vector<Run>& runs, double Run::*field) {
-    std::vector<double> v;
-    for (const auto& r : runs) v.push_back(r.*field);
-    return spread(v);
-  };
   c.decode_tps = spread_of(c.rep_results, &RepResult::decode_tps);
   c.ttft_s = spread_of(c.prefill_results, &PrefillResult::ttft_s);
   c.prefill_tps = spread_of(c.prefill_results, &PrefillResult::prefill_tps);

@@ -13,6 +13,13 @@ namespace kvq::bench {
 
 // Median (mean of the middle two for even sizes), min and max; zeros for an empty sample.
 Spread spread(std::vector<double> v);
+// The spread of one field over runs (e.g. &RepResult::decode_tps).
+template <class Run>
+Spread spread_of(const std::vector<Run>& runs, double Run::*field) {
+  std::vector<double> v;
+  for (const auto& r : runs) v.push_back(r.*field);
+  return spread(v);
+}
 
 // Nearest-rank percentile (p in [0, 100]) of a non-empty sample: the
 // smallest value with at least p % of the sample at or below it.

@@ -115,35 +115,11 @@ void Model::forward(const int32_t* ids, int n, int pos, kv::Cache& cache, float*
   forward(b, cache, logits, r);
 }
 
-void Model::forward(const StepBatch& b, kv::Cache& cache, float* logits, RunState& r) {
-  KVQ_CHECK(b.n_tok() > 0, Errc::invalid_argument, "forward: no tokens to process");
-  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
-  const size_t vocab = size_t(cfg_.vocab_size);
-  run_layers(r, b, cache);
+template <class F>
+void Model::lm_head_runs(RunState& r, const StepBatch& b, F&& use) {
   // Final norm and LM head, only for the rows whose logits are wanted:
-  // consecutive rows in one call, up to kLogitRows at a time.
-  Backend& be = backend_;
-  const int d = cfg_.d_model;
-  const std::vector<int32_t>& want = b.logit_rows;
-  for (size_t i = 0; i < want.size();) {
-    size_t j = i + 1;
-    while (j < want.size() && want[j] == want[j - 1] + 1 && int(j - i) < kLogitRows) ++j;
-    const int rows = int(j - i);
-    const Matrix* head = &output_;
-    float* out = r.logits_->data();
-    be.norm_matmul(r.x_->data() + size_t(want[i]) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head,
-                   &out, 1);
-    be.download(r.logits_->data(), logits + i * vocab, size_t(rows) * vocab);
-    i = j;
-  }
-}
-
-void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int32_t* out, RunState& r) {
-  KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
-            " logits of a model with ", cfg_.vocab_size);
-  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
-  run_layers(r, b, cache);
-  Backend& be = backend_;
+  // consecutive rows in one call, up to kLogitRows at a time, into
+  // r.logits_; use(first index into logit_rows, rows) takes them from there.
   const int d = cfg_.d_model;
   const std::vector<int32_t>& want = b.logit_rows;
   for (size_t i = 0; i < want.size();) {
@@ -152,16 +128,37 @@ void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int3
     const int rows = int(j - i);
     const Matrix* head = &output_;
     float* logits = r.logits_->data();
-    be.norm_matmul(r.x_->data() + size_t(want[i]) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(), &head,
-                   &logits, 1);
-    r.chosen_value_.resize(size_t(rows));
-    be.argmax_rows(logits, rows, size_t(vocab), size_t(cfg_.vocab_size), out + i, r.chosen_value_.data());
-    for (int k = 0; k < rows; ++k)
-      KVQ_CHECK(std::isfinite(r.chosen_value_[size_t(k)]), Errc::format, "the model produced no finite logit for row ",
-                want[i + size_t(k)], " of the step (the largest is ", r.chosen_value_[size_t(k)],
-                "): its weights or activations hold NaN/inf");
+    backend_.norm_matmul(r.x_->data() + size_t(want[i]) * d, output_norm_, rows, d, cfg_.norm_eps, r.h_->data(),
+                         &head, &logits, 1);
+    use(i, rows);
     i = j;
   }
+}
+
+void Model::forward(const StepBatch& b, kv::Cache& cache, float* logits, RunState& r) {
+  KVQ_CHECK(b.n_tok() > 0, Errc::invalid_argument, "forward: no tokens to process");
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
+  const size_t vocab = size_t(cfg_.vocab_size);
+  run_layers(r, b, cache);
+  lm_head_runs(r, b, [&](size_t i, int rows) {
+    backend_.download(r.logits_->data(), logits + i * vocab, size_t(rows) * vocab);
+  });
+}
+
+void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int32_t* out, RunState& r) {
+  KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
+            " logits of a model with ", cfg_.vocab_size);
+  KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
+  run_layers(r, b, cache);
+  lm_head_runs(r, b, [&](size_t i, int rows) {
+    r.chosen_value_.resize(size_t(rows));
+    backend_.argmax_rows(r.logits_->data(), rows, size_t(vocab), size_t(cfg_.vocab_size), out + i,
+                         r.chosen_value_.data());
+    for (int k = 0; k < rows; ++k)
+      KVQ_CHECK(std::isfinite(r.chosen_value_[size_t(k)]), Errc::format, "the model produced no finite logit for row ",
+                b.logit_rows[i + size_t(k)], " of the step (the largest is ", r.chosen_value_[size_t(k)],
+                "): its weights or activations hold NaN/inf");
+  });
 }
 
 void Model::check_fits(const kv::Cache& cache, int pos, int n) const {

@@ -126,6 +126,9 @@ class Model {
   void run_layers(RunState& r, const StepBatch& batch, kv::Cache& cache);
   // Errc::out_of_range (with the --ctx hint) when tokens [pos, pos + n) do not fit.
   void check_fits(const kv::Cache& cache, int pos, int n) const;
+  // The LM head over batch.logit_rows in runs of consecutive rows; see forward.cpp.
+  template <class F>
+  void lm_head_runs(RunState& r, const StepBatch& batch, F&& use);
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
   // A single-token step (recorded/replayed when step_graphs_) that leaves the
