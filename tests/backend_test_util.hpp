@@ -19,6 +19,7 @@ class ForwardingBackend : public Backend {
   Matrix upload(const Matrix& m) override { return inner_->upload(m); }
   void upload(const float* h, float* d, size_t n) override { inner_->upload(h, d, n); }
   void download(const float* s, float* h, size_t n) override { inner_->download(s, h, n); }
+  void prepare_step(const StepBatch& b) override { inner_->prepare_step(b); }
   void embed(const Matrix& t, const int32_t* ids, int n, float* out) override { inner_->embed(t, ids, n, out); }
   void matmul(const Matrix& w, const float* x, int n, float* y) override { inner_->matmul(w, x, n, y); }
   void rms_norm(const float* x, const float* w, int n, int dim, float eps, float* y) override {

@@ -104,6 +104,12 @@ class Backend {
   virtual void download(const float* src, float* host, size_t n) = 0;
 
   // --- forward ops
+  // Called by the forward pass before the layers of every step, with the
+  // step it is about to run: a backend may choose its kernels by the step's
+  // shape (the CUDA backend runs the weight products of a decode step of
+  // several sequences, every run one token, through its batched GEMV; a
+  // prefill chunk of as many rows stays on its GEMM). No effect by default.
+  virtual void prepare_step(const StepBatch& batch) {}
   // out[t] = row ids[t] of `table` (dequantized); ids are host memory.
   virtual void embed(const Matrix& table, const int32_t* ids, int n, float* out) = 0;
   // y[t][r] = sum_c W[r][c] * x[t][c] for t < n.

@@ -261,6 +261,7 @@ void Model::run_layers(RunState& r, const StepBatch& b, kv::Cache& cache) {
   float *x = r.x_->data(), *h = r.h_->data(), *q = r.q_->data(), *k = r.k_->data(), *v = r.v_->data(),
         *attn = r.attn_->data(), *gate = r.gate_->data(), *up = r.up_->data();
 
+  be.prepare_step(b);
   be.embed(token_embd_, b.token.data(), n, x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerDev& L = layers_[l];

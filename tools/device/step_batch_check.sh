@@ -5,7 +5,7 @@
 # Usage on the device (after `source .deps/debs.sh unpack .deps`):
 #   bash tools/device/step_batch_check.sh [GTEST_FILTER]
 #   BATCH_CODECS (default none,tsym3,k8vturbo2), BATCHES (1,8,32,64), BATCH_CTX (512),
-#   REF_CONTEXTS (4k,16k,65408; empty: skip the one-sequence reference)
+#   REF_CONTEXTS (4k,16k,65408; empty: skip the one-sequence reference), LAB=0 skips the GEMV lab
 # Results in $OUT: log.txt, gpu_tests.txt, batch.tgz (report, cells.csv, runs.db).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,8 +29,10 @@ else
   (cd build-gpu && ctest -L gpu -j 4 >"$OUT/gpu_tests.txt" 2>&1)
 fi
 grep -E "^\[  PASSED|^\[  FAILED|tests passed|FAILED|Failed" "$OUT/gpu_tests.txt" | head -30
-echo "== batched GEMV lab"
-timeout 90 build-gpu/kvq_bench_gemv_batch 20 >"$OUT/gemv_batch.txt" 2>&1; grep -E "^[A-Z][A-Za-z0-9_]*$|^layer" "$OUT/gemv_batch.txt"
+if [ "${LAB:-1}" = 1 ]; then
+  echo "== batched GEMV lab"
+  timeout 90 build-gpu/kvq_bench_gemv_batch 20 >"$OUT/gemv_batch.txt" 2>&1; grep -E "^[A-Z][A-Za-z0-9_]*$|^layer" "$OUT/gemv_batch.txt"
+fi
 K=build-gpu/kvq
 H=/tmp/kvq-home
 echo "== kvq bench --batch"

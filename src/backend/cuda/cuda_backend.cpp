@@ -19,6 +19,7 @@
 #include "backend/cuda/device_buffer.hpp"
 #include "backend/cuda/device_context.hpp"
 #include "backend/cuda/gemv.hpp"
+#include "backend/cuda/gemv_batch.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/gpu_layout.hpp"
 #include "core/error.hpp"
@@ -174,6 +175,13 @@ class CudaBackend final : public Backend {
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  void prepare_step(const StepBatch& batch) override {
+    // A decode step of several sequences: every run is one token.
+    bool decode = batch.n_seq() > 1;
+    for (const kv::QueryRun& r : batch.runs) decode = decode && r.n == 1;
+    decode_rows_ = decode ? batch.n_tok() : 0;
+  }
+
   void matmul(const Matrix& w, const float* x, int n, float* y) override {
     ctx_.make_current();
     const GpuMatrix& m = find(w);
@@ -184,6 +192,12 @@ class CudaBackend final : public Backend {
       return;
     }
     if (n <= 0) return;
+    if (batched_decode(n)) {
+      GemvBatchRequest req = batch_gemv(x, n);
+      req.out[0] = {&m, y};
+      gemv_batch(req, stream_, ctx_);
+      return;
+    }
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
     // as the column-major cols x rows matrix it is in memory (op T).
     const size_t xn = size_t(n) * m.cols;
@@ -234,6 +248,14 @@ class CudaBackend final : public Backend {
   void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix* const* ws,
                    float* const* ys, int count) override {
     ctx_.make_current();
+    if (count >= 1 && count <= 3 && same_kind(ws, count) && batched_decode(n)) {
+      check_width(*ws[0], dim, "norm_matmul");
+      GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
+      req.n_out = count;
+      for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
+      gemv_batch(req, stream_, ctx_);
+      return;
+    }
     if (n != 1 || count < 1 || count > 3 || !same_kind(ws, count)) {
       Backend::norm_matmul(x, norm_w, n, dim, eps, h, ws, ys, count);
       return;
@@ -246,6 +268,13 @@ class CudaBackend final : public Backend {
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
     ctx_.make_current();
+    if (batched_decode(n)) {
+      GemvBatchRequest req = batch_gemv(a, n);
+      req.out[0] = {&find(w), x};
+      req.epilogue = GemvEpilogue::add;
+      gemv_batch(req, stream_, ctx_);
+      return;
+    }
     if (n != 1) {
       Backend::matmul_add(w, a, n, x, tmp);
       return;
@@ -259,6 +288,16 @@ class CudaBackend final : public Backend {
                    const Matrix& w_up, float* up, float* out) override {
     ctx_.make_current();
     const Matrix* pair[2] = {&w_gate, &w_up};
+    if (batched_decode(n) && same_kind(pair, 2) && w_gate.rows == w_up.rows) {
+      check_width(w_gate, dim, "norm_swiglu");
+      GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
+      req.n_out = 2;
+      req.out[0] = {&find(w_gate), out};
+      req.out[1] = {&find(w_up), nullptr};
+      req.epilogue = GemvEpilogue::swiglu;
+      gemv_batch(req, stream_, ctx_);
+      return;
+    }
     if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
       Backend::norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, out);
       return;
@@ -565,6 +604,21 @@ class CudaBackend final : public Backend {
     req.norm_eps = eps;
     return req;
   }
+  // Weight products of n > 1 rows inside a decode step of several sequences
+  // (prepare_step) go through gemv_batch: each weight is read once per
+  // launch for all of them, with gemv()'s arithmetic per row, so every
+  // sequence gets what it would get decoding alone up to the order of fp32
+  // sums. Prefill chunks keep the cuBLAS GEMM (their rows would otherwise be
+  // staged to int8 where the GEMM takes bf16: docs/perf.md, session 10).
+  bool batched_decode(int n) const { return n > 1 && n <= decode_rows_; }
+  GemvBatchRequest batch_gemv(const float* x, int n, const float* norm_w = nullptr, float eps = 0.0f) const {
+    GemvBatchRequest req;
+    req.x = x;
+    req.batch = n;
+    req.norm_weight = norm_w;
+    req.norm_eps = eps;
+    return req;
+  }
   // A fused norm + GEMV normalizes `dim` inputs: the matrix must take that many.
   void check_width(const Matrix& w, int dim, const char* op) const {
     KVQ_CHECK(find(w).cols == dim, Errc::internal, op, ": ", dim, " inputs for a matrix of ", find(w).cols,
@@ -752,6 +806,7 @@ class CudaBackend final : public Backend {
   int rows_work_rows_ = 0;
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
+  int decode_rows_ = 0;  // rows of the current step when it is a decode step of several sequences, else 0
   // A step's q left raw by qk_rope_write_kv for the attention of the same
   // layer (the fused q path); consumed by that call, dropped at end_step.
   struct PendingQ {
