@@ -167,7 +167,7 @@ __device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__u
 __device__ __forceinline__ void mma_s8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
   int r0, r1, r2, r3;
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %11, %12, %13};"
       : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
