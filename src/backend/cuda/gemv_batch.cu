@@ -71,6 +71,7 @@
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kquant.cuh"
 #include "backend/cuda/occupancy.hpp"
+#include "backend/cuda/stage_int8.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -229,21 +230,12 @@ __device__ void stage_tile(const BatchArgs& a, unsigned char* smem, int col0, in
       }
       if constexpr (stages_int8(T)) {
         // ncols is a multiple of 256 for these types: every lane is in range.
-        float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float scale = amax / 127.0f;
-        int q[4] = {0, 0, 0, 0};
-        if (scale > 0.0f) {
-          q[0] = __float2int_rn(u.x / scale);
-          q[1] = __float2int_rn(u.y / scale);
-          q[2] = __float2int_rn(u.z / scale);
-          q[3] = __float2int_rn(u.w / scale);
-        }
+        float scale;
+        int q[4];
+        quantize4_int8(u, scale, q);
         // Values lc..lc+3: word (lc / 4) % 4 of 16-byte unit lc / 16 of row b.
         int* uq = reinterpret_cast<int*>(smem) + b * (a.tile_cols / 4);
-        uq[swz(lc >> 4) * 4 + ((lc >> 2) & 3)] =
-            (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | int(uint32_t(q[3]) << 24);
+        uq[swz(lc >> 4) * 4 + ((lc >> 2) & 3)] = pack_int8x4(q);
         int sum = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);

@@ -1,0 +1,643 @@
+// Tensor-core batched GEMM for decode steps (gemm_tc.hpp): Y[b][m] = sum_k
+// W[m][k] u_b[k] for B <= 64 input rows, int8 mma.sync with the weights as A
+// (M = output rows) and the staged inputs as B (N = batch).
+//
+// WORK SPLIT
+//   A CTA (16 warps, 512 threads, one per SM: up to 128 registers) owns an
+//   m-tile of 256 rows — the fused outputs' rows concatenated (Q, then K,
+//   then V), or for SwiGLU 128 gate rows (warps 0-7) and the same 128 up rows
+//   (warps 8-15) — and one of C slices of K (C = 1, 2, 4 or 8, chosen so that
+//   m-tiles x C fills the SMs). The C CTAs of an m-tile form a thread-block
+//   cluster: each computes the partial products of its K slice, writes them
+//   to its own shared memory, and after a cluster barrier CTA r sums rows
+//   [r 256/C, (r+1) 256/C) of all C partials in rank order (distributed
+//   shared memory), applies 1/rms and the epilogue and stores y. No global
+//   workspace, deterministic, every weight read by exactly one warp once.
+//   Warp w: rows 16w..16w+15 of the m-tile, all N = 8 NT tokens (NT n-tiles of
+//   8, NT = 1, 2, 4, 8 by batch): NT mma per 32-column k-step, accumulators
+//   acc[NT][4] fp32 (Q1_0 also s[NT][4], see below).
+//   A K slice is walked in tiles of up to `tg` groups of 128 columns: per tile
+//   every warp stages its share of the tile's x (all batch rows), barrier,
+//   every warp multiplies its rows over the tile, barrier.
+//
+// MMA FRAGMENTS (PTX ISA, mma.m16n8k32 .s8; lane = 4 g + t)
+//   A 16x32 (row): a0 = (row g,   k 4t..4t+3)   a1 = (row g+8, k 4t..4t+3)
+//                  a2 = (row g,   k 16+4t..+3)  a3 = (row g+8, k 16+4t..+3)
+//   B 32x8  (col): b0 = (k 4t..4t+3, col g)     b1 = (k 16+4t..+3, col g)
+//   C 16x8  s32:   c0, c1 = (row g, cols 2t, 2t+1)   c2, c3 = (row g+8, cols 2t, 2t+1)
+//   A k-step is exactly one 32-value block (one x scale, one Q8_0/Q4_0 weight
+//   scale), so the mma's integer sums are the exact block dot products. The
+//   order of k inside a block does not change an exact integer sum, so the
+//   logical k of the mma is mapped to block positions to suit the loads:
+//   logical 4t+i -> position 8t+i, logical 16+4t+i -> position 8t+4+i. Lane t
+//   thus needs positions 8t..8t+7 of each block: one 8-byte load of a Q8_0
+//   row, 8 bytes of a Q4_0 block, two shifts of a Q1_0 word; and from x the
+//   same 8 positions of token g (b0 = positions 8t..8t+3, b1 = 8t+4..8t+7).
+//
+// WEIGHT DECODE (registers, never to memory)
+//   Q8_0: a0/a2 = the 8 bytes at row + 32 j + 8t as loaded.
+//   Q4_0: block j is 16 bytes, byte i = weight i (low nibble) and i + 16
+//         (high); positions 8t..8t+7 are the low (t < 2) or high (t >= 2)
+//         nibbles of bytes 8(t&1)..8(t&1)+7. ((v << 4 or v) & 0xF0F0F0F0) ^
+//         0x80808080 is 16 (q - 8) per byte (one shift, one LOP3); the 16 is
+//         folded into the weight scale (d / 16, exact).
+//   Q1_0: word j holds position 4k+b at bit 8b+k (gpu_layout.hpp); positions
+//         8t..8t+3 are bits k = 2t, 8t+4..8t+7 bits k = 2t+1:
+//         ((w << (7-k)) & 0x80808080) ^ 0xC0C0C0C0 is +64 / -64 per byte for a
+//         set / clear bit; the 64 is folded into d / 64 (exact).
+//   Products stay below 2^22 in magnitude (Q8_0: 32*128*127, Q4_0: 16*32*8*127,
+//   Q1_0: 64*32*127), so the mma starts from the bits of 1.5*2^23 (0x4B400000)
+//   and its result read as fp32 is exactly 1.5*2^23 + dot: one FADD converts
+//   (no I2F, a slow pipe on sm_90).
+//   Per k-step j: Q8_0/Q4_0: acc += ((dot * dx_j) * dw_j); Q1_0 (one weight
+//   scale per 4 blocks): s = sum over its 4 blocks of dot * dx_j, then acc +=
+//   s * dw. Identical tokens run identical instructions on identical data:
+//   identical outputs.
+//   Weights go straight from global memory to registers (ld.global.nc, no L1
+//   allocation), one 128-column group ahead of the one being multiplied
+//   (the first before waiting for the kernel that writes x).
+//
+// SHARED MEMORY (bytes from 0; NT8 = 8 NT tokens, TG = groups per tile,
+// S = 128 TG + 64 = the token row stride, = 64 mod 128)
+//   staging (one tile):
+//     int8 xq[NT8][S]: block pair p (blocks 2p, 2p+1 of the tile) at 64p; its
+//       16-byte chunk t = positions 8t..8t+7 of block 2p, then of block 2p+1,
+//       so lane (g, t) reads b0, b1 of two k-steps with one LDS.128. A
+//       quarter warp reads tokens g, g+1 at 64 contiguous bytes each; S = 64
+//       mod 128 puts them on different banks: conflict-free.
+//     float sx[TG*2][NT8/2][4]: block scales of x; entry (j, b) at
+//       ((j/2) NT8/2 + b/2) 4 + (j%2) 2 + b%2, so lane t reads the scales of
+//       tokens 2t, 2t+1 of an n-tile for blocks 2p and 2p+1 as one float4.
+//     float ss_seg[NT8][TG]: sum of x^2 per 128 columns (with a norm)
+//   partials (after the last tile, aliasing the staging area):
+//     float part[NT8][260]: the CTA's partial sums, token-major (row stride
+//       256 + 4: the fragment stores of a warp hit 32 distinct banks)
+//   then (never aliased): float ss_part[NT8] (the CTA's x^2 sums, read by
+//   the cluster), float inv_rms[NT8].
+//   Tokens batch..NT8-1 are zero in xq and sx (set once per launch): they
+//   contribute nothing and are never stored.
+//
+// RMSNorm: u = x * g is staged and 1/rms multiplies the reduced products, as
+// in gemv_batch; x^2 is summed per 128 columns (warp tree), the segments in
+// order per CTA, the CTAs of a cluster in rank order: the same order for every
+// token.
+//
+// PERFORMANCE MODEL (a prediction, not a measurement; docs/perf.md, "Tensor-
+// core batched GEMM"). Per warp and k-step at B = 64: 8 mma, 8 LDS.128 of x,
+// 8 LDS.128 of scales every two k-steps, the decode (Q1_0: 8 ops) and 2-3
+// fp32 ops per accumulator element (32 elements): ~100 issue slots for 8
+// mma, so the kernel is issue-bound on the per-block scaling, not on the
+// tensor pipe. Staging costs ~14 instructions per x value (the IEEE division
+// of the rounding) and is repeated by every m-tile of a launch.
+#include "backend/cuda/gemm_tc.hpp"
+
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/occupancy.hpp"
+#include "backend/cuda/stage_int8.cuh"
+#include "core/error.hpp"
+
+namespace kvq::cuda {
+
+using gguf::TensorType;
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kMaxOut = 3;
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = kWarps * 16;     // rows of an m-tile (SwiGLU: half gate, half up)
+constexpr int kPartStride = kTileRows + 4;  // floats per token row of the partials
+constexpr int kGroupCols = 128;             // columns per group (a Q1_0 scale, four blocks)
+constexpr int kMaxCluster = 8;
+constexpr int kStageBatch = 4;               // independent x loads per lane in flight while staging
+constexpr int kBiasBits = 0x4B400000;        // 1.5 * 2^23
+constexpr float kBias = 12582912.0f;
+constexpr size_t kSmemBudget = 200 * 1024;
+
+struct TcArgs {
+  const uint8_t* codes[kMaxOut];
+  const uint16_t* scales[kMaxOut];
+  float* y[kMaxOut];
+  int rows[kMaxOut];
+  int row_end[kMaxOut];  // cumulative rows (not SwiGLU)
+  int n_out;
+  int total_rows;  // rows of the concatenated outputs; SwiGLU: rows of gate
+  const float* x;
+  const float* norm;  // null: no norm
+  float eps;
+  int cols;
+  int batch;
+  GemvEpilogue epilogue;
+  int groups;    // cols / 128
+  int cluster;   // C
+  int gpr;       // groups per K slice
+  int tg;        // groups per tile
+  int row_stride;  // S
+  int sx_offset, ss_seg_offset, ss_part_offset, inv_offset;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+
+// D = A B + 1.5 * 2^23 (bits), returned as the exact fp32 dot products.
+__device__ __forceinline__ void mma_s8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  int r0, r1, r2, r3;
+  asm(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %11, %12, %13};"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(kBiasBits), "r"(kBiasBits), "r"(kBiasBits),
+        "r"(kBiasBits));
+  d[0] = __int_as_float(r0) - kBias;
+  d[1] = __int_as_float(r1) - kBias;
+  d[2] = __int_as_float(r2) - kBias;
+  d[3] = __int_as_float(r3) - kBias;
+}
+
+// One 128-column group of a lane's two rows (g, g + 8): raw codes and the
+// weight scales with the decode's factor folded in.
+template <TensorType T>
+struct Group;
+
+template <>
+struct Group<TensorType::Q1_0> {
+  uint4 w[2];  // words of blocks 0..3
+  float d[2];  // d / 64
+  __device__ __forceinline__ void load(const uint8_t* const (&codes)[2], const uint16_t* const (&scales)[2], int gg,
+                                       int) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[r] = ldg_stream16(codes[r] + size_t(gg) * 16);
+      d[r] = half_bits(__ldg(scales[r] + gg)) * 0.015625f;
+    }
+  }
+  // a0/a2 (or a1/a3) of block kb for lane t.
+  __device__ __forceinline__ void frag(int r, int kb, int t, uint32_t& lo, uint32_t& hi) const {
+    const uint32_t word = kb == 0 ? w[r].x : kb == 1 ? w[r].y : kb == 2 ? w[r].z : w[r].w;
+    lo = ((word << (7 - 2 * t)) & 0x80808080u) ^ 0xC0C0C0C0u;
+    hi = ((word << (6 - 2 * t)) & 0x80808080u) ^ 0xC0C0C0C0u;
+  }
+};
+
+// Q8_0 and Q4_0: 8 bytes of each of the 4 blocks, 4 scales per row.
+template <TensorType T>
+struct Group8 {
+  uint2 w[2][4];
+  float d[2][4];  // Q8_0: d; Q4_0: d / 16
+  __device__ __forceinline__ void load(const uint8_t* const (&codes)[2], const uint16_t* const (&scales)[2], int gg,
+                                       int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const int block = 4 * gg + kb;
+        const size_t off = T == TensorType::Q8_0 ? size_t(block) * 32 + 8 * t : size_t(block) * 16 + 8 * (t & 1);
+        w[r][kb] = ldg_stream8(codes[r] + off);
+      }
+      const uint2 s = ldg_stream8(scales[r] + 4 * gg);
+      const float f = T == TensorType::Q8_0 ? 1.0f : 0.0625f;
+      d[r][0] = half_bits(s.x & 0xffffu) * f;
+      d[r][1] = half_bits(s.x >> 16) * f;
+      d[r][2] = half_bits(s.y & 0xffffu) * f;
+      d[r][3] = half_bits(s.y >> 16) * f;
+    }
+  }
+  __device__ __forceinline__ void frag(int r, int kb, int t, uint32_t& lo, uint32_t& hi) const {
+    if constexpr (T == TensorType::Q8_0) {
+      lo = w[r][kb].x;
+      hi = w[r][kb].y;
+    } else {
+      const int sh = t < 2 ? 4 : 0;  // low nibbles move up to the high half of each byte
+      lo = ((w[r][kb].x << sh) & 0xF0F0F0F0u) ^ 0x80808080u;
+      hi = ((w[r][kb].y << sh) & 0xF0F0F0F0u) ^ 0x80808080u;
+    }
+  }
+};
+template <>
+struct Group<TensorType::Q8_0> : Group8<TensorType::Q8_0> {};
+template <>
+struct Group<TensorType::Q4_0> : Group8<TensorType::Q4_0> {};
+
+__host__ __device__ constexpr int64_t row_code_bytes(TensorType t, int64_t cols) {
+  return t == TensorType::Q8_0 ? cols : t == TensorType::Q4_0 ? cols / 2 : cols / 8;
+}
+__host__ __device__ constexpr int64_t row_scales(TensorType t, int64_t cols) {
+  return t == TensorType::Q1_0 ? cols / 128 : cols / 32;
+}
+
+// Stages groups [tg0, tg0 + ng) of the batch's x rows (layout at the top).
+template <int NT>
+__device__ void stage_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng) {
+  constexpr int kHalfTokens = NT * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int items = a.batch * ng;
+  float* sx = reinterpret_cast<float*>(smem + a.sx_offset);
+  float* ss_seg = reinterpret_cast<float*>(smem + a.ss_seg_offset);
+  for (int base = warp; base < items; base += kWarps * kStageBatch) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int k = 0; k < kStageBatch; ++k) {
+      const int item = base + k * kWarps;
+      v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (item < items) {
+        const int b = item / ng, seg = item - b * ng;
+        v[k] = *reinterpret_cast<const float4*>(a.x + size_t(b) * a.cols + size_t(tg0 + seg) * kGroupCols + 4 * lane);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStageBatch; ++k) {
+      const int item = base + k * kWarps;
+      if (item >= items) continue;  // warp-uniform
+      const int b = item / ng, seg = item - b * ng;
+      float4 u = v[k];
+      if (a.norm) {
+        const float ss = warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w);
+        if (lane == 0) ss_seg[b * a.tg + seg] = ss;
+        const float4 g = __ldg(reinterpret_cast<const float4*>(a.norm + size_t(tg0 + seg) * kGroupCols + 4 * lane));
+        u = make_float4(u.x * g.x, u.y * g.y, u.z * g.z, u.w * g.w);
+      }
+      float scale;
+      int q[4];
+      quantize4_int8(u, scale, q);
+      // Word w = lane & 7 (positions 4w..4w+3) of block j of the tile.
+      const int j = 4 * seg + (lane >> 3), w = lane & 7;
+      const int off = (j >> 1) * 64 + (w >> 1) * 16 + (j & 1) * 8 + (w & 1) * 4;
+      *reinterpret_cast<int*>(smem + size_t(b) * a.row_stride + off) = pack_int8x4(q);
+      if (w == 0) sx[((j >> 1) * kHalfTokens + (b >> 1)) * 4 + (j & 1) * 2 + (b & 1)] = scale;
+    }
+  }
+}
+
+template <TensorType T, int NT, bool kPair>
+__global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int NT8 = NT * 8, kHalfTokens = NT * 4;
+  constexpr bool kQ1 = T == TensorType::Q1_0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rank = a.cluster > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  const int mtile = blockIdx.x / a.cluster;
+  const int g_lo = min(a.groups, rank * a.gpr), g_hi = min(a.groups, g_lo + a.gpr);
+
+  // This lane's two weight rows (g and g + 8 of the warp's 16); rows past the
+  // matrix re-read its last row (their sums are never stored).
+  const uint8_t* codes[2];
+  const uint16_t* scales[2];
+  bool active;  // the warp has at least one real row
+  {
+    const int64_t cb = row_code_bytes(T, a.cols), ns = row_scales(T, a.cols);
+    if constexpr (kPair) {
+      const int m = warp >= kWarps / 2 ? 1 : 0;
+      const int row0 = mtile * (kTileRows / 2) + 16 * (warp - m * (kWarps / 2));
+      active = row0 < a.total_rows;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = min(row0 + g + 8 * r, a.total_rows - 1);
+        codes[r] = a.codes[m] + size_t(row) * cb;
+        scales[r] = a.scales[m] + size_t(row) * ns;
+      }
+    } else {
+      const int row0 = mtile * kTileRows + 16 * warp;
+      active = row0 < a.total_rows;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int gr = min(row0 + g + 8 * r, a.total_rows - 1);
+        int seg = 0;
+        while (seg + 1 < a.n_out && gr >= a.row_end[seg]) ++seg;
+        const int row = gr - (seg ? a.row_end[seg - 1] : 0);
+        codes[r] = a.codes[seg] + size_t(row) * cb;
+        scales[r] = a.scales[seg] + size_t(row) * ns;
+      }
+    }
+  }
+
+  // Zero the staging area (tokens past the batch stay zero) and the x^2 sums.
+  {
+    const int words = a.ss_seg_offset / 16;  // xq and sx
+    for (int i = threadIdx.x; i < words; i += kThreads) reinterpret_cast<int4*>(smem)[i] = make_int4(0, 0, 0, 0);
+    float* ss_part = reinterpret_cast<float*>(smem + a.ss_part_offset);
+    for (int i = threadIdx.x; i < NT8; i += kThreads) ss_part[i] = 0.0f;
+  }
+
+  using G = Group<T>;
+  G cur, next;
+  if (active && g_lo < g_hi) cur.load(codes, scales, g_lo, t);
+  allow_dependents();
+  wait_for_predecessor();  // x (and y for add) are written by earlier kernels
+
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+
+  const unsigned char* xq = smem;
+  const float* sx = reinterpret_cast<const float*>(smem + a.sx_offset);
+  for (int tg0 = g_lo; tg0 < g_hi; tg0 += a.tg) {
+    const int ng = min(a.tg, g_hi - tg0);
+    __syncthreads();  // the previous tile has been multiplied (and the zeroing is done)
+    stage_tile<NT>(a, smem, tg0, ng);
+    __syncthreads();
+    if (a.norm && threadIdx.x < a.batch) {
+      const float* ss_seg = reinterpret_cast<const float*>(smem + a.ss_seg_offset) + threadIdx.x * a.tg;
+      float* ss_part = reinterpret_cast<float*>(smem + a.ss_part_offset);
+      float s = ss_part[threadIdx.x];
+      for (int seg = 0; seg < ng; ++seg) s += ss_seg[seg];
+      ss_part[threadIdx.x] = s;
+    }
+    if (!active) continue;
+    for (int gl = 0; gl < ng; ++gl) {
+      const int gg = tg0 + gl;
+      if (gg + 1 < g_hi) next.load(codes, scales, gg + 1, t);
+      float s[kQ1 ? NT : 1][4];
+#pragma unroll
+      for (int kp = 0; kp < 2; ++kp) {
+        // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
+        const int p = 2 * gl + kp;
+        uint32_t af[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          cur.frag(0, 2 * kp + h, t, af[h][0], af[h][2]);
+          cur.frag(1, 2 * kp + h, t, af[h][1], af[h][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint4 bx = *reinterpret_cast<const uint4*>(xq + size_t(n * 8 + g) * a.row_stride + p * 64 + t * 16);
+          const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float d[4];
+            mma_s8(d, af[h][0], af[h][1], af[h][2], af[h][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
+            const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
+            if constexpr (kQ1) {
+              if (kp == 0 && h == 0) {
+                s[n][0] = d[0] * dx0;
+                s[n][1] = d[1] * dx1;
+                s[n][2] = d[2] * dx0;
+                s[n][3] = d[3] * dx1;
+              } else {
+                s[n][0] = fmaf(d[0], dx0, s[n][0]);
+                s[n][1] = fmaf(d[1], dx1, s[n][1]);
+                s[n][2] = fmaf(d[2], dx0, s[n][2]);
+                s[n][3] = fmaf(d[3], dx1, s[n][3]);
+              }
+            } else {
+              const int kb = 2 * kp + h;
+              acc[n][0] = fmaf(d[0] * dx0, cur.d[0][kb], acc[n][0]);
+              acc[n][1] = fmaf(d[1] * dx1, cur.d[0][kb], acc[n][1]);
+              acc[n][2] = fmaf(d[2] * dx0, cur.d[1][kb], acc[n][2]);
+              acc[n][3] = fmaf(d[3] * dx1, cur.d[1][kb], acc[n][3]);
+            }
+          }
+        }
+      }
+      if constexpr (kQ1) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          acc[n][0] = fmaf(s[n][0], cur.d[0], acc[n][0]);
+          acc[n][1] = fmaf(s[n][1], cur.d[0], acc[n][1]);
+          acc[n][2] = fmaf(s[n][2], cur.d[1], acc[n][2]);
+          acc[n][3] = fmaf(s[n][3], cur.d[1], acc[n][3]);
+        }
+      }
+      cur = next;
+    }
+  }
+
+  // Partials to shared memory (aliasing the staging area): part[token][row].
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      part[(n * 8 + 2 * t + (e & 1)) * kPartStride + 16 * warp + g + 8 * (e >> 1)] = acc[n][e];
+
+  cg::cluster_group cluster = cg::this_cluster();
+  if (a.cluster > 1) cluster.sync();
+  else __syncthreads();
+
+  // 1/rms of each token: the CTAs' x^2 sums in rank order.
+  float* inv_rms = reinterpret_cast<float*>(smem + a.inv_offset);
+  if (threadIdx.x < a.batch) {
+    float r = 1.0f;
+    if (a.norm) {
+      float ss = 0.0f;
+      for (int q = 0; q < a.cluster; ++q) {
+        const float* sp = reinterpret_cast<const float*>(smem + a.ss_part_offset);
+        if (a.cluster > 1) sp = cluster.map_shared_rank(sp, q);
+        ss += sp[threadIdx.x];
+      }
+      r = 1.0f / sqrtf(ss / float(a.cols) + a.eps);
+    }
+    inv_rms[threadIdx.x] = r;
+  }
+  __syncthreads();
+
+  // This CTA's slice of the m-tile's rows, summed over the cluster in rank order.
+  constexpr int kOutRows = kPair ? kTileRows / 2 : kTileRows;
+  const int slice = kOutRows / a.cluster;
+  const int r_lo = rank * slice;
+  for (int e = threadIdx.x; e < a.batch * slice; e += kThreads) {
+    const int b = e / slice, lr = r_lo + e % slice;
+    const int grow = mtile * kOutRows + lr;
+    if (grow >= a.total_rows) continue;
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int q = 0; q < a.cluster; ++q) {
+      const float* pq = part;
+      if (a.cluster > 1) pq = cluster.map_shared_rank(part, q);
+      v0 += pq[b * kPartStride + lr];
+      if (kPair) v1 += pq[b * kPartStride + kOutRows + lr];
+    }
+    const float gv = v0 * inv_rms[b];
+    if constexpr (kPair) {
+      const float uv = v1 * inv_rms[b];
+      a.y[0][size_t(b) * a.total_rows + grow] = gv / (1.0f + expf(-gv)) * uv;
+    } else {
+      int seg = 0;
+      while (seg + 1 < a.n_out && grow >= a.row_end[seg]) ++seg;
+      const int row = grow - (seg ? a.row_end[seg - 1] : 0);
+      float* y = a.y[seg] + size_t(b) * a.rows[seg] + row;
+      *y = a.epilogue == GemvEpilogue::add ? *y + gv : gv;
+    }
+  }
+  // No CTA leaves while the others may still read its shared memory.
+  if (a.cluster > 1) cluster.sync();
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+template <TensorType T, int NT, bool kPair>
+void launch(TcArgs a, cudaStream_t stream, const DeviceContext& ctx) {
+  constexpr int NT8 = NT * 8;
+  const int out_rows = kPair ? kTileRows / 2 : kTileRows;
+  const int mtiles = (a.total_rows + out_rows - 1) / out_rows;
+  a.groups = a.cols / kGroupCols;
+  int c = 1;
+  while (c * 2 <= kMaxCluster && c * 2 <= a.groups && mtiles * c * 2 <= ctx.sm_count()) c *= 2;
+  a.cluster = c;
+  a.gpr = (a.groups + c - 1) / c;
+  // Groups per tile: as many as fit the budget (the whole slice when it fits).
+  const size_t per_group = size_t(NT8) * (kGroupCols + 4 * 4 + 4);  // xq, sx (4 blocks), ss_seg
+  const size_t fixed = size_t(NT8) * 64;
+  a.tg = int(std::clamp<size_t>((kSmemBudget - fixed) / per_group, 1, size_t(a.gpr)));
+  a.row_stride = a.tg * kGroupCols + 64;
+  a.sx_offset = NT8 * a.row_stride;
+  a.ss_seg_offset = a.sx_offset + a.tg * 4 * NT8 * 4;
+  const size_t staging = align16(size_t(a.ss_seg_offset) + size_t(NT8) * a.tg * 4);
+  const size_t partials = size_t(NT8) * kPartStride * 4;
+  const size_t region = std::max(staging, partials);
+  a.ss_part_offset = int(region);
+  a.inv_offset = int(region + NT8 * 4);
+  const size_t smem = region + 2 * NT8 * 4;
+  KVQ_CHECK(smem <= 220 * 1024, Errc::out_of_range, "GPU tensor-core GEMM: ", smem, " bytes of shared memory");
+
+  auto* kernel = gemm_tc_kernel<T, NT, kPair>;
+  resident_ctas(ctx, kernel, smem, kThreads);  // raises the kernel's shared-memory opt-in
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(mtiles * c);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = ctx.settings.dependent_launches ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = unsigned(c);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = c > 1 ? 2 : 1;  // no cluster attribute for single CTAs
+  KVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+template <TensorType T, bool kPair>
+void launch_bucket(const TcArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
+  if (a.batch <= 8) return launch<T, 1, kPair>(a, stream, ctx);
+  if (a.batch <= 16) return launch<T, 2, kPair>(a, stream, ctx);
+  if (a.batch <= 32) return launch<T, 4, kPair>(a, stream, ctx);
+  return launch<T, 8, kPair>(a, stream, ctx);
+}
+
+template <bool kPair>
+void dispatch(TensorType t, const TcArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
+  switch (t) {
+    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, stream, ctx);
+    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, stream, ctx);
+    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, stream, ctx);
+    default: break;
+  }
+  fail(Errc::unsupported, "GPU tensor-core GEMM: no kernel for ", gguf::tensor_type_name(t));
+}
+
+// One launch of at most kGemmTcMax rows (the request is checked).
+void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
+  const GpuMatrix& w0 = *req.out[0].w;
+  const bool pair = req.epilogue == GemvEpilogue::swiglu;
+  TcArgs a{};
+  a.x = req.x;
+  a.norm = req.norm_weight;
+  a.eps = req.norm_eps;
+  a.cols = int(w0.cols);
+  a.batch = req.batch;
+  a.epilogue = req.epilogue;
+  a.n_out = req.n_out;
+  int total = 0;
+  for (int i = 0; i < req.n_out; ++i) {
+    const GpuMatrix& w = *req.out[i].w;
+    a.codes[i] = w.codes.data();
+    a.scales[i] = w.scales.data();
+    a.y[i] = req.out[i].y;
+    a.rows[i] = int(w.rows);
+    total += int(w.rows);
+    a.row_end[i] = total;
+  }
+  a.total_rows = pair ? int(w0.rows) : total;
+  if (pair) dispatch<true>(w0.type, a, stream, ctx);
+  else dispatch<false>(w0.type, a, stream, ctx);
+}
+
+}  // namespace
+
+bool gemm_tc_supported(TensorType t) {
+  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
+}
+
+void gemm_tc(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
+  KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x && req.out[0].w && req.batch >= 1, Errc::internal,
+            "GPU tensor-core GEMM: ", req.n_out, " outputs and a batch of ", req.batch,
+            " requested (1..3 outputs, a batch >= 1, with an input)");
+  KVQ_CHECK(req.epilogue != GemvEpilogue::swiglu || req.n_out == 2, Errc::internal,
+            "GPU tensor-core GEMM: swiglu needs exactly two matrices (gate, up)");
+  const GpuMatrix& w0 = *req.out[0].w;
+  KVQ_CHECK(gemm_tc_supported(w0.type) && gpu_gemv_supported(w0.type, w0.cols), Errc::unsupported,
+            "GPU tensor-core GEMM: unsupported ", gguf::tensor_type_name(w0.type), " matrix with ", w0.cols,
+            " columns (Q8_0, Q4_0, Q1_0 with a multiple of 256 columns; others: gemv_batch)");
+  const int64_t x_floats = int64_t(req.batch) * w0.cols;
+  int64_t total_rows = 0;
+  for (int i = 0; i < req.n_out; ++i) {
+    KVQ_CHECK(req.out[i].w, Errc::internal, "GPU tensor-core GEMM: output ", i, " has no matrix");
+    const GpuMatrix& w = *req.out[i].w;
+    const bool needs_y = req.epilogue != GemvEpilogue::swiglu || i == 0;
+    KVQ_CHECK(w.type == w0.type && w.cols == w0.cols && (req.out[i].y || !needs_y), Errc::internal,
+              "GPU tensor-core GEMM: fused matrices must share type and width (", gguf::tensor_type_name(w.type),
+              " x ", w.cols, " vs ", gguf::tensor_type_name(w0.type), " x ", w0.cols, ")");
+    KVQ_CHECK(w.rows >= 1 && w.cols <= (int64_t(1) << 24), Errc::out_of_range, "GPU tensor-core GEMM: matrix of ",
+              w.rows, " x ", w.cols, " is out of range");
+    total_rows += w.rows;
+    if (needs_y) {
+      const float* y = req.out[i].y;
+      const int64_t y_floats = int64_t(req.batch) * w.rows;
+      const bool overlaps_x = y < req.x + x_floats && req.x < y + y_floats;
+      const bool overlaps_norm = req.norm_weight && y < req.norm_weight + w.cols && req.norm_weight < y + y_floats;
+      KVQ_CHECK(!overlaps_x && !overlaps_norm, Errc::internal, "GPU tensor-core GEMM: an output overlaps the input");
+    }
+  }
+  KVQ_CHECK(total_rows <= (int64_t(1) << 30), Errc::out_of_range, "GPU tensor-core GEMM: ", total_rows,
+            " rows are out of range");
+  if (req.epilogue == GemvEpilogue::swiglu)
+    KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU tensor-core GEMM: swiglu gate and up differ in rows");
+  for (int b0 = 0; b0 < req.batch; b0 += kGemmTcMax) {
+    GemvBatchRequest part = req;
+    part.batch = std::min(kGemmTcMax, req.batch - b0);
+    part.x = req.x + int64_t(b0) * w0.cols;
+    for (int i = 0; i < req.n_out; ++i)
+      if (part.out[i].y) part.out[i].y += int64_t(b0) * req.out[i].w->rows;
+    launch_chunk(part, stream, ctx);
+  }
+}
+
+void gemm_tc(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream, const DeviceContext& ctx) {
+  GemvBatchRequest req;
+  req.x = x;
+  req.batch = batch;
+  req.out[0] = {&w, y};
+  gemm_tc(req, stream, ctx);
+}
+
+}  // namespace kvq::cuda

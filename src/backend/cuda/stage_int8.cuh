@@ -1,0 +1,34 @@
+// The int8 staging of an input vector that the dp4a GEMVs (gemv_batch.cu)
+// and the tensor-core batched GEMM (gemm_tc.cu) share, so that both round
+// every input value the same way: each group of 32 consecutive values is
+// held by 8 consecutive lanes (4 values each, lane & 7 = position in the
+// group), scale = amax / 127 of the group, q = round-to-nearest(u / scale)
+// (0 for an all-zero group). The division is an IEEE division, as in gemv.cu;
+// a cheaper reciprocal would change which values round up.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace kvq::cuda {
+
+// Every lane of the warp must call it (shuffles over lanes xor 4, 2, 1).
+__device__ __forceinline__ void quantize4_int8(const float4& u, float& scale, int (&q)[4]) {
+  float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  scale = amax / 127.0f;
+  q[0] = q[1] = q[2] = q[3] = 0;
+  if (scale > 0.0f) {
+    q[0] = __float2int_rn(u.x / scale);
+    q[1] = __float2int_rn(u.y / scale);
+    q[2] = __float2int_rn(u.z / scale);
+    q[3] = __float2int_rn(u.w / scale);
+  }
+}
+
+// Four int8 codes as one little-endian word (code 0 in the low byte).
+__device__ __forceinline__ int pack_int8x4(const int (&q)[4]) {
+  return (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | int(uint32_t(q[3]) << 24);
+}
+
+}  // namespace kvq::cuda
