@@ -306,6 +306,25 @@ TEST(Scheduler, StepBudgetHoldsAndDecodesAreNotStarved) {
   EXPECT_EQ(s->pool().used_pages(), 0);
 }
 
+// A prompt alone is prefilled in budget-sized chunks; the steps before its
+// last chunk want no logits and output nothing.
+TEST(Scheduler, ALonePromptIsPrefilledInChunks) {
+  Fixture f;
+  auto s = f.make(16, 8, budget(16));
+  const auto p = f.prompt(50, 9);
+  const SeqId id = *s->submit(f.request(p, 4));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s->step(), 16);
+    EXPECT_EQ(f.rec[id].outputs, 0);
+    EXPECT_EQ(s->metrics().step_prefill_tokens, 16);
+  }
+  EXPECT_EQ(s->step(), 2);
+  EXPECT_EQ(f.rec[id].tokens.size(), 1u);
+  f.drain(*s);
+  EXPECT_EQ(f.backend->calls, std::vector<int>({16, 16, 16, 2, 1, 1, 1}));
+  EXPECT_EQ(f.rec[id].tokens, f.solo(p, 4));
+}
+
 // When a decode needs a page and none is free, the youngest running
 // sequence gives its pages back and waits ahead of every later request;
 // resumed, it prefills its prompt and generated tokens again and goes on
