@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend_test_util.hpp"

@@ -33,10 +33,10 @@
 // request); when it is admitted again it prefills prompt + generated tokens
 // and samples on from there, so its tokens are those of an uninterrupted
 // run (bit for bit on the CPU backend). There is no swap to host memory: the
-// pool is the memory we mean to fill, a host copy would need its own
-// budget, and a prefill of a few hundred tokens costs about what copying
-// their KV back would; vLLM v1 preempts by recompute by default for the same
-// reasons.
+// pool is the memory we mean to fill, and recompute needs no host budget,
+// no transfer path and no second copy of a codec's pages; it is what vLLM
+// v1 does by default. Its price is a second prefill of the preempted
+// tokens (not measured yet).
 //
 // Text, stop strings, token healing, detokenizing and logprobs stay with
 // the caller (the server) for now: the scheduler deals in token ids. The
@@ -45,7 +45,6 @@
 // metrics() may be called from any thread.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
