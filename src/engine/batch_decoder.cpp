@@ -7,6 +7,42 @@
 
 namespace kvq {
 
+TokenId sample_row(Sampler& sampler, const float* logits, int vocab, int pos) {
+  for (int i = 0; i < vocab; ++i)
+    KVQ_CHECK(std::isfinite(logits[i]), Errc::format, "the model produced a non-finite logit (", logits[i],
+              " for token id ", i, ") at position ", pos, "; the model's weights or activations hold NaN/inf");
+  const TokenId id = sampler.sample(logits, vocab);
+  sampler.accept(id);
+  return id;
+}
+
+void forward_and_sample(Model& model, kv::Cache& store, RunState& run, const StepBatch& batch,
+                        Sampler* const* samplers, int vocab, bool backend_greedy, StepSample& out) {
+  const size_t rows = batch.logit_rows.size();
+  const int row_floats = model.config().vocab_size;
+  KVQ_CHECK(vocab > 0 && vocab <= row_floats, Errc::invalid_argument, "sampling over ", vocab,
+            " token ids of a model with ", row_floats);
+  bool greedy = backend_greedy;
+  for (size_t r = 0; r < rows && greedy; ++r) {
+    const SamplingParams& p = samplers[r]->params();
+    greedy = p.temperature <= 0.0f && !p.uses_history();
+  }
+  out.chosen.resize(rows);
+  if (greedy) {
+    // The backend picks each row's token (NaN never wins; the Sampler's
+    // greedy rule).
+    out.logits.clear();
+    model.forward_argmax(batch, store, vocab, out.chosen.data(), run);
+    for (size_t r = 0; r < rows; ++r) samplers[r]->accept(out.chosen[r]);
+  } else {
+    out.logits.resize(rows * size_t(row_floats));
+    model.forward(batch, store, out.logits.data(), run);
+    for (size_t r = 0; r < rows; ++r)
+      out.chosen[r] = sample_row(*samplers[r], out.logits.data() + r * size_t(row_floats), vocab,
+                                 batch.pos[size_t(batch.logit_rows[r])]);
+  }
+}
+
 BatchDecoder::BatchDecoder(Model& model, std::unique_ptr<kv::Cache> store, int prefill_chunk)
     : model_(model),
       store_(std::move(store)),
@@ -32,16 +68,6 @@ const BatchDecoder::Sequence& BatchDecoder::get(int seq) const {
   return *seqs_[size_t(seq)];
 }
 
-void BatchDecoder::sample(Sequence& s, const float* logits) {
-  for (int i = 0; i < vocab_; ++i)
-    KVQ_CHECK(std::isfinite(logits[i]), Errc::format, "the model produced a non-finite logit (", logits[i],
-              " for token id ", i, ") at position ", s.cached - 1, "; the model's weights or activations hold NaN/inf");
-  s.logits.assign(logits, logits + vocab_);
-  const TokenId id = s.sampler.sample(logits, vocab_);
-  s.sampler.accept(id);
-  s.tokens.push_back(id);
-}
-
 int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& sampling) {
   KVQ_CHECK(!prompt.empty(), Errc::invalid_argument, "the prompt is empty (it tokenized to no tokens)");
   sampling.validate();
@@ -60,7 +86,8 @@ int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& 
     done += n;
     s->cached = done;
   }
-  sample(*s, logits.data());
+  s->tokens.push_back(sample_row(s->sampler, logits.data(), vocab_, total - 1));
+  s->logits = std::move(logits);
   seqs_.push_back(std::move(s));
   return int(seqs_.size()) - 1;
 }
@@ -79,31 +106,18 @@ void BatchDecoder::step() {
     batch_.add_sequence(&s.tokens.back(), 1, s.cached, s.table.pages().data(), int(s.table.pages().size()), P,
                         StepBatch::Logits::last);
   }
-  bool greedy = !keep_logits_;
-  for (int i : ids) {
-    const SamplingParams& p = seqs_[size_t(i)]->sampler.params();
-    greedy = greedy && p.temperature <= 0.0f && !p.uses_history();
-  }
-  if (greedy) {
-    // The backend picks each sequence's token (NaN never wins; the
-    // Sampler's greedy rule).
-    chosen_.resize(ids.size());
-    model_.forward_argmax(batch_, *store_, vocab_, chosen_.data(), *run_);
-    for (size_t r = 0; r < ids.size(); ++r) {
-      Sequence& s = *seqs_[size_t(ids[r])];
-      ++s.cached;
+  samplers_.clear();
+  for (int i : ids) samplers_.push_back(&seqs_[size_t(i)]->sampler);
+  forward_and_sample(model_, *store_, *run_, batch_, samplers_.data(), vocab_, !keep_logits_, sampled_);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    Sequence& s = *seqs_[size_t(ids[r])];
+    ++s.cached;
+    s.tokens.push_back(sampled_.chosen[r]);
+    if (sampled_.logits.empty())
       s.logits.clear();
-      s.sampler.accept(chosen_[r]);
-      s.tokens.push_back(chosen_[r]);
-    }
-  } else {
-    logits_.resize(ids.size() * size_t(vocab_));
-    model_.forward(batch_, *store_, logits_.data(), *run_);
-    for (size_t r = 0; r < ids.size(); ++r) {
-      Sequence& s = *seqs_[size_t(ids[r])];
-      ++s.cached;
-      sample(s, logits_.data() + r * size_t(vocab_));
-    }
+    else
+      s.logits.assign(sampled_.logits.begin() + ptrdiff_t(r * size_t(vocab_)),
+                      sampled_.logits.begin() + ptrdiff_t((r + 1) * size_t(vocab_)));
   }
   ++steps_;
 }

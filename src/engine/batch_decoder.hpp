@@ -20,6 +20,28 @@
 
 namespace kvq {
 
+// Samples the next token of a sequence from one logits row (vocab floats)
+// with its sampler and records it there (Sampler::accept). A non-finite
+// logit is an Errc::format error naming the row's position `pos`.
+TokenId sample_row(Sampler& sampler, const float* logits, int vocab, int pos);
+
+// What forward_and_sample leaves behind for one step.
+struct StepSample {
+  std::vector<int32_t> chosen;  // [rows] the token of each of batch.logit_rows, in order
+  std::vector<float> logits;    // [rows][model vocab_size] the rows sampled from; empty when the backend chose
+};
+
+// Runs one step (Model::forward of `batch` over `store`) and picks a token
+// among the first `vocab` ids (<= the model's vocab_size; embedding tables
+// are often padded past the tokenizer) for each of batch.logit_rows with
+// samplers[r], recording it there. When
+// `backend_greedy` is set and every sampler is greedy without penalties,
+// the backend picks (Model::forward_argmax: the logits stay where they
+// are). BatchDecoder and the Scheduler (engine/scheduler.hpp) both step
+// through this.
+void forward_and_sample(Model& model, kv::Cache& store, RunState& run, const StepBatch& batch,
+                        Sampler* const* samplers, int vocab, bool backend_greedy, StepSample& out);
+
 class BatchDecoder {
  public:
   // `store` must be shaped for the model (model.cache_shape(...), any page
@@ -76,7 +98,6 @@ class BatchDecoder {
   };
   Sequence& get(int seq);
   const Sequence& get(int seq) const;
-  void sample(Sequence& s, const float* logits);
 
   Model& model_;
   std::unique_ptr<kv::Cache> store_;
@@ -86,8 +107,8 @@ class BatchDecoder {
   int vocab_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
   StepBatch batch_;
-  std::vector<float> logits_;
-  std::vector<int32_t> chosen_;
+  StepSample sampled_;
+  std::vector<Sampler*> samplers_;
   bool keep_logits_ = true;
   int steps_ = 0;
 };

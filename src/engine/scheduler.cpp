@@ -1,0 +1,401 @@
+#include "engine/scheduler.hpp"
+
+#include <algorithm>
+#include <exception>
+
+#include "core/error.hpp"
+#include "kv/page.hpp"
+
+namespace kvq {
+
+double SteadyClock::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+const char* to_string(SeqState s) {
+  switch (s) {
+    case SeqState::waiting: return "waiting";
+    case SeqState::running: return "running";
+    case SeqState::preempted: return "preempted";
+    case SeqState::finished: return "finished";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(Model& model, std::unique_ptr<kv::Cache> store, SchedulerOptions opts, const Clock* clock)
+    : model_(model),
+      store_(std::move(store)),
+      pool_(store_ ? store_->shape().n_pages() : 1),
+      run_(model.new_run_state()),
+      opts_(opts),
+      clock_(clock ? clock : &own_clock_) {
+  KVQ_CHECK(store_, Errc::internal, "Scheduler needs a KV store");
+  const kv::CacheShape& s = store_->shape();
+  KVQ_CHECK(s.max_tokens == s.n_pages() * s.page_tokens, Errc::internal, "a KV pool of ", s.max_tokens,
+            " tokens is not a whole number of ", s.page_tokens, "-token pages");
+  page_tokens_ = s.page_tokens;
+  if (opts_.max_step_tokens == 0) opts_.max_step_tokens = model.backend().default_prefill_chunk();
+  KVQ_CHECK(opts_.max_step_tokens > 0, Errc::invalid_argument, "max_step_tokens must be positive, not ",
+            opts_.max_step_tokens);
+  if (opts_.max_running == 0) opts_.max_running = std::min(256, opts_.max_step_tokens);
+  KVQ_CHECK(opts_.max_running > 0 && opts_.max_running <= opts_.max_step_tokens, Errc::invalid_argument,
+            "max_running (", opts_.max_running, ") must be between 1 and max_step_tokens (", opts_.max_step_tokens,
+            "): every running sequence's decode token must fit a step");
+  const int pool_tokens = s.max_tokens;
+  if (opts_.max_seq_tokens == 0) opts_.max_seq_tokens = pool_tokens;
+  KVQ_CHECK(opts_.max_seq_tokens > 0 && opts_.max_seq_tokens <= pool_tokens, Errc::invalid_argument,
+            "max_seq_tokens (", opts_.max_seq_tokens, ") must be between 1 and the pool's ", pool_tokens, " tokens");
+  if (opts_.vocab == 0) opts_.vocab = model.config().vocab_size;
+  KVQ_CHECK(opts_.vocab > 0 && opts_.vocab <= model.config().vocab_size, Errc::invalid_argument, "vocab (",
+            opts_.vocab, ") must be between 1 and the model's ", model.config().vocab_size);
+  KVQ_CHECK(opts_.max_waiting >= 0, Errc::invalid_argument, "max_waiting must not be negative");
+  own_.pages_total = metrics_.pages_total = pool_.n_pages();
+  own_.pages_free = metrics_.pages_free = pool_.free_pages();
+}
+
+Scheduler::~Scheduler() = default;
+
+// ---------------------------------------------------------------------------
+// Other threads
+// ---------------------------------------------------------------------------
+
+std::optional<SeqId> Scheduler::submit(SeqRequest req) {
+  KVQ_CHECK(!req.prompt.empty(), Errc::invalid_argument, "the prompt is empty (it tokenized to no tokens)");
+  KVQ_CHECK(req.max_tokens >= 1, Errc::invalid_argument, "max_tokens must be at least 1, not ", req.max_tokens);
+  KVQ_CHECK(int64_t(req.prompt.size()) <= opts_.max_seq_tokens, Errc::out_of_range, "the prompt has ",
+            req.prompt.size(), " tokens; a sequence may hold at most ", opts_.max_seq_tokens);
+  const int vocab = model_.config().vocab_size;
+  for (TokenId t : req.prompt)
+    KVQ_CHECK(t >= 0 && t < vocab, Errc::invalid_argument, "token id ", t, " is outside the vocabulary of ", vocab);
+  req.sampling.validate();
+  auto s = std::make_unique<Sequence>(Sequence{0, SeqState::waiting, std::move(req.prompt), 0, 0, 0,
+                                               kv::BlockTable(pool_, page_tokens_), Sampler(req.sampling),
+                                               req.max_tokens, std::move(req.stop_tokens),
+                                               std::move(req.on_output), false, 0, clock_->now()});
+  s->n_prompt = int(s->tokens.size());
+  for (TokenId id : s->tokens) s->sampler.accept(id);
+  SeqId id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (opts_.max_waiting > 0 && queued_ + int(inbox_.size()) >= opts_.max_waiting) {
+      ++metrics_.refused;
+      return std::nullopt;
+    }
+    id = next_id_++;
+    s->id = id;
+    inbox_.push_back(std::move(s));
+    ++metrics_.submitted;
+    ++metrics_.waiting;
+  }
+  work_cv_.notify_all();
+  return id;
+}
+
+void Scheduler::cancel(SeqId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_inbox_.push_back(id);
+  }
+  work_cv_.notify_all();
+}
+
+bool Scheduler::wait_for_work(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return work_cv_.wait_for(lock, timeout, [&] {
+    return !inbox_.empty() || !cancel_inbox_.empty() || !running_.empty() || !waiting_.empty();
+  });
+}
+
+bool Scheduler::has_work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !inbox_.empty() || !cancel_inbox_.empty() || !running_.empty() || !waiting_.empty();
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+// ---------------------------------------------------------------------------
+// The stepping thread
+// ---------------------------------------------------------------------------
+
+SeqState Scheduler::state(SeqId id) const {
+  for (const SeqPtr& s : running_)
+    if (s->id == id) return s->state;
+  for (const SeqPtr& s : waiting_)
+    if (s->id == id) return s->state;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SeqPtr& s : inbox_)
+    if (s->id == id) return SeqState::waiting;
+  return SeqState::finished;
+}
+
+std::vector<TokenId> Scheduler::tokens(SeqId id) const {
+  for (const SeqPtr& s : running_)
+    if (s->id == id) return s->tokens;
+  for (const SeqPtr& s : waiting_)
+    if (s->id == id) return s->tokens;
+  return {};
+}
+
+void Scheduler::drain_inbox() {
+  std::vector<SeqPtr> fresh;
+  std::vector<SeqId> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(inbox_);
+    cancels.swap(cancel_inbox_);
+  }
+  for (SeqPtr& s : fresh) insert_waiting(std::move(s));
+  for (SeqId id : cancels) {
+    for (SeqPtr& s : running_)
+      if (s->id == id) s->cancelled = true;
+    for (SeqPtr& s : waiting_)
+      if (s->id == id) s->cancelled = true;
+  }
+}
+
+void Scheduler::insert_waiting(SeqPtr s) {
+  auto at = std::upper_bound(waiting_.begin(), waiting_.end(), s->id,
+                             [](SeqId id, const SeqPtr& o) { return id < o->id; });
+  waiting_.insert(at, std::move(s));
+}
+
+void Scheduler::insert_running(SeqPtr s) {
+  auto at = std::upper_bound(running_.begin(), running_.end(), s->id,
+                             [](SeqId id, const SeqPtr& o) { return id < o->id; });
+  running_.insert(at, std::move(s));
+}
+
+bool Scheduler::try_reserve(Sequence& s, int tokens) {
+  if (kv::pages_for(tokens, page_tokens_) - int(s.table.pages().size()) > pool_.free_pages()) return false;
+  s.table.reserve(tokens);
+  return true;
+}
+
+void Scheduler::emit(Sequence& s, std::vector<TokenId> tokens, double time) {
+  SeqOutput o;
+  o.id = s.id;
+  o.tokens = std::move(tokens);
+  o.time = time;
+  o.n_prompt = s.n_prompt;
+  o.n_generated = s.generated();
+  o.preemptions = s.preemptions;
+  o.arrival = s.arrival;
+  out_.push_back({&s, std::move(o)});
+}
+
+void Scheduler::finish(Sequence& s, StopReason reason, double time) {
+  s.table.clear();
+  s.state = SeqState::finished;
+  // A token sampled this step is in out_ already: the finish goes with it.
+  if (out_.empty() || out_.back().seq != &s) emit(s, {}, time);
+  out_.back().out.finished = true;
+  out_.back().out.reason = reason;
+  ++own_.finished;
+  if (reason == StopReason::cancelled) ++own_.cancelled;
+}
+
+void Scheduler::preempt(Sequence& s) {
+  // Recompute: the pages go back; tokens and sampler stay; the next
+  // admission prefills all of tokens (prompt + generated) again.
+  s.table.clear();
+  s.cached = 0;
+  s.state = SeqState::preempted;
+  ++s.preemptions;
+  ++own_.preemptions;
+  for (size_t i = 0; i < running_.size(); ++i)
+    if (running_[i].get() == &s) {
+      SeqPtr p = std::move(running_[i]);
+      running_.erase(running_.begin() + ptrdiff_t(i));
+      insert_waiting(std::move(p));
+      return;
+    }
+  KVQ_CHECK(false, Errc::internal, "preempted sequence ", s.id, " was not running");
+}
+
+void Scheduler::remove_finished() {
+  auto sweep = [&](auto& list) {
+    size_t kept = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i]->state == SeqState::finished)
+        done_.push_back(std::move(list[i]));
+      else
+        list[kept++] = std::move(list[i]);
+    }
+    list.resize(kept);
+  };
+  sweep(running_);
+  sweep(waiting_);
+}
+
+void Scheduler::publish_metrics() {
+  own_.running = int(running_.size());
+  own_.preempted = 0;
+  for (const SeqPtr& s : waiting_) own_.preempted += s->state == SeqState::preempted;
+  own_.pages_used = pool_.used_pages();
+  own_.pages_free = pool_.free_pages();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t submitted = metrics_.submitted, refused = metrics_.refused;
+  metrics_ = own_;
+  metrics_.submitted = submitted;
+  metrics_.refused = refused;
+  metrics_.waiting = int(waiting_.size() + inbox_.size());
+  queued_ = int(waiting_.size()) - own_.preempted;
+}
+
+int Scheduler::step() {
+  const double t0 = clock_->now();
+  drain_inbox();
+  out_.clear();
+
+  // Cancelled sequences leave first, so their pages serve this step.
+  for (SeqPtr& s : running_)
+    if (s->cancelled) finish(*s, StopReason::cancelled, t0);
+  for (SeqPtr& s : waiting_)
+    if (s->cancelled) finish(*s, StopReason::cancelled, t0);
+  remove_finished();
+
+  // Decode slots, oldest first; the youngest running sequence gives its
+  // pages back (preemption by recompute) while one is missing.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    if (s.pending() != 1) continue;  // still prefilling: its pages were reserved at admission
+    if (s.cached + 1 > opts_.max_seq_tokens) {
+      finish(s, StopReason::context_full, t0);
+      continue;
+    }
+    bool preempted_self = false;
+    while (!try_reserve(s, s.cached + 1)) {
+      Sequence* victim = nullptr;
+      for (size_t j = running_.size(); j-- > 0;)
+        if (running_[j]->state == SeqState::running) {
+          victim = running_[j].get();
+          break;
+        }
+      if (victim == &s && std::count_if(running_.begin(), running_.end(), [](const SeqPtr& o) {
+                            return o->state == SeqState::running;
+                          }) == 1) {
+        // Alone and still no page: cannot happen while max_seq_tokens <=
+        // the pool (checked at construction), kept as a clear end rather
+        // than a loop.
+        finish(s, StopReason::context_full, t0);
+        break;
+      }
+      preempt(*victim);
+      if (victim == &s) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // everything younger is preempted too
+  }
+  remove_finished();
+
+  // The batch: one decode token of every running sequence, then prefill
+  // chunks (running ones oldest first, then admissions in arrival order)
+  // while the budget lasts.
+  batch_.clear();
+  batch_seqs_.clear();
+  row_seqs_.clear();
+  int budget = opts_.max_step_tokens;
+  int prefill = 0, decode = 0;
+  auto add = [&](Sequence& s, int n) {
+    const bool last = n == s.pending();
+    batch_.add_sequence(s.tokens.data() + s.cached, n, s.cached, s.table.pages().data(),
+                        int(s.table.pages().size()), page_tokens_,
+                        last ? StepBatch::Logits::last : StepBatch::Logits::none);
+    batch_seqs_.push_back(&s);
+    if (last) row_seqs_.push_back(&s);
+    const int pre = std::max(0, std::min(s.cached + n, s.prefill_until) - s.cached);
+    prefill += pre;
+    decode += n - pre;
+    budget -= n;
+  };
+  for (SeqPtr& s : running_)
+    if (s->pending() == 1) add(*s, 1);  // fits: running_.size() <= max_running <= max_step_tokens
+  for (SeqPtr& s : running_) {
+    if (budget == 0) break;
+    if (s->pending() > 1) add(*s, std::min(s->pending(), budget));
+  }
+  while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_running) {
+    Sequence& s = *waiting_.front();
+    if (!try_reserve(s, int(s.tokens.size()))) break;  // oldest first: nobody overtakes it
+    s.state = SeqState::running;
+    s.cached = 0;
+    s.prefill_until = int(s.tokens.size());
+    SeqPtr p = std::move(waiting_.front());
+    waiting_.pop_front();
+    insert_running(std::move(p));
+    ++own_.admitted;
+    add(s, std::min(s.pending(), budget));
+  }
+
+  const int n_tok = batch_.n_tok();
+  if (n_tok > 0) {
+    samplers_.clear();
+    for (Sequence* s : row_seqs_) samplers_.push_back(&s->sampler);
+    try {
+      forward_and_sample(model_, *store_, *run_, batch_, samplers_.data(), opts_.vocab, opts_.backend_greedy,
+                         sampled_);
+    } catch (...) {
+      // Nothing was fed: every sequence stays as it is and the next step
+      // tries its tokens again. What ended before the pass is delivered.
+      publish_metrics();
+      std::exception_ptr err = std::current_exception();
+      deliver();
+      std::rethrow_exception(err);
+    }
+    for (size_t r = 0; r < batch_seqs_.size(); ++r) batch_seqs_[r]->cached += batch_.runs[r].n;
+    const double now = clock_->now();
+    for (size_t r = 0; r < row_seqs_.size(); ++r) {
+      Sequence& s = *row_seqs_[r];
+      const TokenId t = sampled_.chosen[r];
+      s.tokens.push_back(t);
+      emit(s, {t}, now);
+      if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), t) != s.stop_tokens.end())
+        finish(s, StopReason::eog, now);
+      else if (s.generated() >= s.max_tokens)
+        finish(s, StopReason::max_tokens, now);
+      else if (int(s.tokens.size()) > opts_.max_seq_tokens)  // no slot for the token just sampled
+        finish(s, StopReason::context_full, now);
+    }
+    remove_finished();
+  }
+
+  const double t1 = clock_->now();
+  if (n_tok > 0) {
+    ++own_.steps;
+    own_.step_prefill_tokens = prefill;
+    own_.step_decode_tokens = decode;
+    own_.step_sequences = int(batch_seqs_.size());
+    own_.step_seconds = t1 - t0;
+    own_.prefill_tokens += uint64_t(prefill);
+    own_.decode_tokens += uint64_t(decode);
+  }
+  publish_metrics();
+
+  std::exception_ptr err = deliver();
+  if (err) std::rethrow_exception(err);
+  return n_tok;
+}
+
+std::exception_ptr Scheduler::deliver() {
+  // Outputs last, with the state settled; every callback runs even when
+  // one throws (the first exception is returned).
+  std::exception_ptr err;
+  for (const Out& o : out_) {
+    if (!o.seq->on_output) continue;
+    try {
+      o.seq->on_output(o.out);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+  out_.clear();
+  done_.clear();  // finished sequences go only now: their callbacks ran
+  return err;
+}
+
+}  // namespace kvq
