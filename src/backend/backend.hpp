@@ -84,6 +84,10 @@ struct BackendOptions {
   int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
   int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
   bool attn_fused_q = true;        // CUDA: decode attention norms/rotates q itself, beside the store's encode
+  // CUDA: a decode step of at least this many sequences runs the weight
+  // products of types that have one on the tensor-core GEMM (gemm_tc);
+  // smaller steps and other types use the batched GEMV. 0: never.
+  int batch_gemm_rows = 16;
 };
 
 class Backend {

@@ -94,6 +94,12 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(CLI::Range(1, 16))
       ->capture_default_str()
       ->group(lab);
+  app.add_option("--batch-gemm-rows", o.backend.batch_gemm_rows,
+                 "CUDA: sequences in a decode step from which quantized weight products run on tensor cores "
+                 "(0: never)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str()
+      ->group(lab);
   app.add_option("--attn-prefetch", o.backend.attn_prefetch_tiles,
                  "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")
       ->check(CLI::Range(0, 8))

@@ -32,7 +32,7 @@ struct ModelOptions {
   kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
-  BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --attn-prefetch
+  BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --batch-gemm-rows, --attn-prefetch
 };
 // -m, -t, --device, --prefill-chunk: a model on a device (run, chat, bench).
 void add_model_source_options(CLI::App& app, ModelOptions& o);

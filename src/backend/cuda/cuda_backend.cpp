@@ -19,6 +19,7 @@
 #include "backend/cuda/device_buffer.hpp"
 #include "backend/cuda/device_context.hpp"
 #include "backend/cuda/gemv.hpp"
+#include "backend/cuda/gemm_tc.hpp"
 #include "backend/cuda/gemv_batch.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/gpu_layout.hpp"
@@ -80,6 +81,7 @@ KernelSettings kernel_settings(const BackendOptions& o) {
             o.gemv_warps);
   KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
             "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
+  KVQ_CHECK(o.batch_gemm_rows >= 0, Errc::invalid_argument, "batch GEMM rows must be >= 0, not ", o.batch_gemm_rows);
   KernelSettings s;
   s.dependent_launches = o.dependent_launches;
   s.gemv_warps = o.gemv_warps;
@@ -195,7 +197,7 @@ class CudaBackend final : public Backend {
     if (batched_decode(n)) {
       GemvBatchRequest req = batch_gemv(x, n);
       req.out[0] = {&m, y};
-      gemv_batch(req, stream_, ctx_);
+      batch_product(req);
       return;
     }
     // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
@@ -253,7 +255,7 @@ class CudaBackend final : public Backend {
       GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
       req.n_out = count;
       for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
-      gemv_batch(req, stream_, ctx_);
+      batch_product(req);
       return;
     }
     if (n != 1 || count < 1 || count > 3 || !same_kind(ws, count)) {
@@ -272,7 +274,7 @@ class CudaBackend final : public Backend {
       GemvBatchRequest req = batch_gemv(a, n);
       req.out[0] = {&find(w), x};
       req.epilogue = GemvEpilogue::add;
-      gemv_batch(req, stream_, ctx_);
+      batch_product(req);
       return;
     }
     if (n != 1) {
@@ -295,7 +297,7 @@ class CudaBackend final : public Backend {
       req.out[0] = {&find(w_gate), out};
       req.out[1] = {&find(w_up), nullptr};
       req.epilogue = GemvEpilogue::swiglu;
-      gemv_batch(req, stream_, ctx_);
+      batch_product(req);
       return;
     }
     if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {
@@ -618,6 +620,14 @@ class CudaBackend final : public Backend {
     req.norm_weight = norm_w;
     req.norm_eps = eps;
     return req;
+  }
+  // From options().batch_gemm_rows rows on, types with a tensor-core GEMM
+  // (Q8_0/Q4_0/Q1_0: the same int8 staging and exact block sums as
+  // gemv_batch) take it; the others stay on gemv_batch.
+  void batch_product(const GemvBatchRequest& req) {
+    const int from = options().batch_gemm_rows;
+    if (from > 0 && req.batch >= from && gemm_tc_supported(req.out[0].w->type)) gemm_tc(req, stream_, ctx_);
+    else gemv_batch(req, stream_, ctx_);
   }
   // A fused norm + GEMV normalizes `dim` inputs: the matrix must take that many.
   void check_width(const Matrix& w, int dim, const char* op) const {
