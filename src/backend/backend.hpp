@@ -87,7 +87,7 @@ struct BackendOptions {
   // CUDA: a decode step of at least this many sequences runs the weight
   // products of types that have one on the tensor-core GEMM (gemm_tc);
   // smaller steps and other types use the batched GEMV. 0: never.
-  int batch_gemm_rows = 16;
+  int batch_gemm_rows = 8;
 };
 
 class Backend {
