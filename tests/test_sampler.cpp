@@ -213,3 +213,50 @@ TEST(Sampling, PresenceAndFrequencyPenaltiesSubtractPerTokenAndPerOccurrence) {
   off.accept(2);
   EXPECT_EQ(off.sample(l.data(), 3), 0);
 }
+
+TEST(Sampling, LogitBiasAddsBeforeChoosingAndBansAtMinus100) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.2f};
+  auto p = plain(0.0f);
+  EXPECT_TRUE(p.plain_greedy());
+  p.logit_bias = {{1, 0.6f}};  // 1.5 + 0.6 = 2.1 > 2.0
+  EXPECT_FALSE(p.plain_greedy());
+  Sampler s(p);
+  EXPECT_EQ(s.sample(l.data(), 3), 1);
+  EXPECT_FLOAT_EQ(s.last_candidates()[0].logit, 2.1f);
+  // -100 in effect bans: at temperature 1 over 2000 draws token 0 never comes.
+  auto t = plain(1.0f, 7);
+  t.logit_bias = {{0, -100.0f}, {99, 5.0f}};  // an id past the vocabulary is ignored
+  Sampler ban(t);
+  const auto h = histogram(ban, l, 2000);
+  EXPECT_EQ(h.count(0), 0u);
+  EXPECT_GT(h.at(1), 0);
+  EXPECT_GT(h.at(2), 0);
+  // Out-of-range biases are clear errors.
+  auto bad = plain(0.0f);
+  bad.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad.logit_bias = {{1, NAN}};
+  EXPECT_THROW(Sampler{bad}, Error);
+}
+
+TEST(Sampling, MinTokensSuppressesEndTokensForTheFirstSamplesOnly) {
+  const std::vector<float> l = {5.0f, 1.0f, 0.5f};  // token 0 (say, end of generation) wins unsuppressed
+  auto p = plain(0.0f);
+  p.min_tokens = 3;
+  p.min_tokens_suppress = {0};
+  EXPECT_FALSE(p.plain_greedy());
+  Sampler s(p);
+  EXPECT_EQ(s.sample(l.data(), 3), 1);
+  EXPECT_EQ(s.sample(l.data(), 3), 1);
+  EXPECT_EQ(s.sample(l.data(), 3), 1);
+  EXPECT_EQ(s.sample(l.data(), 3), 0);  // the fourth sample may end
+  s.reset();                             // a restart counts again
+  EXPECT_EQ(s.sample(l.data(), 3), 1);
+  // Nothing to suppress: plain greedy again.
+  p.min_tokens_suppress.clear();
+  EXPECT_TRUE(p.plain_greedy());
+  p.min_tokens = -1;
+  EXPECT_THROW(Sampler{p}, Error);
+}

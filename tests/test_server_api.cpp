@@ -1,5 +1,6 @@
 // The server's parts without HTTP: OpenAI request parsing and checking, the
 // fair queue, Prometheus text, log-probabilities.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -136,7 +137,12 @@ TEST(ServerApi, BadRequestsNameTheField) {
       {C, ("{" + m + R"(, "stream_options": {"include_usage": true}})"), 400, "stream_options", ""},
       {C, ("{" + m + R"(, "n": 2})"), 400, "n", "unsupported_parameter"},
       {C, ("{" + m + R"(, "tools": [{"type": "function"}]})"), 400, "tools", "unsupported_parameter"},
-      {C, ("{" + m + R"(, "logit_bias": {"1": 5}})"), 400, "logit_bias", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "logit_bias": {"1": 101}})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "logit_bias": {"1": "up"}})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "logit_bias": {"-1": 5}})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "logit_bias": {"a7": 5}})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "logit_bias": {"99999999999": 5}})"), 400, "logit_bias", ""},
+      {C, ("{" + m + R"(, "min_tokens": -1})"), 400, "min_tokens", ""},
       {C, ("{" + m + R"(, "top_logprobs": 2})"), 400, "top_logprobs", ""},
       {C, ("{" + m + R"(, "top_logprobs": 21, "logprobs": true})"), 400, "top_logprobs", ""},
       {C, ("{" + m + R"(, "model": 7})"), 400, "model", ""},
@@ -157,7 +163,6 @@ TEST(ServerApi, BadRequestsNameTheField) {
       {C, ("{" + m + R"(, "json_schema": {"type": "object"}})"), 400, "json_schema", "unsupported_parameter"},
       {C, ("{" + m + R"(, "guided_json": {"type": "object"}})"), 400, "guided_json", "unsupported_parameter"},
       {C, ("{" + m + R"(, "guided_regex": "a+"})"), 400, "guided_regex", "unsupported_parameter"},
-      {C, ("{" + m + R"(, "min_tokens": 5})"), 400, "min_tokens", "unsupported_parameter"},
       {C, ("{" + m + R"(, "tool_choice": "required"})"), 400, "tool_choice", "unsupported_parameter"},
       {C, ("{" + m + R"(, "tools": {}})"), 400, "tools", ""},
       {C, ("{" + m + R"(, "logit_bias": []})"), 400, "logit_bias", ""},
@@ -331,6 +336,15 @@ TEST(ServerApi, CheapFieldsAreServed) {
       "tool_choice": "none"})", d);
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.stop_token_ids, (std::vector<TokenId>{3, 7}));
+  EXPECT_TRUE(r.sampling.logit_bias.empty());
+  EXPECT_EQ(r.sampling.min_tokens, 0);
+  const ApiRequest biased = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}],
+      "min_tokens": 4, "logit_bias": {"12": -100, "7": 2.5}, "temperature": 0})", d);
+  EXPECT_EQ(biased.sampling.min_tokens, 4);
+  auto bias = biased.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<TokenId, float>>{{7, 2.5f}, {12, -100.0f}}));
+  EXPECT_FALSE(biased.sampling.plain_greedy());  // the backend's argmax cannot apply a bias
   const ApiRequest p = parse_request(Endpoint::completion, R"({"prompt": "x", "echo": true})", d);
   EXPECT_TRUE(p.echo);
   const ApiRequest b = parse_request(Endpoint::completion, R"({"prompt": ["a", [5, 6], "c"]})", d);

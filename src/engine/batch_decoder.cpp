@@ -25,7 +25,7 @@ void forward_and_sample(Model& model, kv::Cache& store, RunState& run, const Ste
   bool greedy = backend_greedy;
   for (size_t r = 0; r < rows && greedy; ++r) {
     const SamplingParams& p = samplers[r]->params();
-    greedy = p.temperature <= 0.0f && !p.uses_history();
+    greedy = p.plain_greedy();
   }
   out.chosen.resize(rows);
   if (greedy) {

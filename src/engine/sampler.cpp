@@ -22,12 +22,17 @@ void SamplingParams::validate() const {
             "presence and frequency penalties must be finite numbers");
   KVQ_CHECK(repeat_last_n >= 0, Errc::invalid_argument, "--repeat-last-n ", repeat_last_n,
             " must be >= 0 (0 turns it off)");
+  for (const auto& [id, bias] : logit_bias)
+    KVQ_CHECK(id >= 0 && std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f, Errc::invalid_argument,
+              "logit_bias: token ", id, " bias ", bias, " (want a token id >= 0 and a bias in [-100, 100])");
+  KVQ_CHECK(min_tokens >= 0, Errc::invalid_argument, "min_tokens ", min_tokens, " must be >= 0");
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
 
 void Sampler::reset() {
   history_.clear();
+  sampled_ = 0;
   rng_ = Rng(p_.seed);
 }
 
@@ -42,6 +47,12 @@ TokenId Sampler::sample(const float* logits, int vocab) {
   work_.assign(logits, logits + vocab);
   for (float& l : work_)
     if (std::isnan(l)) l = -INFINITY;  // a NaN logit must never be chosen
+  for (const auto& [id, bias] : p_.logit_bias)
+    if (id >= 0 && id < vocab) work_[id] += bias;
+  if (sampled_ < p_.min_tokens)
+    for (TokenId id : p_.min_tokens_suppress)
+      if (id >= 0 && id < vocab) work_[id] = -INFINITY;
+  ++sampled_;
 
   if (p_.uses_history() && !history_.empty()) {
     std::unordered_map<TokenId, int> count;

@@ -172,7 +172,7 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   // download path.
   const SamplingParams& sp = g.sampling;
   const bool backend_greedy =
-      !sink_ && !g.token_logits && sp.temperature <= 0.0f && !sp.uses_history();
+      !sink_ && !g.token_logits && sp.plain_greedy();
   TokenId greedy_next = -1;  // the backend's choice for the next token, when backend_greedy
   for (int i = 0; g.n_predict < 0 || i < g.n_predict; ++i) {
     TokenId id;

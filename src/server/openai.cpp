@@ -40,6 +40,10 @@ bool get_bool(const json& o, const char* name, bool dflt) {
   return v->get<bool>();
 }
 
+// Entries of one request's logit_bias (OpenAI documents no limit; this
+// bounds the work per sampled token).
+constexpr size_t kMaxLogitBias = 1024;
+
 int64_t get_int(const json& o, const char* name, int64_t dflt, int64_t lo, int64_t hi) {
   const json* v = field(o, name);
   if (!v) return dflt;
@@ -249,11 +253,24 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
     if (!rf->is_object() || get_string(*rf, "type", "text") != "text")
       unsupported("response_format", "only {\"type\": \"text\"} (no JSON mode or schemas)");
   }
+  std::vector<std::pair<TokenId, float>> logit_bias;
   if (const json* lb = field(b, "logit_bias")) {
     if (!lb->is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias, not ", type_name(*lb));
-    if (!lb->empty()) unsupported("logit_bias", "biasing tokens is not implemented (an empty object is accepted)");
+    if (lb->size() > kMaxLogitBias)
+      bad_request("logit_bias", "'logit_bias' has ", lb->size(), " entries; at most ", kMaxLogitBias);
+    for (const auto& [key, value] : lb->items()) {
+      // Keys are decimal token ids ("50256"), as OpenAI's API takes them.
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits || std::stoll(key) > INT32_MAX)
+        bad_request("logit_bias", "'logit_bias' keys must be token ids (decimal strings), not '", key, "'");
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100.0 ||
+          value.get<double>() > 100.0)
+        bad_request("logit_bias", "'logit_bias' values must be numbers between -100 and 100 (token ", key, ")");
+      logit_bias.emplace_back(TokenId(std::stoll(key)), float(value.get<double>()));
+    }
   }
-  if (get_int(b, "min_tokens", 0, 0, INT32_MAX) != 0) unsupported("min_tokens", "not implemented (0 is accepted)");
+  const int min_tokens = int(get_int(b, "min_tokens", 0, 0, INT32_MAX));
   r.ignore_eos = get_bool(b, "ignore_eos", false);
   if (const json* st = field(b, "stop_token_ids")) {
     if (!st->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be an array of token ids");
@@ -272,6 +289,8 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
 
   r.sampling = d.sampling;
   SamplingParams& s = r.sampling;
+  s.logit_bias = std::move(logit_bias);  // token ids are checked against the vocabulary by the server
+  s.min_tokens = min_tokens;             // the server lists what it suppresses (min_tokens_suppress)
   s.temperature = get_float(b, "temperature", s.temperature, 0.0, 2.0);
   s.top_p = get_float(b, "top_p", s.top_p, 0.0, 1.0, /*lo_open=*/true);
   s.top_k = int(get_int(b, "top_k", s.top_k, -1, INT32_MAX));

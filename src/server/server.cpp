@@ -693,6 +693,18 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
   for (TokenId id : r.stop_token_ids)
     if (id >= engine.vocab())
       bad_request("stop_token_ids", "token id ", id, " is out of range; the vocabulary has ", engine.vocab(), " tokens");
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id >= engine.vocab())
+      bad_request("logit_bias", "token id ", id, " is out of range; the vocabulary has ", engine.vocab(), " tokens");
+  // min_tokens: until that many tokens are out, nothing that would end the
+  // answer may be sampled (the stop token ids, and end-of-generation tokens
+  // unless ignore_eos).
+  if (r.sampling.min_tokens > 0) {
+    std::vector<TokenId>& suppress = r.sampling.min_tokens_suppress;
+    suppress = r.stop_token_ids;
+    if (!r.ignore_eos)
+      for (TokenId id : engine.tokenizer().eog_ids()) suppress.push_back(id);
+  }
   if (!r.seed_given) r.sampling.seed = o.defaults.sampling.seed + requests_without_seed++;
   try {
     r.sampling.validate();

@@ -368,6 +368,12 @@ TokenType Tokenizer::type(TokenId id) const {
 int Tokenizer::vocab_size() const { return int(impl_->bytes.size()); }
 bool Tokenizer::is_control(TokenId id) const { return type(id) == TokenType::control; }
 bool Tokenizer::is_eog(TokenId id) const { return id >= 0 && id < vocab_size() && impl_->is_eog[id]; }
+std::vector<TokenId> Tokenizer::eog_ids() const {
+  std::vector<TokenId> ids;
+  for (size_t i = 0; i < impl_->is_eog.size(); ++i)
+    if (impl_->is_eog[i]) ids.push_back(TokenId(i));
+  return ids;
+}
 TokenId Tokenizer::bos() const { return impl_->data.bos; }
 TokenId Tokenizer::eos() const { return impl_->data.eos; }
 TokenId Tokenizer::eot() const { return impl_->data.eot; }

@@ -51,6 +51,7 @@ class Tokenizer {
   int vocab_size() const;
   bool is_control(TokenId id) const;
   bool is_eog(TokenId id) const;        // end of generation (eos, eot, im_end, ...)
+  std::vector<TokenId> eog_ids() const;  // every id for which is_eog() is true, ascending
   TokenId bos() const;                   // -1 when none
   TokenId eos() const;                   // -1 when none
   bool add_bos() const;                  // tokenizer.ggml.add_bos_token
