@@ -5,10 +5,13 @@
 //   kvq_bench_gemm_tc [iters] [type ...]   (default types: Q1_0 Q8_0 Q4_0; gemm_tc
 //                                          types only, BF16 is not implemented)
 // Per type, launch kind and B:
-//   tc us     time of one gemm_tc request (CUDA events around a loop over
-//             rotating copies of the weights, divided by the copies; median
-//             of iters after warm-up); the copies together exceed 256 MB, so
-//             L2 (50 MB) does not hold the weights from one launch to the next
+//   tc us     time of one gemm_tc request with x quantized once per launch
+//             into a workspace (the backend's path; CUDA events around a loop
+//             over rotating copies of the weights, divided by the copies;
+//             median of iters after warm-up); the copies together exceed
+//             256 MB, so L2 (50 MB) does not hold the weights from one launch
+//             to the next
+//   cta us    the same without a workspace: every CTA stages its K slice of x
 //   gb us     the same request through gemv_batch (B > 16: several launches)
 //   tc/tok    tc us / B: microseconds per token
 //   speedup   gb us / tc us
@@ -18,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +123,7 @@ struct Launch {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto t_start = std::chrono::steady_clock::now();
   std::vector<const char*> args(argv + 1, argv + argc);
   const int iters = !args.empty() ? std::max(3, std::atoi(args[0])) : 20;
   std::vector<TensorType> types;
@@ -148,6 +153,7 @@ int main(int argc, char** argv) {
     x.upload(hx);
     norm.upload(ones);
   }
+  cuda::DeviceBuffer<uint8_t> ws(cuda::gemm_tc_workspace_bytes(kMaxB, kDff));
   std::vector<cuda::DeviceBuffer<float>> y;
   for (int i = 0; i < 3; ++i) {
     y.emplace_back(size_t(kMaxB) * kDff);
@@ -161,9 +167,9 @@ int main(int argc, char** argv) {
     launches.push_back({"O+add", {kDModel}, kQDim, false, E::add, {}});
     launches.push_back({"norm+gate/up", {kDff, kDff}, kDModel, true, E::swiglu, {}});
     launches.push_back({"down+add", {kDModel}, kDff, false, E::add, {}});
-    std::printf("\n%s\n%-14s %3s %9s %9s %9s %8s %9s\n", gguf::tensor_type_name(t), "launch", "B", "tc us", "gb us",
-                "tc/tok", "speedup", "floor us");
-    double layer_tc[kNB] = {}, layer_gb[kNB] = {}, layer_bytes = 0;
+    std::printf("\n%s\n%-14s %3s %9s %9s %9s %9s %8s %9s\n", gguf::tensor_type_name(t), "launch", "B", "tc us",
+                "cta us", "gb us", "tc/tok", "speedup", "floor us");
+    double layer_tc[kNB] = {}, layer_cta[kNB] = {}, layer_gb[kNB] = {}, layer_bytes = 0;
     for (Launch& l : launches) {
       for (int r : l.rows) l.weight_bytes += layout_size(t, r, l.cols).bytes();
       const int copies = int(std::clamp<size_t>((kRotateBytes + l.weight_bytes - 1) / l.weight_bytes, 2, 64));
@@ -172,7 +178,8 @@ int main(int argc, char** argv) {
         for (int r : l.rows) l.sets.back().push_back(random_matrix(t, r, l.cols));
       }
       layer_bytes += double(l.weight_bytes);
-      auto run = [&](int batch, bool tc) {
+      enum Path { prestaged, in_cta, gemv_batch };
+      auto run = [&](int batch, Path path) {
         for (auto& set : l.sets) {
           cuda::GemvBatchRequest req;
           req.x = x.data();
@@ -182,28 +189,33 @@ int main(int argc, char** argv) {
           req.n_out = int(set.size());
           req.epilogue = l.epilogue;
           for (size_t m = 0; m < set.size(); ++m) req.out[m] = {&set[m], y[m].data()};
-          if (tc) cuda::gemm_tc(req, nullptr);
+          if (path == prestaged) cuda::gemm_tc(req, {ws.data(), ws.bytes()}, nullptr);
+          else if (path == in_cta) cuda::gemm_tc(req, {}, nullptr);
           else cuda::gemv_batch(req, nullptr);
         }
       };
       const double floor_us = double(l.weight_bytes) / (copy_gbs * 1e9) * 1e6;
       for (int i = 0; i < kNB; ++i) {
         const int b = batches[i];
-        const double tc = lab::time_ms([&] { run(b, true); }, iters, 2) * 1e3 / copies;
-        const double gb = lab::time_ms([&] { run(b, false); }, iters, 2) * 1e3 / copies;
+        const double tc = lab::time_ms([&] { run(b, prestaged); }, iters, 2) * 1e3 / copies;
+        const double cta = lab::time_ms([&] { run(b, in_cta); }, iters, 2) * 1e3 / copies;
+        const double gb = lab::time_ms([&] { run(b, gemv_batch); }, iters, 2) * 1e3 / copies;
         layer_tc[i] += tc;
+        layer_cta[i] += cta;
         layer_gb[i] += gb;
-        std::printf("%-14s %3d %9.2f %9.2f %9.3f %7.2fx %9.2f\n", l.name, b, tc, gb, tc / b, gb / tc, floor_us);
+        std::printf("%-14s %3d %9.2f %9.2f %9.2f %9.3f %7.2fx %9.2f\n", l.name, b, tc, cta, gb, tc / b, gb / tc,
+                    floor_us);
       }
       l.sets.clear();  // frees this launch's copies before the next
     }
     const double floor_us = layer_bytes / (copy_gbs * 1e9) * 1e6;
     for (int i = 0; i < kNB; ++i) {
       const int b = batches[i];
-      std::printf("%-14s %3d %9.2f %9.2f %9.3f %7.2fx %9.2f\n", "layer (4)", b, layer_tc[i], layer_gb[i],
-                  layer_tc[i] / b, layer_gb[i] / layer_tc[i], floor_us);
+      std::printf("%-14s %3d %9.2f %9.2f %9.2f %9.3f %7.2fx %9.2f\n", "layer (4)", b, layer_tc[i], layer_cta[i],
+                  layer_gb[i], layer_tc[i] / b, layer_gb[i] / layer_tc[i], floor_us);
     }
   }
   KVQ_CUDA_CHECK(cudaGetLastError());
+  std::printf("\n%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;
 }

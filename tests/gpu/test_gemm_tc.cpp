@@ -13,11 +13,15 @@
 // the same int8 values and compute the same exact integer block sums, so
 // only the fp32 summation orders differ: twice the fp32 part of that bound,
 // without the int8 term. Identical input rows give bit-identical outputs.
+// gemm_tc runs twice, with x quantized once per launch into a workspace and
+// with every CTA staging its own K slice (no workspace): the two must agree
+// bit for bit.
 // Skips cleanly when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +39,29 @@ using gguf::TensorType;
 using cuda::GemvEpilogue;
 
 namespace {
+
+// Results of gemm_tc with x prestaged (a workspace) and staged in every CTA
+// (none): identical bits.
+enum class Path { prestaged, in_cta, gemv_batch };
+
+void run_path(Path p, const cuda::GemvBatchRequest& req) {
+  if (p == Path::gemv_batch) return cuda::gemv_batch(req, nullptr);
+  cuda::DeviceBuffer<uint8_t> ws;
+  cuda::GemmTcWorkspace w;
+  if (p == Path::prestaged) {
+    ws.resize(cuda::gemm_tc_workspace_bytes(req.batch, req.out[0].w->cols));
+    w = {ws.data(), ws.bytes()};
+  }
+  cuda::gemm_tc(req, w, nullptr);
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());  // before ws is freed
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0)
+        << what << ": element " << i << " prestaged " << a[i] << " in-CTA " << b[i];
+}
 
 const TensorType kTcTypes[] = {TensorType::Q1_0, TensorType::Q8_0, TensorType::Q4_0};
 
@@ -158,7 +185,7 @@ TEST_P(GemmTcTest, MatchesCpuReferenceAndGemvBatch) {
   std::vector<std::vector<float>> y0(n_out);
   for (int m = 0; m < n_out; ++m)
     if (c.epilogue != GemvEpilogue::store) y0[m] = gputest::normal(rng, size_t(c.batch) * c.rows[m]);
-  auto run = [&](bool tc) {
+  auto run = [&](Path path) {
     std::vector<std::unique_ptr<gputest::Guarded>> dy;
     for (int m = 0; m < n_out; ++m) {
       const size_t n = size_t(c.batch) * c.rows[m];
@@ -173,14 +200,15 @@ TEST_P(GemmTcTest, MatchesCpuReferenceAndGemvBatch) {
     req.n_out = n_out;
     req.epilogue = c.epilogue;
     for (int m = 0; m < n_out; ++m) req.out[m] = {&mats[m].gpu, dy[m]->data()};
-    if (tc) cuda::gemm_tc(req, nullptr);
-    else cuda::gemv_batch(req, nullptr);
+    run_path(path, req);
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<std::vector<float>> out;
     for (auto& d : dy) out.push_back(d->result());  // checks the sentinels
     return out;
   };
-  const std::vector<std::vector<float>> ytc = run(true), ygb = run(false);
+  const std::vector<std::vector<float>> ytc = run(Path::prestaged), ycta = run(Path::in_cta),
+                                        ygb = run(Path::gemv_batch);
+  for (int m = 0; m < n_out; ++m) expect_same_bits(ytc[m], ycta[m], "output");
 
   std::vector<std::vector<double>*> bounds, orders;
   for (auto& r : refs) {
@@ -270,7 +298,7 @@ TEST_P(GemmTcCopiesTest, IdenticalRowsGiveIdenticalOutputs) {
   dx.upload(x);
   dg.upload(g);
 
-  gputest::Guarded single(c.rows), batched(size_t(c.batch) * c.rows);
+  gputest::Guarded single(c.rows), batched(size_t(c.batch) * c.rows), batched_cta(size_t(c.batch) * c.rows);
   cuda::GemvRequest one;
   one.x = dx.data();
   one.norm_weight = dg.data();
@@ -283,8 +311,11 @@ TEST_P(GemmTcCopiesTest, IdenticalRowsGiveIdenticalOutputs) {
   many.norm_weight = dg.data();
   many.norm_eps = eps;
   many.out[0] = {&m.gpu, batched.data()};
-  cuda::gemm_tc(many, nullptr);
+  run_path(Path::prestaged, many);
+  many.out[0] = {&m.gpu, batched_cta.data()};
+  run_path(Path::in_cta, many);
   const std::vector<float> y1 = single.result(), yb = batched.result();
+  expect_same_bits(yb, batched_cta.result(), "copies");
   for (int r = 0; r < c.rows; ++r) {
     ASSERT_TRUE(std::isfinite(yb[r])) << "row " << r << " not written";
     ASSERT_LE(std::fabs(double(yb[r]) - y1[r]), 2 * ref.bound[r])
@@ -311,6 +342,18 @@ std::string copies_name(const ::testing::TestParamInfo<CopiesCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TcTypes, GemmTcCopiesTest, ::testing::ValuesIn(copies_cases()), copies_name);
+
+TEST(GemmTc, WorkspaceTooSmallIsRejected) {
+  KVQ_SKIP_WITHOUT_GPU();
+  Rng rng(7);
+  const TestMatrix m = random_matrix(rng, TensorType::Q8_0, 16, 512);
+  cuda::DeviceBuffer<float> x(size_t(9) * 512), y(size_t(9) * 16);
+  const size_t need = cuda::gemm_tc_workspace_bytes(9, 512);
+  EXPECT_GT(need, cuda::gemm_tc_workspace_bytes(8, 512));  // 16 token slots vs 8
+  EXPECT_EQ(cuda::gemm_tc_workspace_bytes(200, 512), cuda::gemm_tc_workspace_bytes(64, 512));
+  cuda::DeviceBuffer<uint8_t> ws(need - 16);
+  EXPECT_ANY_THROW(cuda::gemm_tc(m.gpu, x.data(), 9, y.data(), {ws.data(), ws.bytes()}, nullptr));
+}
 
 TEST(GemmTc, SupportedTypes) {
   EXPECT_TRUE(cuda::gemm_tc_supported(TensorType::Q1_0));

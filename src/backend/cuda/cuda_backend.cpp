@@ -623,11 +623,21 @@ class CudaBackend final : public Backend {
   }
   // From options().batch_gemm_rows rows on, types with a tensor-core GEMM
   // (Q8_0/Q4_0/Q1_0: the same int8 staging and exact block sums as
-  // gemv_batch) take it; the others stay on gemv_batch.
+  // gemv_batch) take it; the others stay on gemv_batch. gemm_tc quantizes
+  // x once per launch into gemm_ws_ (grown here, outside any graph
+  // recording: batch steps are not recorded).
   void batch_product(const GemvBatchRequest& req) {
     const int from = options().batch_gemm_rows;
-    if (from > 0 && req.batch >= from && gemm_tc_supported(req.out[0].w->type)) gemm_tc(req, stream_, ctx_);
-    else gemv_batch(req, stream_, ctx_);
+    if (from > 0 && req.batch >= from && gemm_tc_supported(req.out[0].w->type)) {
+      const size_t need = gemm_tc_workspace_bytes(req.batch, req.out[0].w->cols);
+      if (gemm_ws_.bytes() < need) {
+        KVQ_CHECK(!recording_, Errc::internal, "gemm_tc workspace grown while a step is being recorded");
+        gemm_ws_.resize(need);  // cudaFree of the old buffer waits for the kernels using it
+      }
+      gemm_tc(req, {gemm_ws_.data(), gemm_ws_.bytes()}, stream_, ctx_);
+    } else {
+      gemv_batch(req, stream_, ctx_);
+    }
   }
   // A fused norm + GEMV normalizes `dim` inputs: the matrix must take that many.
   void check_width(const Matrix& w, int dim, const char* op) const {
@@ -837,6 +847,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> batch_host_, batch_next_;
   DeviceBuffer<uint16_t> xbf_, tile_;
   DeviceBuffer<float> inv_freq_;
+  DeviceBuffer<uint8_t> gemm_ws_;  // gemm_tc's prestaged x (batch_product)
   std::vector<float> inv_freq_host_;
 };
 

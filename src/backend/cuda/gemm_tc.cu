@@ -2,6 +2,25 @@
 // W[m][k] u_b[k] for B <= 64 input rows, int8 mma.sync with the weights as A
 // (M = output rows) and the staged inputs as B (N = batch).
 //
+// STAGING ONCE PER LAUNCH
+//   x is quantized to int8 once per launch (stage_x_int8: one warp per 128
+//   values of a token: x^2 sum, u = x * g, amax, scale, codes) into a
+//   caller-owned workspace, already in the shared-memory order of xq and sx
+//   below; the GEMM's CTAs copy their K slices of it with cp.async. Before,
+//   every CTA quantized its whole K slice for all B tokens (~150 instructions
+//   per 128 values per lane, the IEEE division of the rounding), and every
+//   m-tile repeated it: gate/up (96 CTAs, C = 1) quantized all of x 96 times,
+//   which made the time grow with B far above the mma loop's instruction
+//   count (H200, Q1_0 layer at B = 64: 411 us). Both paths call the same
+//   stage_segment (quantize4_int8 of stage_int8.cuh), and the prestaged
+//   path adds the per-128-column x^2 sums in the same order, so results are
+//   bit-identical; the in-CTA path (no workspace) stays for A/B measurements.
+//   The staging kernel waits for its predecessor (x, and the previous
+//   launch's reads of the workspace); the GEMM waits for the staging kernel.
+//   Workspace (ws_layout, NT8 token slots, slots past the batch zero):
+//   codes [NT8][cols] (a token row in xq order: block pair P at 64 P),
+//   scales [cols/64][NT8/2][4] (sx order), x^2 sums [NT8][cols/128].
+//
 // WORK SPLIT
 //   A CTA (16 warps, 512 threads, one per SM: up to 128 registers) owns an
 //   m-tile of 256 rows — the fused outputs' rows concatenated (Q, then K,
@@ -12,12 +31,14 @@
 //   to its own shared memory, and after a cluster barrier CTA r sums rows
 //   [r 256/C, (r+1) 256/C) of all C partials in rank order (distributed
 //   shared memory), applies 1/rms and the epilogue and stores y. No global
-//   workspace, deterministic, every weight read by exactly one warp once.
+//   workspace for the partial sums, deterministic, every weight read by
+//   exactly one warp once.
 //   Warp w: rows 16w..16w+15 of the m-tile, all N = 8 NT tokens (NT n-tiles of
 //   8, NT = 1, 2, 4, 8 by batch): NT mma per 32-column k-step, accumulators
 //   acc[NT][4] fp32 (Q1_0 also s[NT][4], see below).
 //   A K slice is walked in tiles of up to `tg` groups of 128 columns: per tile
-//   every warp stages its share of the tile's x (all batch rows), barrier,
+//   the CTA copies the tile's prestaged x (all NT8 token slots; without a
+//   workspace: every warp stages its share of the batch rows), barrier,
 //   every warp multiplies its rows over the tile, barrier.
 //
 // MMA FRAGMENTS (PTX ISA, mma.m16n8k32 .s8; lane = 4 g + t)
@@ -74,8 +95,9 @@
 //       256 + 4: the fragment stores of a warp hit 32 distinct banks)
 //   then (never aliased): float ss_part[NT8] (the CTA's x^2 sums, read by
 //   the cluster), float inv_rms[NT8].
-//   Tokens batch..NT8-1 are zero in xq and sx (set once per launch): they
-//   contribute nothing and are never stored.
+//   Tokens batch..NT8-1 are zero in xq and sx (prestaged: zero in the
+//   workspace; in-CTA: set once per launch): they contribute nothing and
+//   are never stored. ss_seg is used by the in-CTA path only.
 //
 // RMSNorm: u = x * g is staged and 1/rms multiplies the reduced products, as
 // in gemv_batch; x^2 is summed per 128 columns (warp tree), the segments in
@@ -88,7 +110,7 @@
 // fp32 ops per accumulator element (32 elements): ~100 issue slots for 8
 // mma, so the kernel is issue-bound on the per-block scaling, not on the
 // tensor pipe. Staging costs ~14 instructions per x value (the IEEE division
-// of the rounding) and is repeated by every m-tile of a launch.
+// of the rounding): once per launch with a workspace, else once per m-tile.
 #include "backend/cuda/gemm_tc.hpp"
 
 #include <cooperative_groups.h>
@@ -141,7 +163,30 @@ struct TcArgs {
   int tg;        // groups per tile
   int row_stride;  // S
   int sx_offset, ss_seg_offset, ss_part_offset, inv_offset;
+  // x staged once per launch by stage_x_int8 (null: every CTA stages its own
+  // K slice): int8 codes [NT8][cols] (each token row in the shared-memory
+  // order of xq), scales [cols / 64][NT8 / 2][4] (the order of sx), x^2 sums
+  // [NT8][groups] (with a norm).
+  const unsigned char* ws_codes;
+  const float* ws_sx;
+  const float* ws_ss;
 };
+
+// Where stage_x_int8 puts x for one launch of NT8 token slots (tokens past
+// the batch are zero), and the bytes it needs.
+struct WsLayout {
+  size_t codes = 0, sx = 0, ss = 0, total = 0;
+};
+constexpr size_t align16c(size_t n) { return (n + 15) / 16 * 16; }
+constexpr WsLayout ws_layout(int nt8, int64_t cols) {
+  WsLayout l;
+  l.sx = align16c(size_t(nt8) * size_t(cols));
+  l.ss = l.sx + align16c(size_t(nt8) * size_t(cols / 32) * 4);
+  l.total = l.ss + align16c(size_t(nt8) * size_t(cols / 128) * 4);
+  return l;
+}
+// n-tiles of 8 tokens for a launch of `batch` rows (launch_bucket's choice).
+constexpr int n_tiles(int batch) { return batch <= 8 ? 1 : batch <= 16 ? 2 : batch <= 32 ? 4 : 8; }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -250,6 +295,29 @@ __host__ __device__ constexpr int64_t row_scales(TensorType t, int64_t cols) {
   return t == TensorType::Q1_0 ? cols / 128 : cols / 32;
 }
 
+// Byte of word w (positions 4w..4w+3) of block j in a staged token row, and
+// the index of block j's scale of token b in sx (layout at the top;
+// half_tokens = NT8 / 2).
+__device__ __forceinline__ int xq_offset(int j, int w) { return (j >> 1) * 64 + (w >> 1) * 16 + (j & 1) * 8 + (w & 1) * 4; }
+__device__ __forceinline__ int sx_index(int j, int b, int half_tokens) {
+  return ((j >> 1) * half_tokens + (b >> 1)) * 4 + (j & 1) * 2 + (b & 1);
+}
+
+// One 128-value segment of an input row held by a warp (4 values per lane,
+// v): its x^2 sum (with a norm, g128 = the norm weights of the segment; else
+// 0), u = x * g, and u as int8 codes and a scale per 32 values. Both staging
+// paths (stage_tile, stage_x_int8) call this, so they stage the same bits.
+__device__ __forceinline__ void stage_segment(float4 u, const float* g128, int lane, float& ss, float& scale,
+                                              int (&q)[4]) {
+  ss = 0.0f;
+  if (g128) {
+    ss = warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w);
+    const float4 g = __ldg(reinterpret_cast<const float4*>(g128 + 4 * lane));
+    u = make_float4(u.x * g.x, u.y * g.y, u.z * g.z, u.w * g.w);
+  }
+  quantize4_int8(u, scale, q);
+}
+
 // Stages groups [tg0, tg0 + ng) of the batch's x rows (layout at the top).
 template <int NT>
 __device__ void stage_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng) {
@@ -274,23 +342,73 @@ __device__ void stage_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng
       const int item = base + k * kWarps;
       if (item >= items) continue;  // warp-uniform
       const int b = item / ng, seg = item - b * ng;
-      float4 u = v[k];
-      if (a.norm) {
-        const float ss = warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w);
-        if (lane == 0) ss_seg[b * a.tg + seg] = ss;
-        const float4 g = __ldg(reinterpret_cast<const float4*>(a.norm + size_t(tg0 + seg) * kGroupCols + 4 * lane));
-        u = make_float4(u.x * g.x, u.y * g.y, u.z * g.z, u.w * g.w);
-      }
-      float scale;
+      float ss, scale;
       int q[4];
-      quantize4_int8(u, scale, q);
+      stage_segment(v[k], a.norm ? a.norm + size_t(tg0 + seg) * kGroupCols : nullptr, lane, ss, scale, q);
+      if (a.norm && lane == 0) ss_seg[b * a.tg + seg] = ss;
       // Word w = lane & 7 (positions 4w..4w+3) of block j of the tile.
       const int j = 4 * seg + (lane >> 3), w = lane & 7;
-      const int off = (j >> 1) * 64 + (w >> 1) * 16 + (j & 1) * 8 + (w & 1) * 4;
-      *reinterpret_cast<int*>(smem + size_t(b) * a.row_stride + off) = pack_int8x4(q);
-      if (w == 0) sx[((j >> 1) * kHalfTokens + (b >> 1)) * 4 + (j & 1) * 2 + (b & 1)] = scale;
+      *reinterpret_cast<int*>(smem + size_t(b) * a.row_stride + xq_offset(j, w)) = pack_int8x4(q);
+      if (w == 0) sx[sx_index(j, b, kHalfTokens)] = scale;
     }
   }
+}
+
+// x staged once per launch (TcArgs::ws_*): one warp per 128-value segment of
+// a token slot, slots past the batch written as zeros.
+constexpr int kPrestageWarps = 8;
+struct PrestageArgs {
+  const float* x;
+  const float* norm;
+  int cols, groups, batch, nt8;
+  unsigned char* codes;
+  float* sx;
+  float* ss;
+};
+
+__global__ void __launch_bounds__(kPrestageWarps * 32) stage_x_int8(PrestageArgs a) {
+  allow_dependents();
+  // x is written by earlier kernels; the workspace may still be read by the
+  // previous gemm_tc launch.
+  wait_for_predecessor();
+  const int lane = threadIdx.x & 31;
+  const int item = blockIdx.x * kPrestageWarps + (threadIdx.x >> 5);
+  if (item >= a.nt8 * a.groups) return;  // warp-uniform
+  const int b = item / a.groups, seg = item - b * a.groups;
+  float scale = 0.0f;
+  int q[4] = {0, 0, 0, 0};
+  if (b < a.batch) {  // warp-uniform
+    const float4 v = *reinterpret_cast<const float4*>(a.x + size_t(b) * a.cols + size_t(seg) * kGroupCols + 4 * lane);
+    float ss;
+    stage_segment(v, a.norm ? a.norm + size_t(seg) * kGroupCols : nullptr, lane, ss, scale, q);
+    if (a.norm && lane == 0) a.ss[size_t(b) * a.groups + seg] = ss;
+  }
+  const int j = 4 * seg + (lane >> 3), w = lane & 7;  // block j of the row, word w of the block
+  *reinterpret_cast<int*>(a.codes + size_t(b) * a.cols + xq_offset(j, w)) = pack_int8x4(q);
+  if (w == 0) a.sx[sx_index(j, b, a.nt8 / 2)] = scale;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Copies groups [tg0, tg0 + ng) of the prestaged x (all NT8 token slots)
+// into xq and sx; the caller's barrier publishes them.
+template <int NT>
+__device__ void copy_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng) {
+  constexpr int NT8 = NT * 8;
+  const int row_chunks = ng * (kGroupCols / 16);
+  for (int i = threadIdx.x; i < NT8 * row_chunks; i += kThreads) {
+    const int b = i / row_chunks, c = i - b * row_chunks;
+    cp_async16(smem + size_t(b) * a.row_stride + 16 * c,
+               a.ws_codes + size_t(b) * a.cols + size_t(tg0) * kGroupCols + 16 * c);
+  }
+  // The scales of groups tg0.. are contiguous: 4 blocks x NT8 tokens per group.
+  const float* sx = a.ws_sx + size_t(tg0) * 4 * NT8;
+  for (int i = threadIdx.x; i < ng * NT8; i += kThreads) cp_async16(smem + a.sx_offset + 16 * i, sx + 4 * i);
+  cp_async_wait_all();
 }
 
 template <TensorType T, int NT, bool kPair>
@@ -336,11 +454,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
     }
   }
 
-  // Zero the staging area (tokens past the batch stay zero) and the x^2 sums.
-  {
+  // In-CTA staging: zero the staging area (tokens past the batch stay zero)
+  // and the x^2 sums. (Prestaged: every tile copies all NT8 token slots.)
+  float* ss_part = reinterpret_cast<float*>(smem + a.ss_part_offset);
+  if (!a.ws_codes) {
     const int words = a.ss_seg_offset / 16;  // xq and sx
     for (int i = threadIdx.x; i < words; i += kThreads) reinterpret_cast<int4*>(smem)[i] = make_int4(0, 0, 0, 0);
-    float* ss_part = reinterpret_cast<float*>(smem + a.ss_part_offset);
     for (int i = threadIdx.x; i < NT8; i += kThreads) ss_part[i] = 0.0f;
   }
 
@@ -348,7 +467,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   G cur, next;
   if (active && g_lo < g_hi) cur.load(codes, scales, g_lo, t);
   allow_dependents();
-  wait_for_predecessor();  // x (and y for add) are written by earlier kernels
+  wait_for_predecessor();  // x or the prestaged x (and y for add) are written by earlier kernels
+
+  // Prestaged: the CTA's x^2 sums, its segments in order from 0 (the order
+  // in which the in-CTA path adds them up tile by tile).
+  if (a.ws_codes) {
+    for (int b = threadIdx.x; b < NT8; b += kThreads) {
+      float s = 0.0f;
+      if (a.norm && b < a.batch)
+        for (int gg = g_lo; gg < g_hi; ++gg) s += a.ws_ss[size_t(b) * a.groups + gg];
+      ss_part[b] = s;
+    }
+  }
 
   float acc[NT][4];
 #pragma unroll
@@ -361,11 +491,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   for (int tg0 = g_lo; tg0 < g_hi; tg0 += a.tg) {
     const int ng = min(a.tg, g_hi - tg0);
     __syncthreads();  // the previous tile has been multiplied (and the zeroing is done)
-    stage_tile<NT>(a, smem, tg0, ng);
+    if (a.ws_codes) copy_tile<NT>(a, smem, tg0, ng);
+    else stage_tile<NT>(a, smem, tg0, ng);
     __syncthreads();
-    if (a.norm && threadIdx.x < a.batch) {
+    if (!a.ws_codes && a.norm && threadIdx.x < a.batch) {
       const float* ss_seg = reinterpret_cast<const float*>(smem + a.ss_seg_offset) + threadIdx.x * a.tg;
-      float* ss_part = reinterpret_cast<float*>(smem + a.ss_part_offset);
       float s = ss_part[threadIdx.x];
       for (int seg = 0; seg < ng; ++seg) s += ss_seg[seg];
       ss_part[threadIdx.x] = s;
@@ -493,8 +623,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 template <TensorType T, int NT, bool kPair>
-void launch(TcArgs a, cudaStream_t stream, const DeviceContext& ctx) {
+void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   constexpr int NT8 = NT * 8;
+  static_assert(NT == n_tiles(NT8), "launch_bucket and n_tiles disagree");
   const int out_rows = kPair ? kTileRows / 2 : kTileRows;
   const int mtiles = (a.total_rows + out_rows - 1) / out_rows;
   a.groups = a.cols / kGroupCols;
@@ -517,6 +648,26 @@ void launch(TcArgs a, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t smem = region + 2 * NT8 * 4;
   KVQ_CHECK(smem <= 220 * 1024, Errc::out_of_range, "GPU tensor-core GEMM: ", smem, " bytes of shared memory");
 
+  if (ws) {  // quantize x once for all CTAs
+    const WsLayout l = ws_layout(NT8, a.cols);
+    PrestageArgs p{};
+    p.x = a.x;
+    p.norm = a.norm;
+    p.cols = a.cols;
+    p.groups = a.groups;
+    p.batch = a.batch;
+    p.nt8 = NT8;
+    p.codes = static_cast<unsigned char*>(ws) + l.codes;
+    p.sx = reinterpret_cast<float*>(static_cast<unsigned char*>(ws) + l.sx);
+    p.ss = reinterpret_cast<float*>(static_cast<unsigned char*>(ws) + l.ss);
+    const int items = NT8 * a.groups;
+    launch_dependent(ctx, stage_x_int8, dim3((items + kPrestageWarps - 1) / kPrestageWarps), dim3(kPrestageWarps * 32),
+                     0, stream, p);
+    a.ws_codes = p.codes;
+    a.ws_sx = p.sx;
+    a.ws_ss = p.ss;
+  }
+
   auto* kernel = gemm_tc_kernel<T, NT, kPair>;
   resident_ctas(ctx, kernel, smem, kThreads);  // raises the kernel's shared-memory opt-in
   cudaLaunchConfig_t cfg = {};
@@ -537,26 +688,29 @@ void launch(TcArgs a, cudaStream_t stream, const DeviceContext& ctx) {
 }
 
 template <TensorType T, bool kPair>
-void launch_bucket(const TcArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
-  if (a.batch <= 8) return launch<T, 1, kPair>(a, stream, ctx);
-  if (a.batch <= 16) return launch<T, 2, kPair>(a, stream, ctx);
-  if (a.batch <= 32) return launch<T, 4, kPair>(a, stream, ctx);
-  return launch<T, 8, kPair>(a, stream, ctx);
+void launch_bucket(const TcArgs& a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
+  switch (n_tiles(a.batch)) {
+    case 1: return launch<T, 1, kPair>(a, ws, stream, ctx);
+    case 2: return launch<T, 2, kPair>(a, ws, stream, ctx);
+    case 4: return launch<T, 4, kPair>(a, ws, stream, ctx);
+    default: return launch<T, 8, kPair>(a, ws, stream, ctx);
+  }
 }
 
 template <bool kPair>
-void dispatch(TensorType t, const TcArgs& a, cudaStream_t stream, const DeviceContext& ctx) {
+void dispatch(TensorType t, const TcArgs& a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   switch (t) {
-    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, stream, ctx);
-    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, stream, ctx);
-    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, stream, ctx);
+    case TensorType::Q8_0: return launch_bucket<TensorType::Q8_0, kPair>(a, ws, stream, ctx);
+    case TensorType::Q4_0: return launch_bucket<TensorType::Q4_0, kPair>(a, ws, stream, ctx);
+    case TensorType::Q1_0: return launch_bucket<TensorType::Q1_0, kPair>(a, ws, stream, ctx);
     default: break;
   }
   fail(Errc::unsupported, "GPU tensor-core GEMM: no kernel for ", gguf::tensor_type_name(t));
 }
 
-// One launch of at most kGemmTcMax rows (the request is checked).
-void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
+// One launch of at most kGemmTcMax rows (the request and workspace are
+// checked; ws null: in-CTA staging).
+void launch_chunk(const GemvBatchRequest& req, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   const GpuMatrix& w0 = *req.out[0].w;
   const bool pair = req.epilogue == GemvEpilogue::swiglu;
   TcArgs a{};
@@ -578,8 +732,8 @@ void launch_chunk(const GemvBatchRequest& req, cudaStream_t stream, const Device
     a.row_end[i] = total;
   }
   a.total_rows = pair ? int(w0.rows) : total;
-  if (pair) dispatch<true>(w0.type, a, stream, ctx);
-  else dispatch<false>(w0.type, a, stream, ctx);
+  if (pair) dispatch<true>(w0.type, a, ws, stream, ctx);
+  else dispatch<false>(w0.type, a, ws, stream, ctx);
 }
 
 }  // namespace
@@ -588,7 +742,11 @@ bool gemm_tc_supported(TensorType t) {
   return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
 }
 
-void gemm_tc(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx) {
+size_t gemm_tc_workspace_bytes(int batch, int64_t cols) {
+  return ws_layout(8 * n_tiles(std::clamp(batch, 1, kGemmTcMax)), cols).total;
+}
+
+void gemm_tc(const GemvBatchRequest& req, const GemmTcWorkspace& ws, cudaStream_t stream, const DeviceContext& ctx) {
   KVQ_CHECK(req.n_out >= 1 && req.n_out <= kMaxOut && req.x && req.out[0].w && req.batch >= 1, Errc::internal,
             "GPU tensor-core GEMM: ", req.n_out, " outputs and a batch of ", req.batch,
             " requested (1..3 outputs, a batch >= 1, with an input)");
@@ -622,22 +780,38 @@ void gemm_tc(const GemvBatchRequest& req, cudaStream_t stream, const DeviceConte
             " rows are out of range");
   if (req.epilogue == GemvEpilogue::swiglu)
     KVQ_CHECK(req.out[1].w->rows == w0.rows, Errc::internal, "GPU tensor-core GEMM: swiglu gate and up differ in rows");
+  if (ws.data) {
+    const size_t need = gemm_tc_workspace_bytes(req.batch, w0.cols);
+    KVQ_CHECK(ws.bytes >= need && reinterpret_cast<uintptr_t>(ws.data) % 16 == 0, Errc::internal,
+              "GPU tensor-core GEMM: a workspace of ", ws.bytes, " bytes for ", need,
+              " (16-byte aligned) at batch ", req.batch, " and ", w0.cols, " columns");
+    const auto* lo = static_cast<const unsigned char*>(ws.data);
+    const auto* hi = lo + need;
+    auto overlaps = [&](const float* p, int64_t n) {
+      const auto* b = reinterpret_cast<const unsigned char*>(p);
+      return p && b < hi && lo < reinterpret_cast<const unsigned char*>(p + n);
+    };
+    bool bad = overlaps(req.x, x_floats) || (req.norm_weight && overlaps(req.norm_weight, w0.cols));
+    for (int i = 0; i < req.n_out; ++i) bad = bad || overlaps(req.out[i].y, int64_t(req.batch) * req.out[i].w->rows);
+    KVQ_CHECK(!bad, Errc::internal, "GPU tensor-core GEMM: the workspace overlaps the input or an output");
+  }
   for (int b0 = 0; b0 < req.batch; b0 += kGemmTcMax) {
     GemvBatchRequest part = req;
     part.batch = std::min(kGemmTcMax, req.batch - b0);
     part.x = req.x + int64_t(b0) * w0.cols;
     for (int i = 0; i < req.n_out; ++i)
       if (part.out[i].y) part.out[i].y += int64_t(b0) * req.out[i].w->rows;
-    launch_chunk(part, stream, ctx);
+    launch_chunk(part, ws.data, stream, ctx);
   }
 }
 
-void gemm_tc(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream, const DeviceContext& ctx) {
+void gemm_tc(const GpuMatrix& w, const float* x, int batch, float* y, const GemmTcWorkspace& ws, cudaStream_t stream,
+             const DeviceContext& ctx) {
   GemvBatchRequest req;
   req.x = x;
   req.batch = batch;
   req.out[0] = {&w, y};
-  gemm_tc(req, stream, ctx);
+  gemm_tc(req, ws, stream, ctx);
 }
 
 }  // namespace kvq::cuda

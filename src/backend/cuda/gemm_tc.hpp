@@ -16,13 +16,18 @@
 //
 // Any batch >= 1: up to kGemmTcMax rows of x per launch, every weight read
 // once per launch; a larger batch is split into launches of kGemmTcMax rows.
-// The weights are never expanded in global memory; no workspace is used
-// (partial sums over K are reduced through the distributed shared memory of
-// a thread-block cluster). Hopper (sm_90) only.
+// The weights are never expanded in global memory. x is quantized to int8
+// once per launch by a small kernel into a caller-owned workspace
+// (gemm_tc_workspace_bytes()), which the GEMM's CTAs copy their K slices
+// from; without a workspace every CTA quantizes its K slice itself (the
+// original path, kept for A/B measurements: same results bit for bit).
+// Partial sums over K are reduced through the distributed shared memory of
+// a thread-block cluster. Hopper (sm_90) only.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cuda/gemv_batch.hpp"
@@ -36,12 +41,28 @@ constexpr int kGemmTcMax = 64;
 // counts are those of gpu_gemv_supported() (a multiple of 256).
 bool gemm_tc_supported(gguf::TensorType t);
 
-// One fused batched product (GemvBatchRequest as for gemv_batch();
-// warps_per_cta is ignored). Throws Errc::unsupported for other types.
-void gemm_tc(const GemvBatchRequest& req, cudaStream_t stream, const DeviceContext& ctx = default_context());
+// Device scratch of a gemm_tc() call: x quantized once per launch.
+struct GemmTcWorkspace {
+  // Device memory, 16-byte aligned, at least gemm_tc_workspace_bytes(batch,
+  // cols) bytes; reused by the launches of one call (stream order) and free
+  // again when the call's last kernel has finished. Null: every CTA stages
+  // its own K slice of x (no prestaging pass; slower, same results).
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 
-// y[b][rows] = W x[b] for b < batch (no norm, store).
-void gemm_tc(const GpuMatrix& w, const float* x, int batch, float* y, cudaStream_t stream,
+// Workspace bytes a gemm_tc() call of `batch` rows of `cols` values needs
+// (batch > kGemmTcMax: that of kGemmTcMax rows).
+size_t gemm_tc_workspace_bytes(int batch, int64_t cols);
+
+// One fused batched product (GemvBatchRequest as for gemv_batch();
+// warps_per_cta is ignored). Throws Errc::unsupported for other types and
+// Errc::internal for a workspace that is too small.
+void gemm_tc(const GemvBatchRequest& req, const GemmTcWorkspace& ws, cudaStream_t stream,
+             const DeviceContext& ctx = default_context());
+
+// y[b][rows] = W x[b] for b < batch (no norm, store), with a workspace.
+void gemm_tc(const GpuMatrix& w, const float* x, int batch, float* y, const GemmTcWorkspace& ws, cudaStream_t stream,
              const DeviceContext& ctx = default_context());
 
 }  // namespace kvq::cuda
