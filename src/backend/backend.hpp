@@ -88,6 +88,10 @@ struct BackendOptions {
   // products of types that have one on the tensor-core GEMM (gemm_tc);
   // smaller steps and other types use the batched GEMV. 0: never.
   int batch_gemm_rows = 8;
+  // CUDA: gemm_tc quantizes x once per launch into a workspace instead of
+  // in every CTA. Off until measured on a GPU (its tests and lab are in;
+  // docs/perf.md, session 11): the in-CTA path is the one that passed.
+  bool gemm_tc_prestage = false;
 };
 
 class Backend {

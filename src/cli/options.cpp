@@ -100,6 +100,9 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str()
       ->group(lab);
+  app.add_flag("--gemm-tc-prestage", o.backend.gemm_tc_prestage,
+               "CUDA: the tensor-core batched GEMM quantizes its input once per launch (not yet measured)")
+      ->group(lab);
   app.add_option("--attn-prefetch", o.backend.attn_prefetch_tiles,
                  "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")
       ->check(CLI::Range(0, 8))

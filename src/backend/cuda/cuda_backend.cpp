@@ -629,6 +629,10 @@ class CudaBackend final : public Backend {
   void batch_product(const GemvBatchRequest& req) {
     const int from = options().batch_gemm_rows;
     if (from > 0 && req.batch >= from && gemm_tc_supported(req.out[0].w->type)) {
+      if (!options().gemm_tc_prestage) {
+        gemm_tc(req, {}, stream_, ctx_);  // null workspace: each CTA stages its own slice of x
+        return;
+      }
       const size_t need = gemm_tc_workspace_bytes(req.batch, req.out[0].w->cols);
       if (gemm_ws_.bytes() < need) {
         KVQ_CHECK(!recording_, Errc::internal, "gemm_tc workspace grown while a step is being recorded");
