@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "engine/session.hpp"
 #include "gguf/gguf.hpp"
+#include "kv/page.hpp"
 #include "model/forward.hpp"
 #include "server/server.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -49,21 +50,22 @@ struct Served {
   std::thread thread;
   int port = 0;
 
-  explicit Served(ServerOptions o = {}, int max_queue = 4, int ctx = 256) {
+  // max_seqs sequences run together over a pool of max_seqs x ctx tokens
+  // (codec none); max_queue more may wait.
+  explicit Served(ServerOptions o = {}, int max_queue = 4, int ctx = 256, int max_seqs = 4) {
     Model_& m = tiny();
-    SessionFactory factory = [&m](const std::string& codec, int ctx, std::function<void(int, int)> on_chunk) {
-      kv::CodecOptions c;
-      c.kv = codec.empty() ? "none" : codec;
-      SessionOptions so;
-      so.ctx = ctx;
-      so.on_prefill_progress = std::move(on_chunk);
-      return std::make_unique<Session>(*m.model, m.backend->make_cache(c, m.model->cache_shape(ctx)), &m.tok, so);
-    };
     EngineSetup setup;
-    setup.make_session = factory;
+    setup.model = m.model.get();
+    const int page = kv::kDefaultPageTokens;
+    kv::CacheShape shape = m.model->cache_shape(max_seqs * kv::pages_for(ctx, page) * page);
+    kv::CodecOptions c;
+    c.kv = "none";
+    setup.store = m.backend->make_cache(c, shape);
+    setup.scheduler.max_running = max_seqs;
+    setup.scheduler.max_seq_tokens = ctx;
     setup.max_waiting = max_queue;
     setup.thread_init = one_thread;
-    engine = std::make_unique<Engine>(m.tok, m.vocab(), setup);
+    engine = std::make_unique<Engine>(m.tok, m.vocab(), std::move(setup));
     o.port = 0;
     o.model_id = "tiny";
     o.default_codec = "none";

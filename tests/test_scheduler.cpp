@@ -551,3 +551,31 @@ TEST(Scheduler, SubmitFromOtherThreads) {
   for (auto& [id, p] : prompts) EXPECT_EQ(f.rec[id].tokens, f.solo(p, 6)) << "sequence " << id;
   EXPECT_EQ(s->pool().used_pages(), 0);
 }
+
+// want_logits: each output carries the row its token was sampled from (the
+// server's logprobs); greedy tokens are that row's argmax and equal those of
+// the same request without rows, which the backend chose itself; a
+// neighbour without want_logits gets no rows.
+TEST(Scheduler, LogitsRowsForRequestsThatAskForThem) {
+  Fixture f;
+  auto s = f.make(16, 16, budget(64));
+  const auto p = f.prompt(9, 77);
+  SeqRequest with = f.request(p, 6);
+  with.want_logits = true;
+  const SeqId a = *s->submit(std::move(with));
+  const SeqId b = *s->submit(f.request(p, 6));
+  f.drain(*s);
+  const auto want = f.solo(p, 6);
+  std::lock_guard<std::mutex> lock(f.mu);
+  EXPECT_EQ(f.rec[a].tokens, want);
+  EXPECT_EQ(f.rec[b].tokens, want);
+  int rows = 0;
+  for (const SeqOutput& o : f.rec[a].all) {
+    if (o.tokens.empty()) continue;
+    ASSERT_EQ(o.logits.size(), size_t(f.tiny->cfg.vocab_size));
+    EXPECT_EQ(TokenId(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin()), o.tokens[0]);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 6);
+  for (const SeqOutput& o : f.rec[b].all) EXPECT_TRUE(o.logits.empty());
+}

@@ -1,15 +1,14 @@
-// The server's parts without HTTP: OpenAI request parsing and checking, the
-// fair queue, Prometheus text, log-probabilities.
-#include <algorithm>
+// The server's parts without HTTP: OpenAI request parsing and checking,
+// Prometheus text, log-probabilities.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <mutex>
 #include <thread>
 
-#include "server/fair_queue.hpp"
 #include "server/metrics.hpp"
 #include "server/openai.hpp"
 #include "server/server.hpp"
@@ -234,62 +233,6 @@ TEST(ServerApi, TokenLogprobIsTheLogSoftmax) {
   EXPECT_EQ(token_logprob(l.data(), 5, 2, 0).logprob, -INFINITY);  // sent as -9999 in JSON
 }
 
-TEST(FairQueue, TurnsFollowArrivalOrderAndTheQueueIsBounded) {
-  FairQueue q(1, 2);
-  auto a = q.enter(), b = q.enter(), c = q.enter();
-  ASSERT_TRUE(a && b && c);
-  EXPECT_EQ(q.enter(), nullptr);  // one may run, two may wait: the fourth is turned away
-  EXPECT_EQ(q.waiting(), 3);
-
-  // c waits while a and b are ahead of it, even when polled first.
-  std::mutex mu;
-  std::vector<char> order;
-  auto run = [&](FairQueue::Ticket& t, char name) {
-    ASSERT_TRUE(q.wait_turn(t, {}, 5ms));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      order.push_back(name);
-    }
-    q.finish(t);
-  };
-  std::thread tc(run, std::ref(*c), 'c');
-  std::this_thread::sleep_for(20ms);  // let c wait first (order must not depend on who asks first)
-  std::thread tb(run, std::ref(*b), 'b');
-  std::thread ta(run, std::ref(*a), 'a');
-  ta.join();
-  tb.join();
-  tc.join();
-  EXPECT_EQ(order, (std::vector<char>{'a', 'b', 'c'}));
-  EXPECT_EQ(q.running(), 0);
-  EXPECT_EQ(q.waiting(), 0);
-}
-
-TEST(FairQueue, LeavingWhileWaitingFreesThePlace) {
-  FairQueue q(1, 1);
-  auto a = q.enter();
-  ASSERT_TRUE(q.wait_turn(*a, {}, 5ms));
-  EXPECT_EQ(q.running(), 1);
-  auto b = q.enter();
-  ASSERT_TRUE(b);
-  EXPECT_EQ(q.enter(), nullptr);
-  // b gives up (its client left) while a runs.
-  int polls = 0;
-  EXPECT_FALSE(q.wait_turn(*b, [&] { return ++polls == 3; }, 1ms));
-  EXPECT_EQ(polls, 3);
-  b.reset();
-  EXPECT_EQ(q.waiting(), 0);
-  auto c = q.enter();  // its place is free again
-  ASSERT_TRUE(c);
-  a.reset();  // a's turn ends with its ticket
-  EXPECT_EQ(q.running(), 0);
-  EXPECT_TRUE(q.wait_turn(*c, {}, 5ms));
-  // No waiting room at all: only the running slot.
-  FairQueue z(1, 0);
-  auto x = z.enter();
-  ASSERT_TRUE(x);
-  EXPECT_EQ(z.enter(), nullptr);
-}
-
 TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   Metrics m;
   m.request("/v1/completions", 200);
@@ -305,6 +248,16 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   g.queue_depth = 2;
   g.running = 1;
   g.kv_bytes = 12345;
+  g.kv_pool_bytes = 99999;
+  g.sched.running = 1;
+  g.sched.waiting = 2;
+  g.sched.preempted = 1;
+  g.sched.pages_total = 10;
+  g.sched.pages_used = 3;
+  g.sched.pages_free = 7;
+  g.sched.step_sequences = 4;
+  g.sched.steps = 17;
+  g.sched.preemptions = 5;
   const std::string t = m.render(g);
   auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
   EXPECT_TRUE(has("kvq_requests_total{route=\"/v1/completions\",status=\"200\"} 2")) << t;
@@ -326,6 +279,17 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   EXPECT_TRUE(has("kvq_queue_depth 2"));
   EXPECT_TRUE(has("kvq_requests_running 1"));
   EXPECT_TRUE(has("kvq_kv_cache_bytes 12345"));
+  EXPECT_TRUE(has("kvq_kv_pool_bytes 99999"));
+  EXPECT_TRUE(has("kvq_sequences_running 1"));
+  EXPECT_TRUE(has("kvq_sequences_waiting 2"));
+  EXPECT_TRUE(has("kvq_sequences_preempted 1"));
+  EXPECT_TRUE(has("kvq_kv_pages_total 10"));
+  EXPECT_TRUE(has("kvq_kv_pages_used 3"));
+  EXPECT_TRUE(has("kvq_kv_pages_free 7"));
+  EXPECT_TRUE(has("kvq_step_sequences 4"));
+  EXPECT_TRUE(has("# TYPE kvq_steps_total counter"));
+  EXPECT_TRUE(has("kvq_steps_total 17"));
+  EXPECT_TRUE(has("kvq_preemptions_total 5"));
   EXPECT_EQ(t.back(), '\n');
 }
 

@@ -28,9 +28,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double ms_since(WallClock::time_point t) { return std::chrono::duration<double, std::milli>(WallClock::now() - t).count(); }
 
 // Resident memory of this process (server and clients both), in MiB.
 double rss_mib() {
@@ -114,7 +114,7 @@ bool closed_by_peer(int fd, int ms) {
 
 // GET /health on a fresh connection: the time it took (ms), or -1 if no 200.
 double timed_health(int port) {
-  const auto t = Clock::now();
+  const auto t = WallClock::now();
   const int fd = connect_to(port);
   if (fd < 0) return -1;
   send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -133,7 +133,7 @@ std::string post(const std::string& path, const std::string& body, const std::st
 
 // A small completion on a fresh connection: the time it took (ms), or -1 if no 200.
 double timed_completion(int port) {
-  const auto t = Clock::now();
+  const auto t = WallClock::now();
   const int fd = connect_to(port, 60);
   if (fd < 0) return -1;
   send_all(fd, post("/v1/completions", kSmall, "HTTP/1.1", "Connection: close\r\n"));
@@ -210,7 +210,7 @@ TEST(ServerHostile, SlowlorisAndIdleFloodsCostNoWorker) {
 
   // Shutting down with open, slow and idle connections is prompt (one slow
   // connection used to block it).
-  const auto t1 = Clock::now();
+  const auto t1 = WallClock::now();
   s.reset();
   EXPECT_LT(ms_since(t1), 10000);
   std::printf("[measured] stop() with %zu slow + %zu idle connections open: %.0f ms\n", slow.fds.size(),
@@ -229,7 +229,7 @@ TEST(ServerHostile, RequestHeadsHaveADeadline) {
   // Bodies announced and never finished (they hold no body budget meanwhile).
   Crowd slow_body(s.port, 20, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"prompt\": ");
   EXPECT_GT(timed_completion(s.port), 0);
-  const auto t0 = Clock::now();
+  const auto t0 = WallClock::now();
   int closed = 0;
   for (int i = 0; i < 100 && closed < 120; ++i) {
     slow.trickle();
@@ -302,7 +302,7 @@ TEST(ServerHostile, OversizedPromptsInParallelAreRefusedWithBoundedMemory) {
   });
   std::vector<std::thread> clients;
   std::vector<std::string> answers(24);
-  const auto t0 = Clock::now();
+  const auto t0 = WallClock::now();
   for (int i = 0; i < 24; ++i)
     clients.emplace_back([&, i] {
       const int fd = connect_to(s.port, 30);
@@ -394,7 +394,7 @@ TEST(ServerHostile, ManySimultaneousConnectsAreAccepted) {
     ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
     fds.push_back(fd);
   }
-  const auto t0 = Clock::now();
+  const auto t0 = WallClock::now();
   int up = 0;
   for (int fd : fds) {
     pollfd p{fd, POLLOUT, 0};
@@ -427,7 +427,7 @@ TEST(ServerHostile, DisconnectsCancelWithAndWithoutCompression) {
       // Wait until it runs, then leave.
       ASSERT_TRUE(s.metrics_until([](const std::string& t) { return metric(t, "kvq_requests_running") == 1; }));
       std::this_thread::sleep_for(300ms);
-      const auto t0 = Clock::now();
+      const auto t0 = WallClock::now();
       ::close(fd);
       ++cancelled;
       EXPECT_TRUE(s.metrics_until([&](const std::string& t) {
@@ -455,7 +455,7 @@ TEST(ServerHostile, ShutdownDrainsInFlightRequestsThenCancels) {
     const json b = {{"prompt", "x = 1\nx = 1\nx = 1\n"}, {"max_tokens", drain > 1 ? 60 : 3000}, {"temperature", 0}};
     send_all(runner, post("/v1/completions", b.dump()));
     ASSERT_TRUE(s->metrics_until([](const std::string& t) { return metric(t, "kvq_requests_running") == 1; }));
-    const auto t0 = Clock::now();
+    const auto t0 = WallClock::now();
     std::thread stopper([&] { s->server->stop(drain); });
     std::this_thread::sleep_for(100ms);
     send_all(probe, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -481,4 +481,38 @@ TEST(ServerHostile, ShutdownDrainsInFlightRequestsThenCancels) {
     s->server->stop(0.0);
     s.reset();
   }
+}
+
+// A client that reads nothing slows nobody: the engine thread only pushes
+// token ids into per-request channels and never touches a socket. While one
+// streamed request's client reads nothing (its socket buffers fill), another
+// request is answered with its solo text, the stalled one keeps decoding in
+// the same steps, and when its client leaves its pages come back.
+TEST(ServerHostile, AStalledClientSlowsNoStep) {
+  Served s({}, 4, 4096, 4);
+  const json small = {{"prompt", "def add(a, b):\n"}, {"max_tokens", 16}, {"temperature", 0}};
+  const json want = s.post_json("/v1/completions", small);
+  const int fd = connect_to(s.port);
+  ASSERT_GE(fd, 0);
+  // Greedy repeats this line without ever ending: only a cancel stops it early.
+  const json endless = {{"prompt", "x = 1\nx = 1\nx = 1\n"}, {"max_tokens", 3000}, {"temperature", 0}, {"stream", true}};
+  ASSERT_TRUE(send_all(fd, post("/v1/completions", endless.dump())));
+  ASSERT_TRUE(s.metrics_until([](const std::string& t) { return metric(t, "kvq_requests_running") == 1; }));
+  std::this_thread::sleep_for(300ms);  // never read: the stream piles up in the server's channel and the kernel
+  const auto t0 = WallClock::now();
+  const json got = s.post_json("/v1/completions", small);
+  const double ms = ms_since(t0);
+  EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
+  const double d0 = metric(s.client().Get("/metrics")->body, "kvq_step_decode_tokens_total");
+  std::this_thread::sleep_for(300ms);
+  const auto m = s.client().Get("/metrics")->body;
+  EXPECT_GT(metric(m, "kvq_step_decode_tokens_total"), d0) << "the stalled request keeps decoding";
+  EXPECT_EQ(metric(m, "kvq_requests_running"), 1);
+  EXPECT_GT(metric(m, "kvq_kv_pages_used"), 0);
+  ::close(fd);
+  EXPECT_TRUE(s.metrics_until([](const std::string& t) {
+    return metric(t, "kvq_requests_running") == 0 && metric(t, "kvq_kv_pages_used") == 0 &&
+           metric(t, "kvq_requests_cancelled_total") == 1;
+  }));
+  std::printf("[measured] a 16-token request beside a stalled client: %.0f ms\n", ms);
 }

@@ -156,11 +156,16 @@ TEST(ServerHttp, CompletionsStopStringsSeedsLogprobsAndCodecs) {
   ASSERT_EQ(r["choices"][0]["logprobs"]["content"].size(), 4u);
   EXPECT_EQ(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
 
-  // A per-request KV codec runs on its own cache.
+  // One pool, one codec: the server's may be named; another is a 400 that
+  // names the server's.
   json k = base;
-  k["kv_codec"] = "k8v4";
+  k["kv_codec"] = "none";
   r = s.post_json("/v1/completions", k);
-  EXPECT_EQ(r["usage"]["completion_tokens"], 32);
+  EXPECT_EQ(r["choices"][0]["text"], want);
+  k["kv_codec"] = "k8v4";
+  r = s.post_json("/v1/completions", k, 400);
+  EXPECT_EQ(r["error"]["param"], "kv_codec");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("'none'"), std::string::npos) << r;
 }
 
 TEST(ServerHttp, ControlTokensTypedInMessagesStayText) {
@@ -266,11 +271,12 @@ TEST(ServerHttp, ApiKeyIsRequiredOnV1Routes) {
   EXPECT_EQ(s.client().Get("/metrics")->status, 200);
 }
 
-// One request decodes while the queue (max 0 waiting) is full: the next gets
-// 429. The decoding client then hangs up mid-stream: its generation stops, its
-// cache is freed and the server serves the next request.
+// One request decodes in the one running place (--max-seqs 1) and the queue
+// (max 0 waiting) is full: the next gets 429. The decoding client then hangs
+// up mid-stream: its generation stops, its pages are freed and the server
+// serves the next request.
 TEST(ServerHttp, FullQueueIs429AndADisconnectStopsTheGeneration) {
-  Served s({}, /*max_queue=*/0, /*ctx=*/4096);
+  Served s({}, /*max_queue=*/0, /*ctx=*/4096, /*max_seqs=*/1);
   // Greedy on this prompt repeats the line without ever ending (checked for
   // 3000 tokens); cancelling is the only way this request stops early.
   const json long_req = {{"prompt", "x = 1\nx = 1\nx = 1\n"}, {"max_tokens", 3000}, {"temperature", 0}, {"stream", true}};
@@ -305,7 +311,8 @@ TEST(ServerHttp, FullQueueIs429AndADisconnectStopsTheGeneration) {
   streamer.join();
   EXPECT_TRUE(s.metrics_until([](const std::string& t) {
     return metric(t, "kvq_requests_cancelled_total") == 1 && metric(t, "kvq_requests_running") == 0 &&
-           metric(t, "kvq_kv_cache_bytes") == 0 && metric(t, "kvq_queue_depth") == 0;
+           metric(t, "kvq_kv_cache_bytes") == 0 && metric(t, "kvq_queue_depth") == 0 &&
+           metric(t, "kvq_kv_pages_used") == 0 && metric(t, "kvq_kv_pages_free") == metric(t, "kvq_kv_pages_total");
   }));
   auto m = s.client().Get("/metrics");
   EXPECT_EQ(metric(m->body, "kvq_generation_tokens_total"), 0);  // it never completed

@@ -14,10 +14,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "bench/sweep.hpp"  // parse_byte_size
 #include "cli/command.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "kv/codec_table.hpp"
+#include "kv/page.hpp"
 #include "server/server.hpp"
 
 namespace kvq::cli {
@@ -31,10 +33,18 @@ struct ServeArgs {
   std::string model_name;
   double max_body_mib = 8;
   int max_queue = 32;
+  int max_seqs = 8;
+  int kv_pages = 0;       // 0: see --kv-budget, else max_seqs sequences of --ctx
+  std::string kv_budget;  // bytes of KV for the pool
 };
 
 int serve(ServeArgs& a) {
   KVQ_CHECK(a.max_queue >= 0, Errc::invalid_argument, "--max-queue must be >= 0");
+  KVQ_CHECK(a.max_seqs >= 1, Errc::invalid_argument, "--max-seqs must be >= 1");
+  KVQ_CHECK(a.kv_pages >= 0, Errc::invalid_argument, "--kv-pages must be >= 0");
+  KVQ_CHECK(a.kv_pages == 0 || a.kv_budget.empty(), Errc::invalid_argument,
+            "give --kv-pages or --kv-budget, not both");
+  const uint64_t kv_budget = a.kv_budget.empty() ? 0 : bench::parse_byte_size(a.kv_budget);
   KVQ_CHECK(a.max_body_mib > 0, Errc::invalid_argument, "--max-body must be positive");
   a.sampling.params.validate();
   {
@@ -64,32 +74,43 @@ int serve(ServeArgs& a) {
   const int ctx = resolve_ctx(a.model, model.config(), 4096);
   const int vocab = std::min(l.tokenizer->vocab_size(), model.config().vocab_size);
 
-  // A request's kv_codec replaces --kv, --ctk, --ctv and --f32-kv.
-  auto options_for = [&a](const std::string& codec) {
-    ModelOptions o = a.model;
-    if (!codec.empty()) {
-      o.codec.kv = codec;
-      o.codec.ctk.clear();
-      o.codec.ctv.clear();
-      o.f32_kv = false;
-    }
-    return o;
-  };
+  // One page pool for every request, in the server's codec (--kv, --ctk,
+  // --ctv, --rotor-qjl, --f32-kv): --kv-pages pages, or as many as
+  // --kv-budget bytes hold, or by default --max-seqs sequences of --ctx.
+  const int page = kv::kDefaultPageTokens;
+  int pages = a.kv_pages;
+  if (kv_budget > 0) {
+    const uint64_t page_bytes = make_cache(a.model, model, page)->bytes_for_tokens(page);  // one page, measured
+    pages = int(std::min<uint64_t>(kv_budget / page_bytes, uint64_t(1) << 24));
+    KVQ_CHECK(pages >= 1, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " is less than one page of ", page,
+              " tokens (", page_bytes, " bytes in this codec)");
+  } else if (pages == 0) {
+    pages = a.max_seqs * kv::pages_for(ctx, page);
+  }
+  KVQ_CHECK(int64_t(pages) * page >= ctx, Errc::invalid_argument, "the KV pool of ", pages, " pages holds ",
+            int64_t(pages) * page, " tokens, fewer than one request's context of ", ctx,
+            " (--ctx); raise --kv-pages / --kv-budget or lower --ctx");
+  KVQ_CHECK(int64_t(pages) * page <= INT32_MAX, Errc::invalid_argument, "the KV pool of ", pages,
+            " pages is more tokens than kvq can address; lower --kv-pages / --kv-budget");
   server::EngineSetup setup;
-  setup.make_session = [&, options_for](const std::string& codec, int req_ctx, std::function<void(int, int)> on_chunk) {
-    const ModelOptions o = options_for(codec);
-    SessionOptions so = session_options(o, model, req_ctx);
-    so.on_prefill_progress = std::move(on_chunk);
-    return std::make_unique<Session>(model, make_cache(o, model, req_ctx), l.tokenizer.get(), std::move(so));
-  };
-  // The backend is the judge: a one-token cache of the codec (the CUDA
-  // backend, for one, serves only some codecs).
-  setup.check_codec = [&, options_for](const std::string& codec) { make_cache(options_for(codec), model, 1); };
+  setup.model = &model;
+  setup.store = make_cache(a.model, model, pages * page);
+  KVQ_CHECK(setup.store->shape().page_tokens == page && setup.store->shape().n_pages() == pages, Errc::unsupported,
+            "the ", model.backend().name(), " backend has no paged KV store for this pool");
+  setup.scheduler.max_running = a.max_seqs;
+  setup.scheduler.max_step_tokens =
+      a.model.prefill_chunk > 0 ? a.model.prefill_chunk : model.backend().default_prefill_chunk();
+  KVQ_CHECK(a.max_seqs <= setup.scheduler.max_step_tokens, Errc::invalid_argument, "--max-seqs ", a.max_seqs,
+            " is more than the ", setup.scheduler.max_step_tokens,
+            " tokens of a step (--prefill-chunk): every running sequence decodes one token per step");
+  setup.scheduler.max_seq_tokens = ctx;
   const int threads = a.model.threads;
   setup.thread_init = [threads] {
     if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
   };
   setup.max_waiting = a.max_queue;
+  const uint64_t pool_bytes = setup.store->bytes_for_tokens(pages * page);
+  const int step_tokens = setup.scheduler.max_step_tokens;
   server::Engine engine(*l.tokenizer, vocab, std::move(setup));
 
   server::ServerOptions& so = a.server;
@@ -97,7 +118,7 @@ int serve(ServeArgs& a) {
   so.max_body = size_t(a.max_body_mib * 1024 * 1024);
   so.model_id = !a.model_name.empty() ? a.model_name
                                       : std::filesystem::path(resolve_model_path(a.model.model)).stem().string();
-  so.default_codec = a.model.f32_kv ? "f32" : a.model.codec.kv;
+  so.default_codec = engine.codec();  // the pool's, the one codec requests may name
   so.chat_template = resolve_chat_template(a.chat_opts.chat_template, l.tokenizer->chat_template());
   so.defaults.sampling = a.sampling.params;
   so.defaults.max_tokens = a.sampling.n_predict > 0 ? a.sampling.n_predict : -1;
@@ -109,6 +130,11 @@ int serve(ServeArgs& a) {
 
   std::fprintf(stderr, "kvq serve: model '%s', context %d tokens, kv %s, chat template %s, max queue %d\n",
                so.model_id.c_str(), ctx, so.default_codec.c_str(), chat_template_name(so.chat_template), a.max_queue);
+  std::fprintf(stderr,
+               "kvq serve: KV pool %d pages of %d tokens (%lld tokens, %.1f MiB), up to %d sequences per step, "
+               "%d tokens per step\n",
+               pages, page, (long long)pages * page, double(pool_bytes) / (1 << 20), a.max_seqs,
+               step_tokens);
   if (!so.api_key.empty()) std::fprintf(stderr, "kvq serve: /v1/* require the API key (Authorization: Bearer ...)\n");
   std::fputs(server::startup_warnings(so).c_str(), stderr);
   std::fprintf(stderr, "kvq serve: listening on http://%s:%d\n", so.host.c_str(), port);
@@ -155,8 +181,18 @@ KVQ_REGISTER_COMMAND("serve", "OpenAI-compatible HTTP server (chat/completions, 
                                       "Require \"Authorization: Bearer KEY\" on /v1/* (or set $KVQ_API_KEY)")
                            ->envname("KVQ_API_KEY");
                        app.add_option("--max-queue", a->max_queue,
-                                      "Requests that may wait for the model; more get HTTP 429")
+                                      "Sequences (prompts) that may wait beyond the --max-seqs running ones; more "
+                                      "get HTTP 429")
                            ->capture_default_str();
+                       app.add_option("--max-seqs,--parallel", a->max_seqs,
+                                      "Sequences that run (decode) together, one token each per step")
+                           ->capture_default_str()
+                           ->check(CLI::Range(1, 4096));
+                       app.add_option("--kv-pages", a->kv_pages,
+                                      "Pages of 64 tokens in the KV pool all requests share (default: enough for "
+                                      "--max-seqs sequences of --ctx tokens)");
+                       app.add_option("--kv-budget", a->kv_budget,
+                                      "KV pool size in bytes instead of --kv-pages (like 8G or 512M)");
                        app.add_option("--max-body", a->max_body_mib, "Largest request body in MiB; larger get HTTP 413")
                            ->capture_default_str();
                        auto& o = a->server;

@@ -71,7 +71,8 @@ std::optional<SeqId> Scheduler::submit(SeqRequest req) {
   auto s = std::make_unique<Sequence>(Sequence{0, SeqState::waiting, std::move(req.prompt), 0, 0, 0,
                                                kv::BlockTable(pool_, page_tokens_), Sampler(req.sampling),
                                                req.max_tokens, std::move(req.stop_tokens),
-                                               std::move(req.on_output), false, 0, clock_->now()});
+                                               std::move(req.on_output), false, 0, clock_->now(),
+                                               req.want_logits});
   s->n_prompt = int(s->tokens.size());
   for (TokenId id : s->tokens) s->sampler.accept(id);
   SeqId id;
@@ -335,10 +336,14 @@ int Scheduler::step() {
   const int n_tok = batch_.n_tok();
   if (n_tok > 0) {
     samplers_.clear();
-    for (Sequence* s : row_seqs_) samplers_.push_back(&s->sampler);
+    bool keep_logits = false;
+    for (Sequence* s : row_seqs_) {
+      samplers_.push_back(&s->sampler);
+      keep_logits = keep_logits || s->want_logits;
+    }
     try {
-      forward_and_sample(model_, *store_, *run_, batch_, samplers_.data(), opts_.vocab, opts_.backend_greedy,
-                         sampled_);
+      forward_and_sample(model_, *store_, *run_, batch_, samplers_.data(), opts_.vocab,
+                         opts_.backend_greedy && !keep_logits, sampled_);
     } catch (...) {
       // Nothing was fed: every sequence stays as it is and the next step
       // tries its tokens again. What ended before the pass is delivered.
@@ -354,6 +359,10 @@ int Scheduler::step() {
       const TokenId t = sampled_.chosen[r];
       s.tokens.push_back(t);
       emit(s, {t}, now);
+      if (s.want_logits && !sampled_.logits.empty()) {
+        const float* row = sampled_.logits.data() + r * size_t(model_.config().vocab_size);
+        out_.back().out.logits.assign(row, row + opts_.vocab);
+      }
       if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), t) != s.stop_tokens.end())
         finish(s, StopReason::eog, now);
       else if (s.generated() >= s.max_tokens)

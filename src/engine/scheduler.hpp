@@ -39,7 +39,8 @@
 // tokens (not measured yet).
 //
 // Text, stop strings, token healing, detokenizing and logprobs stay with
-// the caller (the server) for now: the scheduler deals in token ids. The
+// the caller (the server): the scheduler deals in token ids, and hands a
+// request that asks for them (want_logits) the logits row of each token. The
 // scheduler owns no thread: the caller's engine thread calls step() in a
 // loop (wait_for_work() between steps when idle); submit(), cancel() and
 // metrics() may be called from any thread.
@@ -96,6 +97,9 @@ struct SeqOutput {
   int n_prompt = 0;
   int n_generated = 0;  // tokens generated so far, these included
   int preemptions = 0;  // times this sequence was preempted so far
+  // With SeqRequest::want_logits: the logits row tokens[0] was sampled from
+  // (the first `vocab` ids, SchedulerOptions::vocab); else empty.
+  std::vector<float> logits;
 };
 // Called on the thread that runs step(), after the step's state is settled;
 // it must not block (the server's will push into a per-request channel) and
@@ -112,6 +116,10 @@ struct SeqRequest {
   // tokens and does not stream their text).
   std::vector<TokenId> stop_tokens;
   OutputFn on_output;
+  // Hand each sampled token's logits row to on_output (SeqOutput::logits;
+  // the server's logprobs). A step with such a row downloads its logits
+  // rows: the backend's greedy shortcut is off for that step.
+  bool want_logits = false;
 };
 
 struct SchedulerOptions {
@@ -219,6 +227,7 @@ class Scheduler {
     bool cancelled = false;  // the flag read at every step
     int preemptions = 0;
     double arrival = 0;
+    bool want_logits = false;
     int pending() const { return int(tokens.size()) - cached; }  // tokens to feed
     int generated() const { return int(tokens.size()) - n_prompt; }
   };

@@ -88,9 +88,27 @@ std::string Metrics::render(const Gauges& g) const {
   counter("kvq_requests_cancelled_total", "Generations stopped because the client disconnected.", cancelled_);
   ttft_.write(out, "kvq_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
   itl_.write(out, "kvq_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
-  gauge("kvq_queue_depth", "Requests waiting for their turn.", uint64_t(g.queue_depth));
-  gauge("kvq_requests_running", "Requests prefilling or decoding.", uint64_t(g.running));
-  gauge("kvq_kv_cache_bytes", "KV cache bytes allocated for live requests.", g.kv_bytes);
+  gauge("kvq_queue_depth", "Sequences waiting to be admitted (preempted ones included).", uint64_t(g.queue_depth));
+  gauge("kvq_requests_running", "Sequences admitted: prefilling or decoding (one per prompt of a request).",
+        uint64_t(g.running));
+  gauge("kvq_kv_cache_bytes", "KV bytes of the pool's pages that sequences hold.", g.kv_bytes);
+  const SchedulerMetrics& m = g.sched;
+  gauge("kvq_kv_pool_bytes", "KV bytes of the whole page pool (allocated at start).", g.kv_pool_bytes);
+  gauge("kvq_sequences_running", "Sequences admitted by the scheduler (holding pages).", uint64_t(m.running));
+  gauge("kvq_sequences_waiting", "Sequences waiting for admission, preempted ones included.", uint64_t(m.waiting));
+  gauge("kvq_sequences_preempted", "Waiting sequences that were preempted (to be recomputed).",
+        uint64_t(m.preempted));
+  gauge("kvq_kv_pages_total", "Pages in the KV pool.", uint64_t(m.pages_total));
+  gauge("kvq_kv_pages_used", "KV pages held by sequences.", uint64_t(m.pages_used));
+  gauge("kvq_kv_pages_free", "KV pages free.", uint64_t(m.pages_free));
+  gauge("kvq_step_sequences", "Sequences in the last step's batch.", uint64_t(m.step_sequences));
+  gauge("kvq_step_prefill_tokens", "Prefill tokens in the last step.", uint64_t(m.step_prefill_tokens));
+  gauge("kvq_step_decode_tokens", "Decode tokens in the last step.", uint64_t(m.step_decode_tokens));
+  counter("kvq_steps_total", "Scheduler steps that ran a forward pass.", m.steps);
+  counter("kvq_step_prefill_tokens_total", "Prefill tokens run by the scheduler (recomputed ones included).",
+          m.prefill_tokens);
+  counter("kvq_step_decode_tokens_total", "Decode tokens run by the scheduler.", m.decode_tokens);
+  counter("kvq_preemptions_total", "Sequences preempted (their pages taken back, to be recomputed).", m.preemptions);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Server metrics in the Prometheus text exposition format (version 0.0.4):
 // request counts by route and status, token counts, time-to-first-token and
-// inter-token-latency histograms, and gauges read at scrape time.
+// inter-token-latency histograms, and gauges read at scrape time (the
+// scheduler's sequences, pages and steps among them).
 #pragma once
 
 #include <atomic>
@@ -10,6 +11,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "engine/scheduler.hpp"
 
 namespace kvq::server {
 
@@ -32,9 +35,11 @@ class Histogram {
 
 // Gauges read from the engine when scraped.
 struct Gauges {
-  int queue_depth = 0;    // requests waiting for their turn
-  int running = 0;        // requests prefilling or decoding
-  uint64_t kv_bytes = 0;  // KV cache bytes allocated for live requests
+  int queue_depth = 0;    // sequences waiting to be admitted (preempted ones included)
+  int running = 0;        // sequences admitted: prefilling or decoding
+  uint64_t kv_bytes = 0;  // KV bytes of the pool's pages that sequences hold
+  uint64_t kv_pool_bytes = 0;  // KV bytes of the whole pool
+  SchedulerMetrics sched;      // the scheduler's counters as of its last step
 };
 
 class Metrics {

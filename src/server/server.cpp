@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "engine/stop.hpp"
 #include "server/metrics.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -324,8 +325,8 @@ struct Server::Impl {
   void dispatch(Request& rq);  // on a parse thread
   void completion(std::shared_ptr<Exchange> ex, Route route, std::string body);
   void tokenize(Exchange& ex, Route route, const std::string& body);
-  void generate(std::shared_ptr<Exchange> ex, Endpoint ep, ApiRequest req, std::vector<Job> jobs, ResponseId rid,
-                Clock::time_point arrival, std::vector<std::unique_ptr<FairQueue::Ticket>> tickets);
+  void generate(std::shared_ptr<Exchange> ex, Endpoint ep, ApiRequest req, std::vector<int> n_prompt,
+                ResponseId rid, Clock::time_point arrival, std::vector<std::shared_ptr<Stream>> streams);
   void watch();
   void shut(double drain_s);
 
@@ -369,9 +370,11 @@ MHD_Result Server::Impl::answer_get(MHD_Connection* c, Request* rq) {
     }
     case Route::metrics: {
       Gauges g;
-      g.queue_depth = engine.waiting();
-      g.running = engine.running();
-      g.kv_bytes = engine.kv_bytes();
+      g.sched = engine.metrics();
+      g.queue_depth = g.sched.waiting;
+      g.running = g.sched.running;
+      g.kv_bytes = uint64_t(g.sched.pages_used) * engine.page_bytes();
+      g.kv_pool_bytes = engine.pool_bytes();
       return queue(c, rq, 200, metrics.render(g), "text/plain; version=0.0.4; charset=utf-8");
     }
     case Route::models:
@@ -741,6 +744,7 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
     r.more_prompts.clear();
   }
   std::vector<Job> jobs;
+  std::vector<int> n_prompt;
   for (ApiRequest::Prompt& in : inputs) {
     ApiRequest one;  // what prompt_tokens reads
     one.endpoint = r.endpoint;
@@ -763,47 +767,52 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
                          " for the completion); lower max_tokens or shorten the prompt"));
     Job job;
     job.prompt = std::move(prompt);
-    job.kv_codec = r.kv_codec;
-    // The cache holds what this request can use: prompt + max_tokens, or the
-    // whole context when it may run to the end.
-    job.ctx = r.max_tokens > 0 ? n + r.max_tokens : o.ctx;
-    job.gen.n_predict = r.max_tokens;
-    job.gen.stop = r.stop;
-    job.gen.sampling = r.sampling;
-    job.gen.token_logits = r.logprobs >= 0;
-    job.gen.stop_at_eog = !r.ignore_eos;
-    job.gen.stop_tokens.insert(job.gen.stop_tokens.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+    job.sampling = r.sampling;
+    job.max_tokens = r.max_tokens;  // -1: until a stop or the end of the context
+    job.stop_at_eog = !r.ignore_eos;
+    job.stop_tokens = r.stop_token_ids;
+    job.logprobs = r.logprobs;
+    n_prompt.push_back(n);
     jobs.push_back(std::move(job));
   }
-  // One place in the queue per prompt, all taken now (or none: 429).
-  std::vector<std::unique_ptr<FairQueue::Ticket>> tickets;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    tickets.push_back(engine.enter());
-    if (!tickets.back())
-      throw ApiError(429, "rate_limit_error", "queue_full", "",
-                     str("the server is busy: ", engine.max_waiting(), " requests are already waiting (--max-queue)",
-                         jobs.size() > 1 ? str(" and this batch needs ", jobs.size(), " places") : std::string(),
-                         "; retry later"));
-  }
-  // One thread per admitted request (at most --max-queue + 1): it waits for
-  // the model, then writes the answer into the exchange.
+  // Every prompt becomes a sequence of the scheduler now (all or none: 429).
+  const size_t n_jobs = jobs.size();
+  std::vector<std::shared_ptr<Stream>> streams = engine.submit(std::move(jobs));
+  if (streams.empty())
+    throw ApiError(429, "rate_limit_error", "queue_full", "",
+                   str("the server is busy: ", engine.max_running(), " sequences may run (--max-seqs) and ",
+                       engine.max_waiting(), " more wait (--max-queue), and they are taken",
+                       n_jobs > 1 ? str(" (this batch needs ", n_jobs, " places)") : std::string(), "; retry later"));
+  // One thread per admitted request (at most --max-seqs + --max-queue): it
+  // drains the request's streams into the exchange.
   work_begin();
-  std::thread(
-      [this, ex, ep, jobs = std::move(jobs), r = std::move(r), arrival, t = std::move(tickets)]() mutable {
-        generate(ex, ep, std::move(r), std::move(jobs), new_response_id(ep, o.model_id), arrival, std::move(t));
-        work_end();
-      })
-      .detach();
+  std::thread([this, ex, ep, n_prompt = std::move(n_prompt), r = std::move(r), arrival,
+               streams = std::move(streams)]() mutable {
+    generate(ex, ep, std::move(r), std::move(n_prompt), new_response_id(ep, o.model_id), arrival, std::move(streams));
+    work_end();
+  }).detach();
 }
 
-void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiRequest req, std::vector<Job> jobs,
-                            ResponseId rid, Clock::time_point arrival,
-                            std::vector<std::unique_ptr<FairQueue::Ticket>> tickets) {
+// On the request's thread: drains each prompt's stream (tokens from the
+// engine thread), detokenizes, cuts stop strings, and writes the answer or
+// its events into the exchange. A client that left, a stop string or the
+// end of service cancels the sequence; the scheduler frees its pages at its
+// next step.
+void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiRequest req, std::vector<int> n_prompt,
+                            ResponseId rid, Clock::time_point arrival, std::vector<std::shared_ptr<Stream>> streams) {
   Exchange& ex = *exp;
   const Tokenizer& tok = engine.tokenizer();
   const bool sse = req.stream;
+  // However this returns, no sequence of this request runs on.
+  struct CancelRest {
+    Engine& e;
+    const std::vector<std::shared_ptr<Stream>>& s;
+    ~CancelRest() {
+      for (const auto& st : s) e.cancel(*st);
+    }
+  } cancel_rest{engine, streams};
   auto send_event = [&](const json& j) { ex.push("data: " + dump(j) + "\n\n"); };
-  auto abandon = [&] { return cancel_all.load() || ex.gone.load(); };
+  auto abandon = [&] { return cancel_all.load() || engine.stopping() || ex.gone.load(); };
   auto fail = [&](const ApiError& err) {
     if (sse) {
       send_event(error_json(err));
@@ -823,8 +832,8 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
 
   json choices = json::array();
   Usage usage;
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    Job& job = jobs[k];
+  for (size_t k = 0; k < streams.size(); ++k) {
+    Stream& st = *streams[k];
     std::string text;
     if (req.echo) {
       const ApiRequest::Prompt in = k == 0 ? ApiRequest::Prompt{req.prompt, req.prompt_ids, req.prompt_is_ids}
@@ -838,20 +847,8 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
     }
     std::vector<TokenLogprob> lps;    // all of them (non-streamed) or those not yet sent (streamed)
     size_t lps_offset = text.size();  // completion text length before lps[0]
-    int n_tokens = 0;
-    Clock::time_point prev;
-    GenerateOptions& g = job.gen;
-    g.on_token = [&](TokenId id, const float* logits) {
-      const auto now = Clock::now();
-      if (n_tokens++ == 0)
-        metrics.ttft().observe(seconds(now - arrival));
-      else
-        metrics.itl().observe(seconds(now - prev));
-      prev = now;
-      if (logits && !tok.is_eog(id)) lps.push_back(token_logprob(logits, engine.vocab(), id, req.logprobs));
-      return !abandon();
-    };
     auto on_text = [&](const std::string& piece) {
+      if (piece.empty()) return;
       if (sse) {
         const json lp = req.logprobs >= 0 ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
         send_event(chunk(k, piece, false, nullptr, lp));
@@ -861,16 +858,59 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
       text += piece;
     };
 
-    std::optional<GenerateResult> r;
-    try {
-      r = engine.run(*tickets[k], job, on_text, abandon);
-    } catch (const std::exception& e) {
-      log_warn("serve: ", rid.id, ": ", e.what());
-      fail(ApiError(500, "server_error", "", "", str("generation failed: ", e.what())));
-      return;
+    // What Session::generate does with each token, on this thread.
+    StreamDecoder detok(tok);
+    StopMatcher stops(req.stop);
+    int n_tokens = 0;
+    Clock::time_point prev;
+    bool ended = false, cancelled = false;
+    StopReason reason = StopReason::max_tokens;
+    std::vector<Stream::Token> got;
+    while (!ended) {
+      got.clear();
+      const bool stream_ended = st.wait(got, std::chrono::milliseconds(50));
+      for (const Stream::Token& t : got) {
+        if (n_tokens++ == 0)
+          metrics.ttft().observe(seconds(t.time - arrival));
+        else
+          metrics.itl().observe(seconds(t.time - prev));
+        prev = t.time;
+        const bool stop_token = (!req.ignore_eos && tok.is_eog(t.id)) ||
+                                std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), t.id) !=
+                                    req.stop_token_ids.end();
+        if (t.has_logprob && !tok.is_eog(t.id)) lps.push_back(t.logprob);
+        if (stop_token) {  // the scheduler ends the sequence on it; its text is not streamed
+          reason = StopReason::eog;
+          ended = true;
+          break;
+        }
+        bool stopped = false;
+        on_text(stops.push(detok.push(t.id), &stopped));
+        if (stopped) {
+          reason = StopReason::stop_string;
+          ended = true;
+          engine.cancel(st);  // the scheduler may run one more step for it; its tokens are dropped
+          break;
+        }
+      }
+      if (ended) break;
+      if (stream_ended) {
+        const std::string err = st.error();
+        if (!err.empty()) {
+          log_warn("serve: ", rid.id, ": ", err);
+          fail(ApiError(500, "server_error", "", "", str("generation failed: ", err)));
+          return;
+        }
+        reason = st.reason();
+        cancelled = reason == StopReason::cancelled;
+        ended = true;
+      } else if (abandon()) {
+        engine.cancel(st);
+        cancelled = true;
+        ended = true;
+      }
     }
-    tickets[k].reset();  // this prompt's place in the queue is given up
-    if (!r || r->stop_reason == StopReason::cancelled) {
+    if (cancelled) {
       if (ex.gone) {
         metrics.cancelled();
         ex.finish();
@@ -879,10 +919,15 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
       fail(shutting_down());  // the server is stopping: say so to a client that is still there
       return;
     }
-    usage.prompt_tokens += int(job.prompt.size());
-    usage.completion_tokens += int(r->tokens.size());
-    metrics.tokens(int(job.prompt.size()), int(r->tokens.size()));
-    const char* finish = finish_reason(r->stop_reason);
+    if (reason != StopReason::stop_string) {
+      bool stopped = false;
+      on_text(stops.push(detok.flush(), &stopped));
+      if (!stopped) on_text(stops.flush());
+    }
+    usage.prompt_tokens += n_prompt[k];
+    usage.completion_tokens += n_tokens;
+    metrics.tokens(n_prompt[k], n_tokens);
+    const char* finish = finish_reason(reason);
     if (sse) {
       const json lp = req.logprobs >= 0 && !lps.empty() ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);
       send_event(chunk(k, "", false, finish, lp));

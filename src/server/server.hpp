@@ -12,12 +12,15 @@
 // bounded one by one (--max-body) and together (2 x --max-body in flight);
 // parsing and tokenizing run on a small fixed pool, never on the event loop.
 //
-// A completion's output goes from its generation thread into a per-request
-// channel (Exchange) that the event loop drains into the socket: the engine
-// never writes to sockets. Requests wait for the model in a fair FIFO
-// (Engine); beyond --max-queue waiting they get 429. A client that goes away
-// (seen through the socket, whatever the response's encoding) stops its
-// generation. Every error is a 4xx/5xx with OpenAI's error envelope.
+// Every prompt of a completion is a sequence of the engine's continuous-
+// batching scheduler (Engine): many decode together, one token each per
+// step. The engine thread pushes token ids into each sequence's Stream; the
+// request's own thread drains it (detokenizing, stop strings, logprobs) into
+// a per-request channel (Exchange) that the event loop drains into the
+// socket: the engine never writes to sockets or waits for a client. Beyond
+// --max-seqs running and --max-queue waiting, requests get 429. A client
+// that goes away (seen through the socket, whatever the response's encoding)
+// cancels its sequences. Every error is a 4xx/5xx with OpenAI's error envelope.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +40,7 @@ struct ServerOptions {
   size_t max_body = 8u << 20;      // larger request bodies get 413
   int ctx = 4096;                  // tokens a request may use, prompt + completion
   std::string model_id;            // the name /v1/models lists and requests use
-  std::string default_codec;       // --kv, reported by /v1/models
+  std::string default_codec;       // --kv (the pool's codec), reported by /v1/models
   ChatTemplate chat_template = ChatTemplate::chatml;
   Defaults defaults;               // sampling and length when a request leaves them out
 

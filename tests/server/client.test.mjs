@@ -124,8 +124,14 @@ test('bad requests are typed OpenAI errors', async () => {
                     'context_length_exceeded', 'messages');
   await expectError({ max_tokens: 100000 }, OpenAI.BadRequestError, 400, 'context_length_exceeded', 'max_tokens');
   await expectError({ kv_codec: 'zip' }, OpenAI.BadRequestError, 400, null, 'kv_codec');
-  // A valid per-request codec is served.
-  const r = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 3, kv_codec: 'k8v4' });
+  // One KV pool, one codec: the server's may be named, another is refused naming the server's.
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages, max_tokens: 3, kv_codec: 'k8v4' }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError, `${e.constructor.name}: ${e.message}`);
+    assert.equal(e.param, 'kv_codec');
+    assert.match(e.message, /'none'/);
+    return true;
+  });
+  const r = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 3, kv_codec: 'none' });
   assert.equal(r.usage.completion_tokens, 3);
 });
 

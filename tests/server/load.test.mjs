@@ -13,7 +13,9 @@ const N_TOKENS = 12;
 let srv, client;
 
 before(async () => {
-  srv = await startServer(['--ctx', '1024', '--max-queue', String(MAX_QUEUE)]);
+  // One running place (--max-seqs 1): the burst below then meets a known
+  // number of free places (batching itself is batch.test.mjs's).
+  srv = await startServer(['--ctx', '1024', '--max-seqs', '1', '--max-queue', String(MAX_QUEUE)]);
   client = new OpenAI({ baseURL: srv.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120_000 });
 });
 
