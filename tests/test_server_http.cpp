@@ -168,6 +168,42 @@ TEST(ServerHttp, CompletionsStopStringsSeedsLogprobsAndCodecs) {
   EXPECT_NE(r["error"]["message"].get<std::string>().find("'none'"), std::string::npos) << r;
 }
 
+TEST(ServerHttp, LogitBiasAndMinTokensChangeTheAnswer) {
+  Served s;
+  const Tokenizer& tok = tiny().tok;
+  const std::string prompt = "def fibonacci(n):\n";
+  // +100 on one ordinary token makes it every greedy choice.
+  const TokenId x = tok.encode("abc").front();
+  json r = s.post_json("/v1/completions", {{"prompt", prompt},
+                                           {"max_tokens", 4},
+                                           {"temperature", 0},
+                                           {"logit_bias", {{std::to_string(x), 100}}}});
+  EXPECT_EQ(r["choices"][0]["text"], tok.decode({x, x, x, x}));
+  // +100 on the end-of-generation token ends the answer at once, unless
+  // min_tokens holds it off for that many tokens.
+  const std::vector<TokenId> eog = tok.eog_ids();
+  ASSERT_FALSE(eog.empty());
+  const json end_now = {{"prompt", prompt},
+                        {"max_tokens", 16},
+                        {"temperature", 0},
+                        {"logit_bias", {{std::to_string(eog.front()), 100}}}};
+  r = s.post_json("/v1/completions", end_now);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["choices"][0]["text"], "");
+  json later = end_now;
+  later["min_tokens"] = 5;
+  r = s.post_json("/v1/completions", later);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << r;
+  const int n = r["usage"]["completion_tokens"];
+  EXPECT_GE(n, 5) << r;
+  EXPECT_LE(n, 6) << r;  // the sixth token is the end (counted or not)
+  EXPECT_NE(r["choices"][0]["text"], "");
+  // A biased token outside the vocabulary is the client's error.
+  json bad = end_now;
+  bad["logit_bias"] = {{"99999999", 1}};
+  EXPECT_EQ(s.post_json("/v1/completions", bad, 400)["error"]["param"], "logit_bias");
+}
+
 TEST(ServerHttp, ControlTokensTypedInMessagesStayText) {
   Served s;
   const Tokenizer& tok = tiny().tok;
