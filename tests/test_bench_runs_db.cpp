@@ -333,8 +333,8 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   }
   RunsDb db(d.db());
   EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
-  EXPECT_EQ(RunsDb::kSchemaVersion, 3);
-  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3");
+  EXPECT_EQ(RunsDb::kSchemaVersion, 4);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4");
   const auto old = db.cells(1);
   ASSERT_EQ(old.size(), 2u);
   EXPECT_EQ(old[0].codec, "k8v4");
@@ -362,7 +362,90 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   EXPECT_EQ(query_text(db.handle(), "PRAGMA integrity_check"), "ok");
   // Reopening applies nothing more.
   RunsDb again(d.db());
-  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "3");
+  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "4");
+}
+
+// A runs.db of schema version 3 (before kvq bench serve) gains the
+// serve_levels table, keeps its cells, and the new table is append-only.
+TEST(BenchRunsDb, SchemaVersion3DatabaseGainsServeLevels) {
+  TempDir d;
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
+    auto exec = [&](const std::string& q) {
+      char* err = nullptr;
+      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
+    };
+    exec("PRAGMA journal_mode=WAL");
+    for (int v = 0; v < 3; ++v) {
+      exec(RunsDb::migration_sql(v));
+      exec("INSERT INTO schema_version VALUES (" + std::to_string(v + 1) + ", '2025-01-01T00:00:00Z')");
+    }
+    exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
+         "driver, clocks, copy_bw_gbs, params_json) VALUES ('bench', '2025-01-01T00:00:00Z', 'synthetic:tiny', "
+         "'cpu', 'old', 'Release', '0.1.0', 'h', 'cpu', '', '', 1.0, '{}')");
+    sqlite3_close(h);
+  }
+  RunsDb db(d.db());
+  EXPECT_EQ(db.schema_version(), 4);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4");
+  EXPECT_TRUE(db.serve_levels(1).empty());
+
+  const int64_t run = db.begin_run(meta("serve"));
+  ServeLevel a;
+  a.level = 0;
+  a.mode = "concurrency";
+  a.concurrency = 4;
+  a.requests = 8;
+  a.ok = 7;
+  a.failed = 1;
+  a.duration_s = 2.0;
+  a.req_per_s = 3.5;
+  a.out_tok_per_s = 28;
+  a.in_tok_per_s = 112;
+  a.prompt_tokens = 224;
+  a.output_tokens = 56;
+  a.ttft_mean_s = 0.05;
+  a.ttft_s = {0.04, 0.06, 0.08};
+  a.tpot_ms = {10, 12, 14};
+  a.itl_ms = {9, 13, 20};
+  a.e2e_s = {0.2, 0, 0.3};
+  a.has_tpot = a.has_itl = true;
+  a.errors_json = R"({"HTTP 500: boom": 1})";
+  db.add_serve_level(run, a);
+  ServeLevel b;  // nothing succeeded: no latencies
+  b.level = 1;
+  b.mode = "rate";
+  b.concurrency = 64;
+  b.rate = 2.5;
+  b.requests = 3;
+  b.failed = 3;
+  b.errors_json = R"({"connection: refused": 3})";
+  db.add_serve_level(run, b);
+  EXPECT_THROW(db.add_serve_level(run, b), Error);  // (run, level) is the key
+  EXPECT_THROW(db.add_serve_level(run + 100, a), Error);
+
+  const auto got = db.serve_levels(run);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].mode, "concurrency");
+  EXPECT_EQ(got[0].concurrency, 4);
+  EXPECT_EQ(got[0].ok, 7);
+  EXPECT_EQ(got[0].failed, 1);
+  EXPECT_EQ(got[0].output_tokens, 56);
+  EXPECT_DOUBLE_EQ(got[0].ttft_s.p99, 0.08);
+  EXPECT_DOUBLE_EQ(got[0].tpot_ms.p90, 12);
+  EXPECT_DOUBLE_EQ(got[0].itl_ms.p50, 9);
+  EXPECT_DOUBLE_EQ(got[0].e2e_s.p99, 0.3);
+  EXPECT_TRUE(got[0].has_tpot);
+  EXPECT_EQ(got[0].errors_json, R"({"HTTP 500: boom": 1})");
+  EXPECT_EQ(got[1].mode, "rate");
+  EXPECT_DOUBLE_EQ(got[1].rate, 2.5);
+  EXPECT_FALSE(got[1].has_tpot);
+  EXPECT_FALSE(got[1].has_itl);
+  EXPECT_EQ(query_text(db.handle(), "SELECT typeof(ttft_p99_s) FROM serve_levels WHERE level = 1"), "null");
+  EXPECT_EQ(query_text(db.handle(), "SELECT typeof(rate) FROM serve_levels WHERE level = 0"), "null");
+  EXPECT_NE(sqlite3_exec(db.handle(), "UPDATE serve_levels SET ok = 0", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_NE(sqlite3_exec(db.handle(), "DELETE FROM serve_levels", nullptr, nullptr, nullptr), SQLITE_OK);
 }
 
 TEST(BenchRunsDb, HomeFolderResolution) {

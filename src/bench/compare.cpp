@@ -136,6 +136,8 @@ std::string format_run_list(const RunsDb& db, const std::string& kind) {
       const auto cs = db.cells(r.run_id);
       const auto ok = std::count_if(cs.begin(), cs.end(), [](const CellResult& c) { return c.status == "ok"; });
       cells = std::to_string(ok) + "/" + std::to_string(cs.size());
+    } else if (r.meta.kind == "serve") {
+      cells = std::to_string(db.serve_levels(r.run_id).size()) + " levels";
     } else {
       cells = std::to_string(db.eval_results(r.run_id).size()) + " results";
     }

@@ -134,6 +134,34 @@ ALTER TABLE bench_cells ADD COLUMN batch INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE bench_cells ADD COLUMN kv_pages INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE bench_cells ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 3 -> 4: kvq bench serve (an OpenAI-compatible server measured over
+    // HTTP). One row per load level of a run: a concurrency (mode
+    // 'concurrency') or a Poisson request rate (mode 'rate'), with its
+    // latency percentiles (NULL when no request of the level succeeded),
+    // throughput and failures (errors_json: {reason: count}).
+    R"sql(
+CREATE TABLE serve_levels(
+  run_id INTEGER NOT NULL REFERENCES runs(run_id),
+  level INTEGER NOT NULL,
+  mode TEXT NOT NULL,
+  concurrency INTEGER NOT NULL,
+  rate REAL,
+  requests INTEGER NOT NULL,
+  ok INTEGER NOT NULL,
+  failed INTEGER NOT NULL,
+  duration_s REAL NOT NULL,
+  req_per_s REAL NOT NULL,
+  out_tok_per_s REAL NOT NULL,
+  in_tok_per_s REAL NOT NULL,
+  prompt_tokens INTEGER NOT NULL,
+  output_tokens INTEGER NOT NULL,
+  ttft_mean_s REAL, ttft_p50_s REAL, ttft_p90_s REAL, ttft_p99_s REAL,
+  tpot_p50_ms REAL, tpot_p90_ms REAL, tpot_p99_ms REAL,
+  itl_p50_ms REAL, itl_p90_ms REAL, itl_p99_ms REAL,
+  e2e_p50_s REAL, e2e_p99_s REAL,
+  errors_json TEXT NOT NULL,
+  PRIMARY KEY(run_id, level));
+)sql",
 };
 constexpr int kNumMigrations = int(sizeof kMigrations / sizeof kMigrations[0]);
 static_assert(kNumMigrations == RunsDb::kSchemaVersion, "one migration per schema version");
@@ -141,7 +169,7 @@ static_assert(kNumMigrations == RunsDb::kSchemaVersion, "one migration per schem
 // Append-only: every table rejects UPDATE and DELETE (created after each
 // migration for any table that lacks the triggers).
 const char* const kAppendOnlyTables[] = {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits",
-                                         "eval_results"};
+                                         "eval_results", "serve_levels"};
 
 // A prepared statement with RAII finalize and 1-based binds.
 class Stmt {
@@ -641,6 +669,87 @@ std::vector<ItlFit> RunsDb::fits(int64_t run_id) const {
   while (q.step())
     out.push_back({q.text(0), q.real(1), q.real(2), q.real(3), int(q.integer(4)), int(q.integer(5)),
                    int(q.integer(6))});
+  return out;
+}
+
+void RunsDb::add_serve_level(int64_t run_id, const ServeLevel& l) {
+  require_run(run_id);
+  check_json_object(l.errors_json, "errors_json");
+  const bool m = l.ok > 0;
+  in_transaction([&] {
+    Stmt q(db_,
+           "INSERT INTO serve_levels(run_id, level, mode, concurrency, rate, requests, ok, failed, duration_s, "
+           "req_per_s, out_tok_per_s, in_tok_per_s, prompt_tokens, output_tokens, ttft_mean_s, ttft_p50_s, "
+           "ttft_p90_s, ttft_p99_s, tpot_p50_ms, tpot_p90_ms, tpot_p99_ms, itl_p50_ms, itl_p90_ms, itl_p99_ms, "
+           "e2e_p50_s, e2e_p99_s, errors_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    int i = 0;
+    auto put = [&](const auto& v) { q.bind(++i, v); };
+    auto put_if = [&](bool present, double v) {
+      if (present)
+        q.bind(++i, v);
+      else
+        q.bind_null(++i);
+    };
+    put(run_id);
+    put(l.level);
+    put(l.mode);
+    put(l.concurrency);
+    put_if(l.mode == "rate", l.rate);
+    put(l.requests);
+    put(l.ok);
+    put(l.failed);
+    put(l.duration_s);
+    put(l.req_per_s);
+    put(l.out_tok_per_s);
+    put(l.in_tok_per_s);
+    put(l.prompt_tokens);
+    put(l.output_tokens);
+    put_if(m, l.ttft_mean_s);
+    for (double v : {l.ttft_s.p50, l.ttft_s.p90, l.ttft_s.p99}) put_if(m, v);
+    for (double v : {l.tpot_ms.p50, l.tpot_ms.p90, l.tpot_ms.p99}) put_if(m && l.has_tpot, v);
+    for (double v : {l.itl_ms.p50, l.itl_ms.p90, l.itl_ms.p99}) put_if(m && l.has_itl, v);
+    put_if(m, l.e2e_s.p50);
+    put_if(m, l.e2e_s.p99);
+    put(l.errors_json);
+    q.run();
+  });
+}
+
+std::vector<ServeLevel> RunsDb::serve_levels(int64_t run_id) const {
+  Stmt q(db_,
+         "SELECT level, mode, concurrency, rate, requests, ok, failed, duration_s, req_per_s, out_tok_per_s, "
+         "in_tok_per_s, prompt_tokens, output_tokens, ttft_mean_s, ttft_p50_s, ttft_p90_s, ttft_p99_s, "
+         "tpot_p50_ms, tpot_p90_ms, tpot_p99_ms, itl_p50_ms, itl_p90_ms, itl_p99_ms, e2e_p50_s, e2e_p99_s, "
+         "errors_json FROM serve_levels WHERE run_id = ? ORDER BY level");
+  q.bind(1, run_id);
+  std::vector<ServeLevel> out;
+  while (q.step()) {
+    ServeLevel l;
+    int i = 0;
+    l.level = int(q.integer(i++));
+    l.mode = q.text(i++);
+    l.concurrency = int(q.integer(i++));
+    l.rate = q.real(i++);
+    l.requests = int(q.integer(i++));
+    l.ok = int(q.integer(i++));
+    l.failed = int(q.integer(i++));
+    l.duration_s = q.real(i++);
+    l.req_per_s = q.real(i++);
+    l.out_tok_per_s = q.real(i++);
+    l.in_tok_per_s = q.real(i++);
+    l.prompt_tokens = q.integer(i++);
+    l.output_tokens = q.integer(i++);
+    l.ttft_mean_s = q.real(i++);
+    for (double* v : {&l.ttft_s.p50, &l.ttft_s.p90, &l.ttft_s.p99}) *v = q.real(i++);
+    l.has_tpot = !q.is_null(i);
+    for (double* v : {&l.tpot_ms.p50, &l.tpot_ms.p90, &l.tpot_ms.p99}) *v = q.real(i++);
+    l.has_itl = !q.is_null(i);
+    for (double* v : {&l.itl_ms.p50, &l.itl_ms.p90, &l.itl_ms.p99}) *v = q.real(i++);
+    l.e2e_s.p50 = q.real(i++);
+    l.e2e_s.p99 = q.real(i++);
+    l.errors_json = q.text(i++);
+    out.push_back(std::move(l));
+  }
   return out;
 }
 

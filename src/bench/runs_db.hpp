@@ -19,6 +19,8 @@
 //               prefill_n, prefills_json)   (the last two since schema 2)
 //   bench_fits(run_id, codec, a_ms, b_ms_per_1k, residual_ms, n_points, ctx_min, ctx_max)
 //   eval_results(result_id, run_id, codec, metric, ctx, value, detail_json, created_at)
+//   serve_levels(run_id, level, mode, concurrency, rate, requests, ok, failed, ...)  (since schema 4:
+//                kvq bench serve, one row per load level)
 //
 // Typical use (an evaluation):
 //   RunsDb db(runs_db_path(resolve_home(home_flag)));
@@ -84,12 +86,41 @@ struct EvalResult {
   std::string created_at;         // ISO 8601 UTC; filled on insert when empty
 };
 
+// One load level of `kvq bench serve` (bench/serve_bench.hpp): a fixed
+// concurrency or a Poisson request rate, measured over HTTP.
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0;
+};
+struct ServeLevel {
+  int level = 0;                // 0, 1, ... in the order run
+  std::string mode;             // "concurrency" or "rate"
+  int concurrency = 0;          // requests in flight at most (rate mode: the cap)
+  double rate = 0;              // requests per second (rate mode)
+  int requests = 0;             // sent
+  int ok = 0;                   // answered in full
+  int failed = 0;               // requests - ok
+  double duration_s = 0;        // first request sent .. last one finished
+  double req_per_s = 0;         // ok / duration
+  double out_tok_per_s = 0;     // output tokens of ok requests / duration
+  double in_tok_per_s = 0;      // prompt tokens of ok requests / duration
+  int64_t prompt_tokens = 0;    // of ok requests
+  int64_t output_tokens = 0;    // of ok requests
+  double ttft_mean_s = 0;
+  Percentiles ttft_s;           // request sent .. first token chunk
+  Percentiles tpot_ms;          // (end - first token) / (tokens - 1), requests with >= 2 tokens
+  Percentiles itl_ms;           // every gap between token chunks
+  Percentiles e2e_s;            // p50 and p99 only
+  bool has_tpot = false, has_itl = false;
+  std::string errors_json = "{}";  // failure reason -> count
+};
+
 class RunsDb {
  public:
   // The schema version this build writes and understands.
   // 1: the first schema. 2: bench_cells.prefill_n and prefills_json (the
   // prefill-once protocol, docs/bench.md).
-  static constexpr int kSchemaVersion = 3;
+  // 3: bench_cells.batch, kv_pages, capacity. 4: serve_levels (kvq bench serve).
+  static constexpr int kSchemaVersion = 4;
   // The SQL that takes a database from schema `from_version` to the next
   // (tests build databases of earlier versions with it).
   static const char* migration_sql(int from_version);
@@ -125,6 +156,10 @@ class RunsDb {
   std::vector<CellResult> cells(int64_t run_id) const;      // in insertion order
   void add_fit(int64_t run_id, const ItlFit& fit);
   std::vector<ItlFit> fits(int64_t run_id) const;
+
+  // --- serve (kvq bench serve)
+  void add_serve_level(int64_t run_id, const ServeLevel& level);
+  std::vector<ServeLevel> serve_levels(int64_t run_id) const;  // by level
 
   // --- eval
   void add_eval_result(const EvalResult& r);
