@@ -10,6 +10,7 @@
 #include "bench/compare.hpp"
 #include "bench/report.hpp"
 #include "bench/runs_db.hpp"
+#include "bench/serve_bench.hpp"
 #include "bench/sweep.hpp"
 #include "cli/command.hpp"
 #include "cli/options.hpp"
@@ -40,6 +41,11 @@ struct BenchArgs {
   std::string run_a, run_b;
   double threshold = 0.02;
   bool fail_on_regression = false;
+  // serve
+  std::string url, api_key, serve_model, concurrency, rate, prompt_len = "512", gen_len = "128", token_range = "100:1000";
+  int requests = 64;
+  int shared_prefix = 0;
+  double timeout = 600;
 };
 
 // Ctrl-C: the first stops the sweep after the current cell (runs.db stays
@@ -139,6 +145,76 @@ int run_bench(const BenchArgs& a) {
   std::fprintf(stderr, "kvq bench: report %s\nkvq bench: csv    %s\nkvq bench: db     %s\n", res.report_path.c_str(),
                res.csv_path.c_str(), bench::runs_db_path(bench::resolve_home(a.home)).c_str());
   if (!res.plot_note.empty()) std::fprintf(stderr, "kvq bench: %s\n", res.plot_note.c_str());
+  return res.status == "interrupted" ? 130 : 0;
+}
+
+int run_serve(const BenchArgs& a) {
+  bench::ServeBenchConfig cfg;
+  cfg.url = a.url;
+  cfg.api_key = a.api_key;
+  cfg.model = a.serve_model;
+  if (!a.rate.empty()) {
+    cfg.rates = bench::parse_rate_list(a.rate, "--rate");
+    // Rate mode: --concurrency caps the requests in flight (its largest value).
+    cfg.concurrency = a.concurrency.empty() ? std::vector<int>{256} : bench::parse_int_list(a.concurrency, "--concurrency");
+  } else {
+    cfg.concurrency = bench::parse_int_list(a.concurrency.empty() ? "1" : a.concurrency, "--concurrency");
+  }
+  cfg.requests = a.requests;
+  cfg.prompt_len = bench::parse_length_dist(a.prompt_len, "--prompt-len");
+  cfg.gen = bench::parse_length_dist(a.gen_len, "--gen");
+  cfg.shared_prefix = a.shared_prefix;
+  const bench::LengthDist tr = bench::parse_length_dist(a.token_range, "--token-range", 0);
+  KVQ_CHECK(tr.lo < tr.hi, Errc::invalid_argument, "--token-range needs LO < HI (got '", a.token_range, "')");
+  cfg.token_lo = tr.lo;
+  cfg.token_hi = tr.hi;
+  cfg.seed = a.seed;
+  cfg.timeout_s = a.timeout;
+  cfg.home = a.home;
+  cfg.out_dir = a.out;
+  cfg.plots = !a.no_plots;
+  cfg.command_line = a.command_line;
+  cfg.should_stop = [] { return g_stop.load(); };
+
+  std::fprintf(stderr, "kvq bench serve: %s, %s, %d requests per level, prompt %d shared + %s tokens, output %s tokens\n",
+               a.url.c_str(),
+               cfg.rates.empty() ? str(cfg.concurrency.size(), " concurrency level(s)").c_str()
+                                 : str(cfg.rates.size(), " request rate(s), at most ", cfg.concurrency.back(), " in flight").c_str(),
+               cfg.requests, cfg.shared_prefix, cfg.prompt_len.str().c_str(), cfg.gen.str().c_str());
+  const bool tty = ::isatty(2);
+  Timer since_print;
+  int last_level = -1, last_done = -1;
+  SigintGuard guard;
+  const bench::ServeBenchResult res = bench::run_serve_bench(cfg, [&](const bench::ServeProgress& p) {
+    // A terminal: one line redrawn; a log: a line per tenth of a level and at its end.
+    const int step = std::max(1, p.requests / 10);
+    const bool new_level = p.level != last_level;
+    if (tty) {
+      if (!new_level && !p.level_done && since_print.seconds() < 0.2) return;
+      std::fprintf(stderr, "\r%s\033[K%s", bench::format_serve_progress(p).c_str(), p.level_done ? "\n" : "");
+    } else {
+      const bool crossed = p.done / step != std::max(last_done, 0) / step;
+      if (!new_level && !p.level_done && !crossed) return;
+      std::fprintf(stderr, "%s\n", bench::format_serve_progress(p).c_str());
+    }
+    std::fflush(stderr);
+    since_print.reset();
+    last_level = p.level;
+    last_done = p.done;
+  });
+
+  std::printf("%-22s %8s %6s %6s %8s %11s %10s %10s %10s %10s %10s %10s\n", "level", "requests", "ok", "failed",
+              "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99");
+  for (const auto& l : res.levels) {
+    const std::string label = l.mode == "rate" ? str("rate ", l.rate, " req/s") : str("concurrency ", l.concurrency);
+    std::printf("%-22s %8d %6d %6d %8.3f %11.2f %9.4fs %9.4fs %8.2fms %8.2fms %8.2fms %8.2fms\n", label.c_str(),
+                l.requests, l.ok, l.failed, l.req_per_s, l.out_tok_per_s, l.ttft_s.p50, l.ttft_s.p99, l.tpot_ms.p50,
+                l.tpot_ms.p99, l.itl_ms.p50, l.itl_ms.p99);
+    if (l.errors_json != "{}") std::printf("  failures: %s\n", l.errors_json.c_str());
+  }
+  std::fprintf(stderr, "kvq bench serve: run %lld %s\nkvq bench serve: report %s\nkvq bench serve: csv    %s\n",
+               (long long)res.run_id, res.status.c_str(), res.report_path.c_str(), res.csv_path.c_str());
+  if (!res.plot_note.empty()) std::fprintf(stderr, "kvq bench serve: %s\n", res.plot_note.c_str());
   return res.status == "interrupted" ? 130 : 0;
 }
 
@@ -247,6 +323,44 @@ KVQ_REGISTER_COMMAND(
       report->add_option("run", a->run_a, "Run id (or latest, latest~N)")->required();
       report->add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
       report->add_flag("--no-plots", a->no_plots, "Skip the gnuplot plots");
+      CLI::App* serve = app.add_subcommand(
+          "serve",
+          "Measure an OpenAI-compatible server (kvq serve, llama-server, vLLM) over HTTP: TTFT, TPOT, ITL, "
+          "request and output tok/s per concurrency or request rate (docs/bench.md, \"kvq bench serve\")");
+      serve->add_option("--url", a->url, "Server base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is allowed)")
+          ->required();
+      serve->add_option("--concurrency", a->concurrency,
+                        "Requests in flight, comma list: one level each (default 1). With --rate: the cap on "
+                        "requests in flight (default 256)");
+      serve->add_option("--rate", a->rate,
+                        "Request rates in req/s, comma list: one level each, Poisson arrivals (seeded) instead of "
+                        "fixed concurrency");
+      serve->add_option("--requests", a->requests, "Requests per level")
+          ->check(in_range(1, 1e7, false, ""))
+          ->capture_default_str();
+      serve->add_option("--prompt-len", a->prompt_len,
+                        "Unique prompt tokens per request: N, or LO:HI sampled uniformly (seeded)")
+          ->capture_default_str();
+      serve->add_option("--gen", a->gen_len,
+                        "Output tokens per request (max_tokens = min_tokens, ignore_eos): N or LO:HI")
+          ->capture_default_str();
+      serve->add_option("--shared-prefix", a->shared_prefix,
+                        "Tokens common to every prompt, before its unique --prompt-len tokens")
+          ->check(in_range(0, 1e8, false, ""))
+          ->capture_default_str();
+      serve->add_option("--token-range", a->token_range,
+                        "Random prompt token ids are drawn from LO:HI (HI excluded); keep it inside the vocabulary")
+          ->capture_default_str();
+      serve->add_option("--api-key", a->api_key, "Sent as Authorization: Bearer KEY");
+      serve->add_option("--model", a->serve_model,
+                        "The requests' \"model\" (default: the first of GET /v1/models, if the server lists one)");
+      serve->add_option("--seed", a->seed, "Seed of prompts, lengths and arrivals")->capture_default_str();
+      serve->add_option("--timeout", a->timeout, "Seconds a request may take")
+          ->check(in_range(0.001, 1e6, false, ""))
+          ->capture_default_str();
+      home_opt(*serve);
+      serve->add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
+      serve->add_flag("--no-plots", a->no_plots, "Skip the gnuplot plot");
       // After the subcommands: they would inherit it.
       app.footer(
           "Protocol per cell (codec x context L), docs/bench.md:\n"
@@ -262,7 +376,11 @@ KVQ_REGISTER_COMMAND(
           "Re-prefilling the identical prompt for every run cost about 75% of a full sweep's time;\n"
           "--prefill-every-run brings that protocol back.");
       app.require_subcommand(0, 1);
-      return [a, list, compare, report] {
+      return [a, list, compare, report, serve] {
+        if (serve->parsed()) {
+          a->command_line = command_line();
+          return run_serve(*a);
+        }
         if (list->parsed()) return run_list(*a);
         if (compare->parsed()) return run_compare(*a);
         if (report->parsed()) return run_report(*a);

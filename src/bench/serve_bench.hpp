@@ -1,0 +1,113 @@
+// kvq bench serve: a serving benchmark over HTTP. It speaks the OpenAI API
+// (streaming POST /v1/completions with token-id prompts, so the prompt length
+// is exact), so it measures `kvq serve`, llama-server or vLLM alike.
+//
+// A run is a list of load levels: fixed concurrencies (each level sends N
+// requests with at most C in flight) or request rates (N requests arriving
+// as a seeded Poisson process at R req/s, at most C in flight). Every
+// request is timed (TTFT, every inter-chunk gap, TPOT, end to end); a level
+// reports their percentiles, request/s, output tok/s and its failures. The
+// results go to runs.db (a `serve` run with one serve_levels row per level),
+// a CSV and a Markdown report with a plot (docs/bench.md, "kvq bench serve").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/runs_db.hpp"
+
+namespace kvq::bench {
+
+// A length: fixed ("512") or uniform over [lo, hi] ("256:1024").
+struct LengthDist {
+  int lo = 0, hi = 0;
+  bool fixed() const { return lo == hi; }
+  std::string str() const;
+};
+// Throws Errc::invalid_argument naming `what` for anything but N or LO:HI
+// with min <= LO <= HI.
+LengthDist parse_length_dist(const std::string& s, const char* what, int min = 1);
+// "1,8,64": positive integers. "0.5,2,8": positive reals (request rates).
+std::vector<int> parse_int_list(const std::string& s, const char* what);
+std::vector<double> parse_rate_list(const std::string& s, const char* what);
+
+struct ServeBenchConfig {
+  std::string url;                     // http://host:port[/prefix]; "/v1" at the end is allowed
+  std::string api_key;                 // sent as a bearer token when not empty
+  std::string model;                   // the request's "model"; empty: the first of GET /v1/models, else none
+  std::vector<int> concurrency{1};     // the levels (fixed concurrency), or the in-flight cap in rate mode (max)
+  std::vector<double> rates;           // not empty: rate mode, one level per rate
+  int requests = 64;                   // per level
+  LengthDist prompt_len{512, 512};     // unique prompt tokens per request
+  LengthDist gen{128, 128};            // output tokens per request (max_tokens = min_tokens, ignore_eos)
+  int shared_prefix = 0;               // tokens common to every prompt, before its unique part
+  int token_lo = 100, token_hi = 1000; // random prompt token ids are drawn from [token_lo, token_hi)
+  uint64_t seed = 1;
+  double timeout_s = 600;              // per request (connect 10 s)
+  std::string home;
+  std::string out_dir;                 // default <home>/runs/<run id>
+  bool plots = true;
+  std::string command_line;
+  std::function<bool()> should_stop;   // polled between requests: true stops the run after the level's in-flight requests
+};
+
+// One request as the client saw it.
+struct RequestResult {
+  bool ok = false;
+  std::string error;                   // why it failed
+  int prompt_tokens = 0;               // sent
+  int gen = 0;                         // asked for
+  int tokens = 0;                      // received: usage.completion_tokens, else the token chunks
+  int chunks = 0;                      // SSE events that carried text
+  double ttft_s = 0;                   // sent .. first text chunk
+  double e2e_s = 0;                    // sent .. stream end
+  double tpot_s = 0;                   // (end - first chunk) / (tokens - 1); 0 with < 2 tokens
+  std::vector<double> itl_s;           // gaps between text chunks
+};
+
+// One level's numbers from its requests (ok ones only for latencies and throughput).
+ServeLevel summarize_level(const std::vector<RequestResult>& reqs, double duration_s);
+
+// Sends one streaming completion and times it. Never throws for network or
+// server errors: they come back as ok = false with the reason.
+struct Endpoint {
+  std::string scheme_host_port;  // "http://127.0.0.1:8080"
+  std::string path;              // "/v1/completions"
+};
+Endpoint parse_endpoint(const std::string& url);  // throws Errc::invalid_argument for a bad URL
+RequestResult send_completion(const Endpoint& ep, const std::string& api_key, const std::string& model,
+                              const std::vector<int32_t>& prompt, int gen, double timeout_s);
+
+struct ServeProgress {
+  int level = 0, levels = 0;
+  std::string label;     // "concurrency 8" or "rate 4 req/s"
+  int done = 0, failed = 0, in_flight = 0, requests = 0;
+  double elapsed_s = 0;  // in this level
+  bool level_done = false;  // the level's last report
+};
+std::string format_serve_progress(const ServeProgress& p);
+
+struct ServeBenchResult {
+  int64_t run_id = 0;
+  std::string status;  // "ok" or "interrupted"
+  std::vector<ServeLevel> levels;
+  std::string report_path, csv_path, plot_note;
+};
+
+// Validates the config (Errc::invalid_argument), records a `serve` run in
+// runs.db, runs the levels and writes the CSV and the report.
+ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg,
+                                 const std::function<void(const ServeProgress&)>& progress = {});
+
+// serve_levels.csv and report.md (with the plot when gnuplot is there) for a serve run.
+std::string serve_csv_header();
+std::string serve_csv_row(int64_t run_id, const ServeLevel& l);
+std::string serve_report_markdown(const RunRow& run, const std::vector<ServeLevel>& levels,
+                                  const std::vector<std::string>& plot_files, const std::string& plot_note);
+// Writes serve_levels.csv, the plot and report.md into dir; returns the report path.
+std::string write_serve_report(const std::string& dir, const RunRow& run, const std::vector<ServeLevel>& levels,
+                               bool plots, std::string* plot_note = nullptr);
+
+}  // namespace kvq::bench
