@@ -338,4 +338,15 @@ TEST(BenchServeCli, RunsAgainstAServerAndReportsProgress) {
   EXPECT_NE(o.err.find("report "), std::string::npos) << o.err;
   const auto list = kvq::test::kvq_cli("bench list --kind all --home " + h.p.string());
   EXPECT_NE(list.out.find("2 levels"), std::string::npos) << list.out;
+  // The report is written again from runs.db, by id or as the latest serve run.
+  const fs::path again = h.p / "again";
+  const auto rep = kvq::test::kvq_cli("bench report latest --kind serve --no-plots --out " + again.string() +
+                                      " --home " + h.p.string());
+  ASSERT_EQ(rep.rc, 0) << rep.err;
+  EXPECT_NE(slurp(again / "report.md").find("| concurrency 2 | 3 | 3 | 0 |"), std::string::npos);
+  EXPECT_EQ(lines(slurp(again / "serve_levels.csv")), 3);
+  const auto by_id = kvq::test::kvq_cli("bench report 1 --no-plots --out " + (h.p / "by_id").string() + " --home " +
+                                        h.p.string());
+  EXPECT_EQ(by_id.rc, 0) << by_id.err;
+  EXPECT_TRUE(fs::exists(h.p / "by_id" / "serve_levels.csv"));
 }

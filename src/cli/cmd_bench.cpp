@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 
@@ -237,9 +238,19 @@ int run_compare(const BenchArgs& a) {
 int run_report(const BenchArgs& a) {
   const std::string home = bench::resolve_home(a.home);
   bench::RunsDb db(bench::runs_db_path(home));
-  const int64_t id = bench::resolve_run_id(db, a.run_a, "bench");
+  // A run id names its own kind; latest / latest~N count runs of --kind.
+  const bool numeric = !a.run_a.empty() && std::isdigit(static_cast<unsigned char>(a.run_a[0]));
+  const int64_t id = bench::resolve_run_id(db, a.run_a, numeric ? "" : a.kind);
+  const bench::RunRow row = *db.run(id);
   const std::string dir = a.out.empty() ? home + "/runs/" + std::to_string(id) : a.out;
-  const std::string path = bench::write_report(dir, *db.run(id), db.cells(id), db.fits(id), !a.no_plots);
+  std::string path;
+  if (row.meta.kind == "serve") {
+    path = bench::write_serve_report(dir, row, db.serve_levels(id), !a.no_plots);
+  } else {
+    KVQ_CHECK(row.meta.kind == "bench", Errc::invalid_argument, "run ", id, " is a ", row.meta.kind,
+              " run; `kvq bench report` writes reports of bench and serve runs");
+    path = bench::write_report(dir, row, db.cells(id), db.fits(id), !a.no_plots);
+  }
   std::printf("%s\n", path.c_str());
   return 0;
 }
@@ -306,8 +317,8 @@ KVQ_REGISTER_COMMAND(
 
       CLI::App* list = app.add_subcommand("list", "List the runs in runs.db");
       home_opt(*list);
-      list->add_option("--kind", a->kind, "Runs to list: bench, eval or all")
-          ->check(CLI::IsMember({"bench", "eval", "all"}))
+      list->add_option("--kind", a->kind, "Runs to list: bench, serve, eval or all")
+          ->check(CLI::IsMember({"bench", "serve", "eval", "all"}))
           ->capture_default_str();
       CLI::App* compare = app.add_subcommand("compare", "Compare two bench runs cell by cell");
       home_opt(*compare);
@@ -320,7 +331,10 @@ KVQ_REGISTER_COMMAND(
       compare->add_flag("--fail-on-regression", a->fail_on_regression, "Exit with status 1 when a cell regressed");
       CLI::App* report = app.add_subcommand("report", "Write a run's report (Markdown, plots, CSV) again from runs.db");
       home_opt(*report);
-      report->add_option("run", a->run_a, "Run id (or latest, latest~N)")->required();
+      report->add_option("run", a->run_a, "Run id (or latest, latest~N of --kind)")->required();
+      report->add_option("--kind", a->kind, "What latest / latest~N count: bench or serve runs")
+          ->check(CLI::IsMember({"bench", "serve"}))
+          ->capture_default_str();
       report->add_option("--out", a->out, "Report folder (default: <home>/runs/<run id>)");
       report->add_flag("--no-plots", a->no_plots, "Skip the gnuplot plots");
       CLI::App* serve = app.add_subcommand(
