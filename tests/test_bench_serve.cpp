@@ -170,6 +170,7 @@ TEST(BenchServe, OneStreamingRequestIsTimed) {
   const RequestResult r = send_completion(ep, "", "", prompt, 12, 60);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.tokens, 12);  // usage.completion_tokens: min_tokens + ignore_eos hold it to exactly 12
+  EXPECT_EQ(r.prompt_tokens, 20);  // usage.prompt_tokens: the ids as sent
   EXPECT_GE(r.chunks, 1);
   EXPECT_LE(r.chunks, 12);
   EXPECT_EQ(int(r.itl_s.size()), r.chunks - 1);
@@ -257,6 +258,29 @@ TEST(BenchServe, PoissonRateAndSharedPrefixWithSampledLengths) {
   EXPECT_NE(report.find("rate 50 req/s"), std::string::npos) << report;
   if (std::system("gnuplot --version >/dev/null 2>&1") == 0)
     EXPECT_TRUE(fs::exists(fs::path(res.report_path).parent_path() / "serve_vs_rate.svg")) << res.plot_note;
+}
+
+TEST(BenchServe, TextPromptsCountWhatTheServerTokenized) {
+  Served s;
+  TempHome h;
+  ServeBenchConfig c = small(s, h);
+  c.concurrency = {2};
+  c.requests = 4;
+  c.prompt_len = {16, 16};
+  c.shared_prefix = 8;
+  c.text_prompts = true;
+  const ServeBenchResult res = run_serve_bench(c);
+  ASSERT_EQ(res.levels.size(), 1u);
+  const ServeLevel& l = res.levels[0];
+  EXPECT_EQ(l.ok, 4) << l.errors_json;
+  EXPECT_EQ(l.output_tokens, 32);
+  // 24 words a prompt: the server's usage counts its own tokens (at least one a word).
+  EXPECT_GE(l.prompt_tokens, 4 * 24);
+  EXPECT_LE(l.prompt_tokens, 4 * 24 * 3);
+  EXPECT_EQ(random_words(5, 7), random_words(5, 7));
+  EXPECT_NE(random_words(5, 7), random_words(5, 8));
+  const std::string words = random_words(5, 7);
+  EXPECT_EQ(std::count(words.begin(), words.end(), ' '), 5);
 }
 
 TEST(BenchServe, WrongUrlAndRefusingServerAreCountedFailures) {

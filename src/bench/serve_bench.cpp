@@ -189,12 +189,14 @@ Endpoint parse_endpoint(const std::string& url) {
   return ep;
 }
 
-RequestResult send_completion(const Endpoint& ep, const std::string& api_key, const std::string& model,
-                              const std::vector<int32_t>& prompt, int gen, double timeout_s) {
+namespace {
+
+RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, const std::string& model,
+                               json prompt, int sent_tokens, int gen, double timeout_s) {
   RequestResult r;
-  r.prompt_tokens = int(prompt.size());
+  r.prompt_tokens = sent_tokens;
   r.gen = gen;
-  json body = {{"prompt", prompt},
+  json body = {{"prompt", std::move(prompt)},
                {"max_tokens", gen},
                {"min_tokens", gen},
                {"ignore_eos", true},
@@ -220,7 +222,7 @@ RequestResult send_completion(const Endpoint& ep, const std::string& api_key, co
   int status = 0;
   std::string err_body, buf, stream_error;
   bool done = false;
-  int usage_tokens = -1;
+  int usage_tokens = -1, usage_prompt = -1;
   std::vector<Clock::time_point> chunk_times;
   Clock::time_point end_time{};
   // One SSE line (the event's "data:" payload; other fields are ignored).
@@ -255,6 +257,9 @@ RequestResult send_completion(const Endpoint& ep, const std::string& api_key, co
     if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens") &&
         j["usage"]["completion_tokens"].is_number_integer())
       usage_tokens = j["usage"]["completion_tokens"].get<int>();
+    if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("prompt_tokens") &&
+        j["usage"]["prompt_tokens"].is_number_integer())
+      usage_prompt = j["usage"]["prompt_tokens"].get<int>();
   };
   req.response_handler = [&](const httplib::Response& res) {
     status = res.status;
@@ -282,6 +287,7 @@ RequestResult send_completion(const Endpoint& ep, const std::string& api_key, co
   if (!done) end_time = t_end;
   r.chunks = int(chunk_times.size());
   r.tokens = usage_tokens >= 0 ? usage_tokens : r.chunks;
+  if (usage_prompt >= 0) r.prompt_tokens = usage_prompt;
 
   if (!res) {
     r.error = "connection: " + httplib::to_string(res.error());
@@ -310,6 +316,36 @@ RequestResult send_completion(const Endpoint& ep, const std::string& api_key, co
   for (size_t i = 1; i < chunk_times.size(); ++i) r.itl_s.push_back(secs(chunk_times[i] - chunk_times[i - 1]));
   if (r.tokens >= 2) r.tpot_s = secs(end_time - chunk_times.front()) / (r.tokens - 1);
   return r;
+}
+
+}  // namespace
+
+RequestResult send_completion(const Endpoint& ep, const std::string& api_key, const std::string& model,
+                              const std::vector<int32_t>& prompt, int gen, double timeout_s) {
+  return send_json_prompt(ep, api_key, model, json(prompt), int(prompt.size()), gen, timeout_s);
+}
+
+RequestResult send_completion_text(const Endpoint& ep, const std::string& api_key, const std::string& model,
+                                   const std::string& prompt, int gen, double timeout_s) {
+  return send_json_prompt(ep, api_key, model, json(prompt), 0, gen, timeout_s);
+}
+
+std::string random_words(int n, uint64_t seed) {
+  static const char* const kWords[] = {
+      "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
+      "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you", "were",
+      "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would",
+      "who", "so", "no", "time", "people", "year", "way", "day", "man", "thing", "woman", "life", "child", "world",
+      "school", "state", "family", "group", "country"};
+  constexpr int kN = int(sizeof kWords / sizeof kWords[0]);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(0, kN - 1);
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    s += ' ';
+    s += kWords[pick(rng)];
+  }
+  return s;
 }
 
 ServeLevel summarize_level(const std::vector<RequestResult>& reqs, double duration_s) {
@@ -403,7 +439,8 @@ std::string serve_report_markdown(const RunRow& run, const std::vector<ServeLeve
     << "| server | " << md(param("url")) << " |\n"
     << "| model | " << md(param("model")) << " |\n"
     << "| prompt | " << md(param("shared_prefix")) << " shared + " << md(param("prompt_len"))
-    << " unique tokens (random ids, seed " << md(param("seed")) << ") |\n"
+    << (param("prompt_format") == "text" ? " unique words (random common words, about a token each" : " unique tokens (random ids")
+    << ", seed " << md(param("seed")) << ") |\n"
     << "| output | " << md(param("gen")) << " tokens (max_tokens = min_tokens, ignore_eos) |\n"
     << "| requests per level | " << md(param("requests")) << " |\n"
     << "| kvq | " << run.meta.kvq_version << " (" << run.meta.git_sha << ", " << run.meta.build_type << ") on "
@@ -613,6 +650,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
                           {"gen", cfg.gen.str()},
                           {"shared_prefix", cfg.shared_prefix},
                           {"token_range", std::to_string(cfg.token_lo) + ":" + std::to_string(cfg.token_hi)},
+                          {"prompt_format", cfg.text_prompts ? "text" : "ids"},
                           {"seed", cfg.seed},
                           {"timeout_s", cfg.timeout_s},
                           {"api_key", !cfg.api_key.empty()},
@@ -632,6 +670,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     std::uniform_int_distribution<int32_t> tok(cfg.token_lo, cfg.token_hi - 1);
     for (auto& t : prefix) t = tok(rng);
   }
+  const std::string prefix_text = cfg.text_prompts ? random_words(cfg.shared_prefix, seed_of(cfg.seed, 1, 0)) : "";
   const auto run_start = Clock::now();
   bool stopped = false;
   for (size_t li = 0; li < plan.size() && !stopped; ++li) {
@@ -641,6 +680,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     // its own unique tokens per level (so no level's prompts are cached by
     // an earlier one; only the shared prefix is common).
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+    std::vector<std::string> texts(cfg.text_prompts ? static_cast<size_t>(n) : 0);
     std::vector<int> gens(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       std::mt19937_64 len_rng(seed_of(cfg.seed, 2, uint64_t(i)));
@@ -648,6 +688,10 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
       gens[size_t(i)] = sample(cfg.gen, len_rng);
       std::mt19937_64 rng(seed_of(cfg.seed, 3 + li, uint64_t(i)));
       std::uniform_int_distribution<int32_t> tok(cfg.token_lo, cfg.token_hi - 1);
+      if (cfg.text_prompts) {
+        texts[size_t(i)] = prefix_text + random_words(p, seed_of(cfg.seed, 3 + li, uint64_t(i)));
+        continue;
+      }
       auto& v = prompts[size_t(i)];
       v = prefix;
       for (int k = 0; k < p; ++k) v.push_back(tok(rng));
@@ -684,7 +728,10 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
           continue;
         }
         in_flight.fetch_add(1);
-        results[size_t(i)] = send_completion(ep, cfg.api_key, model, prompts[size_t(i)], gens[size_t(i)], cfg.timeout_s);
+        results[size_t(i)] =
+            cfg.text_prompts
+                ? send_completion_text(ep, cfg.api_key, model, texts[size_t(i)], gens[size_t(i)], cfg.timeout_s)
+                : send_completion(ep, cfg.api_key, model, prompts[size_t(i)], gens[size_t(i)], cfg.timeout_s);
         sent[size_t(i)] = 1;
         const int64_t end_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
         int64_t prev = last_end_ns.load();

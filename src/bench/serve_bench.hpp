@@ -44,6 +44,7 @@ struct ServeBenchConfig {
   LengthDist gen{128, 128};            // output tokens per request (max_tokens = min_tokens, ignore_eos)
   int shared_prefix = 0;               // tokens common to every prompt, before its unique part
   int token_lo = 100, token_hi = 1000; // random prompt token ids are drawn from [token_lo, token_hi)
+  bool text_prompts = false;           // send text (random common words, about one token each) instead of ids
   uint64_t seed = 1;
   double timeout_s = 600;              // per request (connect 10 s)
   std::string home;
@@ -57,7 +58,7 @@ struct ServeBenchConfig {
 struct RequestResult {
   bool ok = false;
   std::string error;                   // why it failed
-  int prompt_tokens = 0;               // sent
+  int prompt_tokens = 0;               // usage.prompt_tokens when the server sends it, else the ids sent
   int gen = 0;                         // asked for
   int tokens = 0;                      // received: usage.completion_tokens, else the token chunks
   int chunks = 0;                      // SSE events that carried text
@@ -79,6 +80,13 @@ struct Endpoint {
 Endpoint parse_endpoint(const std::string& url);  // throws Errc::invalid_argument for a bad URL
 RequestResult send_completion(const Endpoint& ep, const std::string& api_key, const std::string& model,
                               const std::vector<int32_t>& prompt, int gen, double timeout_s);
+// The same with a text prompt (for servers that take no token ids); its
+// length in tokens is what the server's usage says (0 when it says nothing).
+RequestResult send_completion_text(const Endpoint& ep, const std::string& api_key, const std::string& model,
+                                   const std::string& prompt, int gen, double timeout_s);
+// `n` words drawn from a list of common English words (each one token in
+// the usual BPE vocabularies, with its leading space).
+std::string random_words(int n, uint64_t seed);
 
 struct ServeProgress {
   int level = 0, levels = 0;

@@ -43,7 +43,7 @@ struct BenchArgs {
   double threshold = 0.02;
   bool fail_on_regression = false;
   // serve
-  std::string url, api_key, serve_model, concurrency, rate, prompt_len = "512", gen_len = "128", token_range = "100:1000";
+  std::string url, api_key, serve_model, concurrency, rate, prompt_len = "512", gen_len = "128", token_range = "100:1000", prompt_format = "ids";
   int requests = 64;
   int shared_prefix = 0;
   double timeout = 600;
@@ -169,6 +169,7 @@ int run_serve(const BenchArgs& a) {
   KVQ_CHECK(tr.lo < tr.hi, Errc::invalid_argument, "--token-range needs LO < HI (got '", a.token_range, "')");
   cfg.token_lo = tr.lo;
   cfg.token_hi = tr.hi;
+  cfg.text_prompts = a.prompt_format == "text";
   cfg.seed = a.seed;
   cfg.timeout_s = a.timeout;
   cfg.home = a.home;
@@ -364,6 +365,11 @@ KVQ_REGISTER_COMMAND(
           ->capture_default_str();
       serve->add_option("--token-range", a->token_range,
                         "Random prompt token ids are drawn from LO:HI (HI excluded); keep it inside the vocabulary")
+          ->capture_default_str();
+      serve->add_option("--prompt-format", a->prompt_format,
+                        "ids: token-id prompts (exact lengths); text: random common words, about one token each "
+                        "(for servers that take no ids; prompt tokens then come from the server's usage)")
+          ->check(CLI::IsMember({"ids", "text"}))
           ->capture_default_str();
       serve->add_option("--api-key", a->api_key, "Sent as Authorization: Bearer KEY");
       serve->add_option("--model", a->serve_model,
