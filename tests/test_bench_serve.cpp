@@ -283,6 +283,26 @@ TEST(BenchServe, TextPromptsCountWhatTheServerTokenized) {
   EXPECT_EQ(std::count(words.begin(), words.end(), ' '), 5);
 }
 
+// A stop request (Ctrl-C in the CLI) ends the run after the requests in
+// flight: what was measured is recorded and the run ends `interrupted`.
+TEST(BenchServe, StopRequestEndsAfterTheRequestsInFlight) {
+  Served s;
+  TempHome h;
+  ServeBenchConfig c = small(s, h);
+  c.requests = 64;  // far more than one poll interval (100 ms) can finish
+  std::atomic<int> polls{0};
+  c.should_stop = [&] { return polls.fetch_add(1) >= 1; };
+  const ServeBenchResult res = run_serve_bench(c);
+  EXPECT_EQ(res.status, "interrupted");
+  ASSERT_EQ(res.levels.size(), 1u);
+  EXPECT_GE(res.levels[0].requests, 1);
+  EXPECT_LT(res.levels[0].requests, 64);
+  EXPECT_EQ(res.levels[0].failed, 0) << res.levels[0].errors_json;
+  RunsDb db(runs_db_path(h.p.string()));
+  EXPECT_EQ(db.run(res.run_id)->status, "interrupted");
+  EXPECT_EQ(db.serve_levels(res.run_id).size(), 1u);
+}
+
 TEST(BenchServe, WrongUrlAndRefusingServerAreCountedFailures) {
   TempHome h;
   {
