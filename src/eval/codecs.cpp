@@ -16,7 +16,7 @@ std::string lower(std::string s) {
 }
 
 std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" 	"), b = s.find_last_not_of(" 	");
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
