@@ -262,7 +262,7 @@ TEST(BenchMeasure, CellOnSyntheticTinyModel) {
   };
   kv::CodecOptions codec;
   codec.kv = "k8v4";
-  const CellResult c = measure_cell(*model, codec, prompt, mo);
+  const CellResult c = measure_cell(*model, CodecRequest{codec}, prompt, mo);
   EXPECT_EQ(reps_seen, 3);
   EXPECT_EQ(c.codec, "k8v4");
   EXPECT_EQ(c.status, "ok") << c.error;
@@ -364,7 +364,7 @@ TEST(BenchMeasure, PrefillOnceDecodesFromTheCachedPrompt) {
         EXPECT_EQ(total, 4);
         events.push_back("d" + std::to_string(rep));
       };
-      const CellResult c = measure_cell(*model, codec, prompt, mo);
+      const CellResult c = measure_cell(*model, CodecRequest{codec}, prompt, mo);
       EXPECT_EQ(c.status, "ok") << c.error;
       std::vector<std::string> want;
       for (int j = 0; j < n; ++j) want.push_back("p" + std::to_string(j));
@@ -468,6 +468,6 @@ TEST(BenchMeasure, RejectsBadOptions) {
   EXPECT_THROW(measure_cell(*model, {}, {}, mo), Error);
   kv::CodecOptions unknown;
   unknown.kv = "nope";
-  EXPECT_THROW(measure_cell(*model, unknown, {1, 2, 3}, mo), Error);
+  EXPECT_THROW(measure_cell(*model, CodecRequest{unknown}, {1, 2, 3}, mo), Error);
   EXPECT_THROW(open_model("synthetic:nope", *be), Error);
 }

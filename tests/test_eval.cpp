@@ -122,7 +122,7 @@ TEST(EvalWindows, EveryTargetScoredOnce) {
 TEST(EvalCodecs, ListsAliasesPairsAndErrors) {
   const auto c = parse_eval_codecs("none, K8V4,turbo3/BF16,rotor3_sym+qjl,f32,f16,q8/turbo2");
   std::vector<std::string> labels;
-  for (const auto& x : c) labels.push_back(x.label);
+  for (const auto& x : c) labels.push_back(x.label());
   // f16 is an alias of none (dropped as a duplicate); q8/turbo2 is the named codec k8vturbo2's pair
   EXPECT_EQ(labels, (std::vector<std::string>{"none", "k8v4", "turbo3/bf16", "rotor3_sym+qjl", "f32", "q8/turbo2"}));
   EXPECT_TRUE(c[4].f32);
@@ -141,7 +141,7 @@ TEST(EvalCodecs, ListsAliasesPairsAndErrors) {
   }
   EXPECT_THROW(parse_eval_codec("k8v4+qjl"), Error);       // no rotor K side
   EXPECT_THROW(parse_eval_codec("bf16/turbo3+qjl"), Error);  // +qjl on V
-  EXPECT_EQ(parse_eval_codec("turbo3+qjl/turbo3").label, "turbo3+qjl/turbo3");
+  EXPECT_EQ(parse_eval_codec("turbo3+qjl/turbo3").label(), "turbo3+qjl/turbo3");
   EXPECT_THROW(parse_eval_codecs(""), Error);
 }
 
@@ -183,7 +183,7 @@ struct TinyEval {
   }
   // Logits of every position of tokens[start, start+len) through a fresh cache.
   std::vector<float> logits(const EvalCodec& c, int start, int len) {
-    auto cache = make_eval_cache(*model, c, len);
+    auto cache = make_session_cache(*model, c, len);
     const int V = model->config().vocab_size;
     std::vector<float> out(size_t(len) * V);
     model->forward(tokens.data() + start, len, 0, *cache, out.data(), true);
@@ -222,7 +222,7 @@ TEST(EvalText, MatchesDirectRecomputation) {
       }
     }
     const CodecQuality& q = rep.rows[ci];
-    SCOPED_TRACE(q.codec.label);
+    SCOPED_TRACE(q.codec.label());
     ASSERT_TRUE(q.error.empty());
     EXPECT_EQ(q.positions, 15 + 3 * 8);
     EXPECT_EQ(q.positions, n);
@@ -338,7 +338,7 @@ TEST(EvalNeedle, TrainedModelRetrieves) {
   ASSERT_EQ(rep.rows.size(), 2u);
   for (const auto& r : rep.rows) {
     EXPECT_EQ(r.cases, 4);
-    EXPECT_EQ(r.found, 4) << r.codec.label;
+    EXPECT_EQ(r.found, 4) << r.codec.label();
     EXPECT_EQ(r.found_at, (std::vector<int>{2, 2}));
     EXPECT_GT(r.mean_logprob(), -2.0);
   }

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
+#include "cli_test_util.hpp"
 #include "core/error.hpp"
 #include "gguf/gguf.hpp"
 #include "gguf/quant.hpp"
@@ -35,17 +35,6 @@ std::vector<uint8_t> synth_bytes(const std::string& shape, std::optional<TensorT
 }
 
 bool is_matrix(const TensorInfo& t) { return t.ne.size() == 2; }
-
-// Runs a shell command, returns its exit status; stdout into *out.
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 }  // namespace
 
@@ -203,13 +192,14 @@ TEST(Synth, BuiltinVocabularyIsConsistent) {
 }
 
 TEST(Synth, CliSynthThenInfoRoundTrips) {
+  using kvq::test::kvq_cli;
   const std::string path =
       (std::filesystem::temp_directory_path() / ("kvq_synth_" + std::to_string(getpid()) + ".gguf")).string();
-  std::string out;
-  ASSERT_EQ(run(std::string(KVQ_BIN) + " synth --shape tiny --weights q8_0 --seed 9 -o " + path, &out), 0) << out;
-  out.clear();
-  ASSERT_EQ(run(std::string(KVQ_BIN) + " info -m " + path + " --json", &out), 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  const auto made = kvq_cli("synth --shape tiny --weights q8_0 --seed 9 -o " + path);
+  ASSERT_EQ(made.rc, 0) << made.out << made.err;
+  const auto info = kvq_cli("info -m " + path + " --json");
+  ASSERT_EQ(info.rc, 0) << info.out << info.err;
+  const auto j = nlohmann::json::parse(info.out);
   EXPECT_EQ(j["architecture"], "qwen3");
   EXPECT_EQ(j["version"], 3);
   EXPECT_EQ(j["config"]["n_layers"], 2);
@@ -226,17 +216,17 @@ TEST(Synth, CliSynthThenInfoRoundTrips) {
   // The same file read in-process agrees with the CLI.
   File f = File::open(path);
   EXPECT_EQ(f.get_u64("kvq.synthetic.seed"), 9u);
-  out.clear();
-  ASSERT_EQ(run(std::string(KVQ_BIN) + " info -m " + path, &out), 0);
-  EXPECT_NE(out.find("architecture:  qwen3"), std::string::npos) << out;
-  EXPECT_NE(out.find("Q8_0"), std::string::npos) << out;
+  const auto text = kvq_cli("info -m " + path);
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("architecture:  qwen3"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("Q8_0"), std::string::npos) << text.out;
   std::filesystem::remove(path);
-  out.clear();
-  EXPECT_EQ(run(std::string(KVQ_BIN) + " synth --shape nope -o " + path + " 2>&1", &out), 2);
-  EXPECT_NE(out.find("unknown synthetic shape 'nope'"), std::string::npos) << out;
-  out.clear();
-  EXPECT_NE(run(std::string(KVQ_BIN) + " synth --shape tiny --weights q5_0 -o " + path + " 2>&1", &out), 0);
-  EXPECT_NE(out.find("--weights 'q5_0'"), std::string::npos) << out;
+  const auto shape = kvq_cli("synth --shape nope -o " + path);
+  EXPECT_EQ(shape.rc, 2);
+  EXPECT_NE(shape.err.find("unknown synthetic shape 'nope'"), std::string::npos) << shape.err;
+  const auto weights = kvq_cli("synth --shape tiny --weights q5_0 -o " + path);
+  EXPECT_NE(weights.rc, 0);
+  EXPECT_NE(weights.err.find("--weights 'q5_0'"), std::string::npos) << weights.err;
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 

@@ -8,6 +8,7 @@
 #include "bench/stats.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "engine/runtime.hpp"
 #include "engine/session.hpp"
 #include "model/forward.hpp"
 
@@ -58,7 +59,7 @@ void add_flag(CellResult& c, const std::string& flag, const std::string& why) {
 
 }  // namespace
 
-CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::vector<int32_t>& prompt,
+CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vector<int32_t>& prompt,
                         const MeasureOptions& o) {
   KVQ_CHECK(o.gen >= 2, Errc::invalid_argument, "generate at least 2 tokens (decode speed counts tokens 2..G)");
   KVQ_CHECK(o.reps >= 1, Errc::invalid_argument, "measure at least 1 repetition");
@@ -74,8 +75,7 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
   // The cache is the only allocation between the two readings, so their
   // difference is what it takes on the device.
   const int64_t mem_before = be.device_memory_used();
-  std::unique_ptr<kv::Cache> owned =
-      o.make_cache ? o.make_cache(model.cache_shape(ctx)) : be.make_cache(codec, model.cache_shape(ctx));
+  std::unique_ptr<kv::Cache> owned = make_session_cache(model, codec, ctx);
   const int64_t mem_after = be.device_memory_used();
   kv::Cache& cache = *owned;
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/results.hpp"
+#include "engine/runtime.hpp"
 #include "engine/sampler.hpp"
 #include "kv/cache.hpp"
 
@@ -52,9 +53,6 @@ struct MeasureOptions {
     p.temperature = 0;
     return p;
   }
-  // The cell's KV cache; empty: model.backend().make_cache(codec, shape).
-  // (`kvq run --repeat` passes its own, e.g. the fp32 reference cache.)
-  std::function<std::unique_ptr<kv::Cache>(const kv::CacheShape&)> make_cache;
   // Called before each decode run with (index, total), warm-ups included;
   // before each of the cell's prefills (prefill-once protocol) with (index,
   // prefill_reps); and during a prefill with (tokens done, total).
@@ -71,7 +69,7 @@ std::vector<int32_t> random_prompt(int n, int vocab, uint64_t seed);
 // codec's canonical name and its status "ok" or "flagged". Errors (unknown
 // or unsupported codec, out of memory) propagate as kvq::Error /
 // std::bad_alloc: the sweep turns them into failed cells.
-CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::vector<int32_t>& prompt,
+CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vector<int32_t>& prompt,
                         const MeasureOptions& opts);
 
 // Measures B sequences decoding together (docs/bench.md, "--batch"): one
@@ -84,7 +82,7 @@ CellResult measure_cell(Model& model, const kv::CodecOptions& codec, const std::
 // batch is B and kv_pages the pool pages the sequences hold at the end.
 // A backend whose KV store is not paged (the CUDA one, for now) cannot run
 // B > 1: an Errc::unsupported error.
-CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
+CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
                               const std::vector<std::vector<int32_t>>& prompts, const MeasureOptions& opts);
 
 }  // namespace kvq::bench

@@ -8,12 +8,13 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "engine/batch_decoder.hpp"
+#include "engine/runtime.hpp"
 #include "kv/page.hpp"
 #include "model/forward.hpp"
 
 namespace kvq::bench {
 
-CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
+CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
                               const std::vector<std::vector<int32_t>>& prompts, const MeasureOptions& o) {
   const int B = int(prompts.size());
   KVQ_CHECK(B >= 1, Errc::invalid_argument, "a batch cell needs at least one sequence");
@@ -28,15 +29,11 @@ CellResult measure_batch_cell(Model& model, const kv::CodecOptions& codec,
 
   // One pool: every sequence's L + G tokens (the last generated one is never
   // fed) in whole pages.
-  kv::CacheShape shape = model.cache_shape(1);
-  const int page = shape.page_tokens;
+  const int page = kv::kDefaultPageTokens;
   const int pages_per_seq = kv::pages_for(L + o.gen, page);
-  shape.max_tokens = B * pages_per_seq * page;
   const int64_t mem_before = be.device_memory_used();
-  std::unique_ptr<kv::Cache> store = be.make_cache(codec, shape);
+  std::unique_ptr<kv::Cache> store = make_paged_pool(model, codec, B * pages_per_seq, page);
   const int64_t mem_after = be.device_memory_used();
-  KVQ_CHECK(store->shape().page_tokens == page, Errc::unsupported, "the ", be.name(),
-            " backend has no paged KV store yet: it decodes one sequence per step (kvq bench --batch 1)");
   kv::Cache& cache = *store;
   BatchDecoder dec(model, std::move(store), chunk);
   dec.set_keep_logits(false);  // greedy: the backend chooses, the logits stay where they are

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "backend/backend.hpp"
+#include "engine/runtime.hpp"
 #include "bench/measure.hpp"
 #include "bench/report.hpp"
 #include "bench/run_meta.hpp"
@@ -237,9 +238,11 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
 
   Timer total;
-  std::unique_ptr<Backend> backend = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device);
-  const double copy_bw = backend->measure_copy_bandwidth();  // before the model takes memory
-  auto model = open_model(cfg.model, *backend);
+  std::unique_ptr<Backend> made = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device);
+  const double copy_bw = made->measure_copy_bandwidth();  // before the model takes memory
+  const Runtime rt = Runtime::open(std::move(made), cfg.model);
+  Backend* backend = rt.backend.get();
+  Model* model = rt.model.get();
   const ModelConfig& mc = model->config();
   // Before any cell runs: a context the model cannot hold is refused, not
   // measured for minutes and reported.
@@ -376,13 +379,13 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
                 cell.ctx + cfg.gen, " tokens with ", cell.codec);
       if (cell.batch == 1 && !cell.capacity) {
-        r = measure_cell(*model, codec_options(cell.codec), prompt, mo);
+        r = measure_cell(*model, CodecRequest{codec_options(cell.codec)}, prompt, mo);
       } else {
         // Sequence 0 has the one-sequence cells' prompt; the others their own.
         std::vector<std::vector<int32_t>> batch_prompts = {prompt};
         for (int b = 1; b < cell.batch; ++b)
           batch_prompts.push_back(random_prompt(cell.ctx, mc.vocab_size, cfg.seed + uint64_t(cell.ctx) + 7919u * b));
-        r = measure_batch_cell(*model, codec_options(cell.codec), batch_prompts, mo);
+        r = measure_batch_cell(*model, CodecRequest{codec_options(cell.codec)}, batch_prompts, mo);
       }
       r.codec = cell.codec;  // the sweep's name ("+qjl" forms included), equal to the canonical one
     } catch (const std::bad_alloc&) {

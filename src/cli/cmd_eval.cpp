@@ -81,7 +81,7 @@ std::string bits(const eval::CodecQuality& q) {
 }
 
 ordered_json codec_json(const eval::CodecQuality& q) {
-  ordered_json j = {{"codec", q.codec.label}};
+  ordered_json j = {{"codec", q.codec.label()}};
   if (const auto r = eval::resolve(q.codec)) {
     j["k_block"] = r->k.name();
     j["v_block"] = r->v.name();
@@ -186,7 +186,7 @@ int run_text(EvalArgs& a, bool kl) {
                       {"stride", stride},
                       {"windows", rep.windows.size()},
                       {"positions", positions}};
-  if (rep.ref) doc["reference"] = {{"codec", rep.ref->codec.label}, {"ppl", rep.ref->ppl}};
+  if (rep.ref) doc["reference"] = {{"codec", rep.ref->codec.label()}, {"ppl", rep.ref->ppl}};
   ordered_json rows = ordered_json::array();
   for (const auto& q : rep.rows) rows.push_back(codec_json(q));
   doc["results"] = rows;
@@ -197,18 +197,18 @@ int run_text(EvalArgs& a, bool kl) {
     Recorder rec;
     for (const auto& q : rep.rows) {
       if (!q.error.empty()) {
-        rec.skipped.push_back({{"codec", q.codec.label}, {"error", q.error}});
+        rec.skipped.push_back({{"codec", q.codec.label()}, {"error", q.error}});
         continue;
       }
       const ordered_json detail = {{"text", a.file}, {"positions", q.positions}, {"k_bits", q.k_bits},
-                                   {"v_bits", q.v_bits}, {"reference", rep.ref ? rep.ref->codec.label : ""}};
+                                   {"v_bits", q.v_bits}, {"reference", rep.ref ? rep.ref->codec.label() : ""}};
       if (q.has_kl) {
-        rec.add(q.codec.label, "kl_mean", win, q.mean_kl, detail);
-        rec.add(q.codec.label, "kl_p99", win, q.p99_kl, detail);
-        rec.add(q.codec.label, "kl_max", win, q.max_kl, detail);
-        rec.add(q.codec.label, "top1_pct", win, q.top1_pct, detail);
+        rec.add(q.codec.label(), "kl_mean", win, q.mean_kl, detail);
+        rec.add(q.codec.label(), "kl_p99", win, q.p99_kl, detail);
+        rec.add(q.codec.label(), "kl_max", win, q.max_kl, detail);
+        rec.add(q.codec.label(), "top1_pct", win, q.top1_pct, detail);
       }
-      rec.add(q.codec.label, "ppl", win, q.ppl, detail);
+      rec.add(q.codec.label(), "ppl", win, q.ppl, detail);
     }
     record_results(a, l, params, rec);
   }
@@ -219,7 +219,7 @@ int run_text(EvalArgs& a, bool kl) {
   std::printf("kvq eval %s: %s\n", kl ? "kl" : "ppl", model_line(a, l).c_str());
   std::printf("text %s: %d tokens; %zu window(s) of %d tokens, stride %d; %lld scored positions", a.file.c_str(),
               rep.n_tokens, rep.windows.size(), win, stride, (long long)positions);
-  if (rep.ref) std::printf("; reference %s (ppl %.4f)", rep.ref->codec.label.c_str(), rep.ref->ppl);
+  if (rep.ref) std::printf("; reference %s (ppl %.4f)", rep.ref->codec.label().c_str(), rep.ref->ppl);
   std::printf("\n\n");
   if (kl)
     std::printf("| codec | K/V bits | mean KL | p99 KL | max KL | top-1 %% | ppl | class | floor met |\n"
@@ -228,16 +228,16 @@ int run_text(EvalArgs& a, bool kl) {
     std::printf("| codec | K/V bits | ppl | mean NLL (nats) |\n|---|---|---|---|\n");
   for (const auto& q : rep.rows) {
     if (!q.error.empty()) {
-      std::printf("| %s | %s | %s: %s |\n", q.codec.label.c_str(), bits(q).c_str(),
+      std::printf("| %s | %s | %s: %s |\n", q.codec.label().c_str(), bits(q).c_str(),
                   q.unsupported ? "unsupported" : "error", q.error.c_str());
       continue;
     }
     if (!kl) {
-      std::printf("| %s | %s | %.4f | %.5f |\n", q.codec.label.c_str(), bits(q).c_str(), q.ppl, q.mean_nll);
+      std::printf("| %s | %s | %.4f | %.5f |\n", q.codec.label().c_str(), bits(q).c_str(), q.ppl, q.mean_nll);
       continue;
     }
     const auto f = eval::quality_floor(q.codec);
-    std::printf("| %s | %s | %.5f | %.4f | %.4f | %.1f | %.4f | %s | %s |\n", q.codec.label.c_str(),
+    std::printf("| %s | %s | %.5f | %.4f | %.4f | %.1f | %.4f | %s | %s |\n", q.codec.label().c_str(),
                 bits(q).c_str(), q.mean_kl, q.p99_kl, q.max_kl, q.top1_pct, q.ppl, f ? f->name.c_str() : "-",
                 f ? eval::floor_verdict(*f, q.mean_kl, q.top1_pct).c_str() : "-");
   }
@@ -290,7 +290,7 @@ int run_needle(EvalArgs& a) {
                       {"seed", o.seed}};
   ordered_json rows = ordered_json::array();
   for (const auto& r : rep.rows) {
-    ordered_json j = {{"codec", r.codec.label}};
+    ordered_json j = {{"codec", r.codec.label()}};
     if (!r.error.empty()) {
       j["status"] = r.unsupported ? "unsupported" : "error";
       j["error"] = r.error;
@@ -315,15 +315,15 @@ int run_needle(EvalArgs& a) {
     Recorder rec;
     for (const auto& r : rep.rows) {
       if (!r.error.empty()) {
-        rec.skipped.push_back({{"codec", r.codec.label}, {"error", r.error}});
+        rec.skipped.push_back({{"codec", r.codec.label()}, {"error", r.error}});
         continue;
       }
       ordered_json per = ordered_json::object();
       for (size_t i = 0; i < o.depths.size(); ++i) per[str(o.depths[i])] = r.found_at[i];
       const ordered_json detail = {{"cases", r.cases}, {"found", r.found}, {"found_per_depth", per},
                                    {"trials", o.trials}, {"haystack", a.file.empty() ? "built-in" : a.file}};
-      rec.add(r.codec.label, "needle_acc", o.ctx, r.accuracy_pct(), detail);
-      rec.add(r.codec.label, "needle_logprob", o.ctx, r.mean_logprob(), detail);
+      rec.add(r.codec.label(), "needle_acc", o.ctx, r.accuracy_pct(), detail);
+      rec.add(r.codec.label(), "needle_logprob", o.ctx, r.mean_logprob(), detail);
     }
     record_results(a, l, params, rec);
   }
@@ -341,11 +341,11 @@ int run_needle(EvalArgs& a) {
   std::printf("---|\n");
   for (const auto& r : rep.rows) {
     if (!r.error.empty()) {
-      std::printf("| %s | %s: %s |\n", r.codec.label.c_str(), r.unsupported ? "unsupported" : "error",
+      std::printf("| %s | %s: %s |\n", r.codec.label().c_str(), r.unsupported ? "unsupported" : "error",
                   r.error.c_str());
       continue;
     }
-    std::printf("| %s | %d/%d |", r.codec.label.c_str(), r.found, r.cases);
+    std::printf("| %s | %d/%d |", r.codec.label().c_str(), r.found, r.cases);
     for (int f : r.found_at) std::printf(" %d/%d |", f, o.trials);
     std::printf(" %.3f |\n", r.mean_logprob());
   }

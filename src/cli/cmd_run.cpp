@@ -119,13 +119,12 @@ int run(RunArgs& a) {
     mo.prefill_every_run = true;
     mo.prefill_chunk = a.model.prefill_chunk;
     mo.sampling = a.sampling.params;
-    mo.make_cache = [&](const kv::CacheShape& shape) { return make_cache(a.model, *l.model, shape.max_tokens); };
     if (::isatty(2))  // logs get only the results below
       mo.on_rep = [&](int rep, int) {
         std::fprintf(stderr, "kvq: %s %d/%d...\n", rep < mo.warmup ? "warm-up" : "run",
                      rep < mo.warmup ? rep + 1 : rep - mo.warmup + 1, rep < mo.warmup ? mo.warmup : mo.reps);
       };
-    const bench::CellResult c = bench::measure_cell(*l.model, a.model.codec, ids, mo);
+    const bench::CellResult c = bench::measure_cell(*l.model, codec_request(a.model), ids, mo);
     for (size_t i = 0; i < c.rep_results.size(); ++i) {
       const bench::RepResult& r = c.rep_results[i];
       std::fprintf(stderr,

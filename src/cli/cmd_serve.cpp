@@ -47,10 +47,7 @@ int serve(ServeArgs& a) {
   const uint64_t kv_budget = a.kv_budget.empty() ? 0 : bench::parse_byte_size(a.kv_budget);
   KVQ_CHECK(a.max_body_mib > 0, Errc::invalid_argument, "--max-body must be positive");
   a.sampling.params.validate();
-  {
-    kv::CodecOptions c = a.model.codec;  // fail at start, not on the first request
-    kv::resolve_codec(c);
-  }
+  const CodecRequest pool_codec = codec_request(a.model);  // fails at start, not on the first request
 
   // Connections cost a descriptor each: allow as many as the hard limit does.
   {
@@ -80,7 +77,7 @@ int serve(ServeArgs& a) {
   const int page = kv::kDefaultPageTokens;
   int pages = a.kv_pages;
   if (kv_budget > 0) {
-    const uint64_t page_bytes = make_cache(a.model, model, page)->bytes_for_tokens(page);  // one page, measured
+    const uint64_t page_bytes = measured_page_bytes(model, pool_codec, page);
     pages = int(std::min<uint64_t>(kv_budget / page_bytes, uint64_t(1) << 24));
     KVQ_CHECK(pages >= 1, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " is less than one page of ", page,
               " tokens (", page_bytes, " bytes in this codec)");
@@ -94,9 +91,7 @@ int serve(ServeArgs& a) {
             " pages is more tokens than kvq can address; lower --kv-pages / --kv-budget");
   server::EngineSetup setup;
   setup.model = &model;
-  setup.store = make_cache(a.model, model, pages * page);
-  KVQ_CHECK(setup.store->shape().page_tokens == page && setup.store->shape().n_pages() == pages, Errc::unsupported,
-            "the ", model.backend().name(), " backend has no paged KV store for this pool");
+  setup.store = make_paged_pool(model, pool_codec, pages, page);
   setup.scheduler.max_running = a.max_seqs;
   setup.scheduler.max_step_tokens =
       a.model.prefill_chunk > 0 ? a.model.prefill_chunk : model.backend().default_prefill_chunk();

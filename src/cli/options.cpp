@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <limits>
 
-#include "backend/cpu/f32_cache.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/model_spec.hpp"
@@ -209,10 +208,10 @@ std::string resolve_model_path(const std::string& flag) {
 Loaded load(const ModelOptions& o) {
   const int threads = set_thread_count(o.threads);
   log_info("CPU threads: ", threads, o.threads > 0 ? " (--threads)" : " (default: idle usable cores)");
-  Loaded l;
-  l.backend = make_backend(o.device, o.backend);  // before touching the model: --device cuda fails fast
+  // The backend before the model is touched: --device cuda fails fast.
+  std::unique_ptr<Backend> backend = make_backend(o.device, o.backend);
   const std::string path = resolve_model_path(o.model);
-  l.model = open_model(path, *l.backend);
+  Loaded l{Runtime::open(std::move(backend), path), nullptr};
   l.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*l.model->file()));
   KVQ_CHECK(l.tokenizer->vocab_size() <= l.model->config().vocab_size, Errc::format, "'", path, "': the tokenizer has ",
             l.tokenizer->vocab_size(), " tokens but the embedding only ", l.model->config().vocab_size);
@@ -229,16 +228,8 @@ int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
   return int(std::min<uint64_t>(model_ctx, std::max(4096, wanted)));
 }
 
-std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx) {
-  const kv::CacheShape shape = m.cache_shape(ctx);
-  if (o.f32_kv) {
-    KVQ_CHECK(std::string(m.backend().name()) == "cpu", Errc::unsupported,
-              "--f32-kv is the CPU reference cache; drop it with --device ", m.backend().name());
-    return cpu::make_f32_cache(shape);
-  }
-  kv::CodecOptions c = o.codec;
-  c.rotor_qjl = o.rotor_qjl == "on";
-  return m.backend().make_cache(c, shape);  // the backend's own cache (device memory on CUDA)
+CodecRequest codec_request(const ModelOptions& o) {
+  return CodecRequest::from_flags(o.codec, o.rotor_qjl, o.f32_kv);
 }
 
 SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {
@@ -259,7 +250,7 @@ std::unique_ptr<Session> make_session(const ModelOptions& o, Loaded& l, int ctx)
                  done == total ? "\n" : "");
     std::fflush(stderr);
   };
-  return std::make_unique<Session>(*l.model, make_cache(o, *l.model, ctx), l.tokenizer.get(), std::move(so));
+  return std::make_unique<Session>(*l.model, l.session_cache(codec_request(o), ctx), l.tokenizer.get(), std::move(so));
 }
 
 std::string speed_line(const GenerateResult& r) {

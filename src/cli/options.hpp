@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "engine/runtime.hpp"
 #include "engine/sampler.hpp"
 #include "engine/session.hpp"
 #include "kv/cache.hpp"
@@ -72,10 +73,9 @@ std::vector<TokenId> chat_stop_tokens(const Tokenizer& tok, const ChatOptions& o
 // to the executable or in the source tree. Throws a clear error when none exists.
 std::string resolve_model_path(const std::string& flag);
 
-// Backend, model and tokenizer, loaded per the options (threads applied).
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
+// Backend and model (the Runtime, engine/runtime.hpp) and the tokenizer,
+// loaded per the options (threads applied).
+struct Loaded : Runtime {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 Loaded load(const ModelOptions& o);
@@ -84,8 +84,9 @@ Loaded load(const ModelOptions& o);
 // value above the model's trained context is allowed with a warning), else
 // min(model context, max(4096, wanted)).
 int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted);
-// The KV cache per --kv/--ctk/--ctv/--rotor-qjl, or the fp32 reference with --f32-kv.
-std::unique_ptr<kv::Cache> make_cache(const ModelOptions& o, Model& m, int ctx);
+// What --kv/--ctk/--ctv/--rotor-qjl/--f32-kv ask for: a fresh value per call
+// (caches come from the Runtime, engine/runtime.hpp).
+CodecRequest codec_request(const ModelOptions& o);
 // Session options for the device: the context and --prefill-chunk (or the
 // device's default); no progress callback.
 SessionOptions session_options(const ModelOptions& o, Model& m, int ctx);

@@ -4,9 +4,7 @@
 #include <cctype>
 #include <sstream>
 
-#include "backend/cpu/f32_cache.hpp"
 #include "core/error.hpp"
-#include "model/forward.hpp"
 
 namespace kvq::eval {
 
@@ -24,40 +22,7 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
-EvalCodec parse_eval_codec(const std::string& item_in) {
-  const std::string item = lower(trim(item_in));
-  KVQ_CHECK(!item.empty(), Errc::invalid_argument, "empty codec name in --codecs");
-  EvalCodec c;
-  if (item == "f32") {
-    c.label = "f32";
-    c.f32 = true;
-    return c;
-  }
-  if (const size_t slash = item.find('/'); slash != std::string::npos) {  // K/V block pair
-    c.codec.ctk = item.substr(0, slash);
-    c.codec.ctv = item.substr(slash + 1);
-    const auto r = kv::resolve_codec(c.codec);  // throws listing the valid blocks
-    c.label = r.k.name() + "/" + r.v.name();
-    return c;
-  }
-  const std::string qjl = "+qjl";
-  std::string base = item;
-  if (base.size() > qjl.size() && base.compare(base.size() - qjl.size(), qjl.size(), qjl) == 0) {
-    base.resize(base.size() - qjl.size());
-    c.codec.rotor_qjl = true;
-  }
-  const kv::CodecInfo* info = kv::find_codec(base);
-  KVQ_CHECK(info, Errc::invalid_argument, "unknown codec '", item_in, "' in --codecs; give a codec (",
-            kv::codec_names_list(), "), a rotor codec with +qjl (e.g. rotor3_sym+qjl), a K/V block pair ",
-            "(e.g. turbo3/bf16, q8/turbo2; blocks as in `kvq codecs`), f32 (the exact fp32 cache, CPU only) or all");
-  c.codec.kv = info->name;
-  const auto r = kv::resolve_codec(c.codec);
-  KVQ_CHECK(!c.codec.rotor_qjl || r.k.qjl, Errc::invalid_argument, "'", item_in,
-            "': +qjl here means --rotor-qjl on, which only applies to codecs with a rotor K side; ",
-            "for another K block write a pair, e.g. turbo3+qjl/turbo3");
-  c.label = r.name;
-  return c;
-}
+EvalCodec parse_eval_codec(const std::string& item) { return CodecRequest::parse(item, "--codecs"); }
 
 std::vector<EvalCodec> all_eval_codecs() {
   std::vector<EvalCodec> out;
@@ -85,21 +50,7 @@ std::vector<EvalCodec> parse_eval_codecs(const std::string& list) {
   return out;
 }
 
-std::optional<kv::ResolvedCodec> resolve(const EvalCodec& c) {
-  if (c.f32) return std::nullopt;
-  return kv::resolve_codec(c.codec);
-}
-
-std::unique_ptr<kv::Cache> make_eval_cache(Model& m, const EvalCodec& c, int ctx) {
-  const kv::CacheShape shape = m.cache_shape(ctx);
-  if (c.f32) {
-    KVQ_CHECK(std::string(m.backend().name()) == "cpu", Errc::unsupported,
-              "f32 is the CPU backend's exact reference cache; on --device ", m.backend().name(),
-              " use --ref none");
-    return cpu::make_f32_cache(shape);
-  }
-  return m.backend().make_cache(c.codec, shape);
-}
+std::optional<kv::ResolvedCodec> resolve(const EvalCodec& c) { return c.resolve(); }
 
 std::optional<QualityFloor> quality_floor(const EvalCodec& c) {
   const auto r = resolve(c);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime.hpp"
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
 
@@ -19,15 +20,12 @@ class Model;
 
 namespace kvq::eval {
 
-struct EvalCodec {
-  std::string label;       // as the user wrote it, canonicalised: "k8v4", "turbo3/bf16", "f32"
-  kv::CodecOptions codec;  // ignored for f32
-  bool f32 = false;
-  bool operator==(const EvalCodec& o) const { return label == o.label; }
-};
+// An entry is a CodecRequest (engine/runtime.hpp); label() is its canonical
+// spelling: "k8v4", "turbo3/bf16", "f32".
+using EvalCodec = CodecRequest;
 
-// One entry (see above). Throws kvq::Error (invalid_argument) listing the
-// valid forms for an unknown name.
+// One entry (see above): CodecRequest::parse. Throws kvq::Error
+// (invalid_argument) listing the valid forms for an unknown name.
 EvalCodec parse_eval_codec(const std::string& item);
 // A comma-separated list; "all" expands to every codec of the table plus the
 // rotor +qjl forms (what `kvq codecs` lists). Duplicates are dropped.
@@ -37,9 +35,6 @@ std::vector<EvalCodec> all_eval_codecs();
 // Blocks of a codec entry; nullopt for f32.
 std::optional<kv::ResolvedCodec> resolve(const EvalCodec& c);
 
-// A cache for `ctx` tokens of the model on its own backend. f32 exists only on
-// the CPU backend; a codec the backend has no kernels for throws Errc::unsupported.
-std::unique_ptr<kv::Cache> make_eval_cache(Model& m, const EvalCodec& c, int ctx);
 
 // The spec's quality class of a codec (../shared/spec/codecs.md, property 5):
 // by the weaker side's base bits (a +qjl sketch does not change the class).

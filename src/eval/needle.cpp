@@ -102,7 +102,7 @@ NeedleReport run_needle(Model& m, const Tokenizer& tok, const std::vector<EvalCo
     r.found_at.assign(o.depths.size(), 0);
     for (int i = 0; i < n && r.error.empty(); ++i) {
       const NeedleCase& c = rep.cases[size_t(i)];
-      if (o.on_pass) o.on_pass(codec.label, i, n);
+      if (o.on_pass) o.on_pass(codec.label(), i, n);
       std::vector<int32_t> feed = c.prompt;
       feed.insert(feed.end(), c.answer.begin(), c.answer.end() - 1);
       const int first = int(c.prompt.size()) - 1;  // row predicting answer[0]
@@ -112,7 +112,7 @@ NeedleReport run_needle(Model& m, const Tokenizer& tok, const std::vector<EvalCo
         SessionOptions so;
         so.ctx = int(feed.size());
         so.prefill_chunk = o.prefill_chunk;
-        Session s(m, make_eval_cache(m, codec, so.ctx), nullptr, so);
+        Session s(m, make_session_cache(m, codec, so.ctx), nullptr, so);
         int row = 0;
         s.set_logits_sink([&](TokenId, const float* logits, int) {
           const int k = row++ - first;

@@ -35,7 +35,7 @@ void run_window(Model& m, const EvalCodec& c, const std::vector<int32_t>& tokens
   SessionOptions so;
   so.ctx = w.len;
   so.prefill_chunk = prefill_chunk;
-  Session s(m, make_eval_cache(m, c, w.len), nullptr, so);
+  Session s(m, make_session_cache(m, c, w.len), nullptr, so);
   int r = 0;
   s.set_logits_sink([&](TokenId, const float* logits, int) {
     const int target = r + 1;
@@ -95,7 +95,7 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
     const int rows = w.len - w.first_target;
     auto target_of = [&](int j) { return tokens[size_t(w.start + j)]; };
     if (opts.ref) {
-      if (opts.on_pass) opts.on_pass(opts.ref->label, wi, nw);
+      if (opts.on_pass) opts.on_pass(opts.ref->label(), wi, nw);
       ref_logits.resize(size_t(rows) * V);
       ref_lz.resize(size_t(rows));
       ref_top.resize(size_t(rows));
@@ -117,7 +117,7 @@ TextEvalReport evaluate_text(Model& m, const std::vector<int32_t>& tokens, const
         }
         continue;
       }
-      if (opts.on_pass) opts.on_pass(codecs[ci].label, wi, nw);
+      if (opts.on_pass) opts.on_pass(codecs[ci].label(), wi, nw);
       try {
         run_window(m, codecs[ci], tokens, w, opts.prefill_chunk, [&](int j, const float* logits) {
           const int r = j - w.first_target;

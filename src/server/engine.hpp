@@ -48,8 +48,8 @@ namespace kvq::server {
 // What the engine needs from its owner (`kvq serve` builds it from the CLI options).
 struct EngineSetup {
   Model* model = nullptr;
-  // The KV pool: a paged store shaped for the model (model.cache_shape of a
-  // whole number of pages), in the server's codec.
+  // The KV pool: a paged store for the model (make_paged_pool,
+  // engine/runtime.hpp), in the server's codec.
   std::unique_ptr<kv::Cache> store;
   // Scheduler options: max_running (--max-seqs), max_step_tokens
   // (--prefill-chunk), max_seq_tokens (--ctx). max_waiting and vocab are

@@ -207,6 +207,11 @@ struct Server::Impl {
   int64_t started = 0;
   size_t max_piece_bytes = 1;  // the longest token's text: a bound on bytes per token
   size_t body_budget = 0;      // request body bytes that may be held at once
+  // Memory a request body holds while it arrives and is parsed, counted
+  // against body_budget as kBodyCopies times its size: the body itself, the
+  // JSON lexer's buffer and the parsed strings (the prompt) live at once on
+  // the parse thread. Released when the request has been dispatched.
+  static constexpr size_t kBodyCopies = 3;
   std::atomic<size_t> body_bytes{0};
   std::atomic<uint64_t> requests_without_seed{0};
 
@@ -442,7 +447,8 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
       if (cl) {
         const unsigned long long n = std::strtoull(cl, nullptr, 10);
         if (n > o.max_body) throw too_large();
-        if (body_bytes.load() + n > body_budget) throw busy("too many request bodies are being received");
+        if (body_bytes.load() + kBodyCopies * n > body_budget)
+          throw busy("too many request bodies are being received");
         // Budget is taken as bytes arrive (a client that announces a body and
         // sends nothing holds none of it); the body's deadline bounds the wait.
       }
@@ -481,7 +487,8 @@ MHD_Result Server::Impl::handle(MHD_Connection* c, const char* url, const char* 
       if (rq->discarded > discard_limit()) return MHD_NO;  // enough: close the connection
     } else {
       const size_t n = *upload_size;
-      const size_t extra = rq->body.size() + n > rq->reserved ? rq->body.size() + n - rq->reserved : 0;
+      const size_t need = kBodyCopies * (rq->body.size() + n);  // the body and what parsing it makes
+      const size_t extra = need > rq->reserved ? need - rq->reserved : 0;
       if (rq->body.size() + n > o.max_body) {
         rq->error = std::make_unique<ApiError>(too_large());
       } else if (extra > 0 && !reserve(rq->reserved, extra)) {
@@ -1050,7 +1057,9 @@ Server::Server(Engine& engine, ServerOptions opts) : impl_(std::make_unique<Impl
   m.started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const Tokenizer& tok = engine.tokenizer();
   for (int i = 0; i < tok.vocab_size(); ++i) m.max_piece_bytes = std::max(m.max_piece_bytes, tok.bytes_of(i).size());
-  m.body_budget = std::max<size_t>(2 * m.o.max_body, 1u << 20);
+  // One body of --max-body with its parse copies always fits; a flood of
+  // large ones is answered 429 rather than held in memory.
+  m.body_budget = std::max<size_t>(Impl::kBodyCopies * m.o.max_body, 1u << 20);
   // Request bodies and prompts are large, short-lived blocks allocated on
   // one thread and freed on another. glibc raises its mmap threshold after
   // each large free (up to 32 MiB), after which such blocks come from the
