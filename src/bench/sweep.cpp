@@ -238,7 +238,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
 
   Timer total;
-  std::unique_ptr<Backend> made = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device);
+  std::unique_ptr<Backend> made = cfg.make_backend ? cfg.make_backend(cfg.device) : make_backend(cfg.device, cfg.backend);
   const double copy_bw = made->measure_copy_bandwidth();  // before the model takes memory
   const Runtime rt = Runtime::open(std::move(made), cfg.model);
   Backend* backend = rt.backend.get();

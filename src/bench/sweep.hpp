@@ -12,11 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "bench/results.hpp"
-
-namespace kvq {
-class Backend;
-}
 
 namespace kvq::bench {
 
@@ -45,6 +42,7 @@ struct SweepConfig {
   // The backend for `device`; empty: kvq::make_backend. (Tests pass one
   // that refuses some codecs, as the CUDA backend does today.)
   std::function<std::unique_ptr<Backend>(const std::string& device)> make_backend;
+  BackendOptions backend;  // experiment knobs for kvq::make_backend (--batch-gemm-rows, ...)
 };
 
 struct SweepProgress {

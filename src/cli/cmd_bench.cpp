@@ -76,6 +76,7 @@ int run_bench(const BenchArgs& a) {
   bench::SweepConfig cfg;
   cfg.model = resolve_model_path(a.model.model);
   cfg.device = a.model.device;
+  cfg.backend = a.model.backend;
   cfg.codecs = bench::parse_codec_list(a.codecs);
   cfg.contexts = bench::parse_context_list(a.contexts);
   cfg.batches = bench::parse_batch_list(a.batches);
@@ -277,6 +278,7 @@ KVQ_REGISTER_COMMAND(
     [](CLI::App& app) {
       auto a = std::make_shared<BenchArgs>();
       add_model_source_options(app, a->model);
+      add_backend_lab_options(app, a->model.backend);
       app.add_option("--codecs", a->codecs,
                      "Codecs: all (the codec table), seeds (the seeds' 25) or a comma list, e.g. none,k8v4,tsym3")
           ->capture_default_str();

@@ -77,32 +77,36 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                            "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 "
                            "references");
   for (const char* codec_flag : {"--kv", "--ctk", "--ctv", "--rotor-qjl"}) f32->excludes(app.get_option(codec_flag));
+  add_backend_lab_options(app, o.backend);
+}
+
+void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
   // Experiment knobs (A/B measurements on the GPU), grouped in --help.
   const char* lab = "Experiment knobs";
-  app.add_flag_callback("--no-step-graphs", [&o] { o.backend.step_graphs = false; },
+  app.add_flag_callback("--no-step-graphs", [&b] { b.step_graphs = false; },
                         "Run every decode step's kernels directly instead of replaying a recorded step (CUDA graph)")
       ->group(lab);
-  app.add_flag_callback("--no-pdl", [&o] { o.backend.dependent_launches = false; },
+  app.add_flag_callback("--no-pdl", [&b] { b.dependent_launches = false; },
                         "CUDA: launch the step's kernels without programmatic dependent launches")
       ->group(lab);
-  app.add_flag_callback("--no-fused-q", [&o] { o.backend.attn_fused_q = false; },
+  app.add_flag_callback("--no-fused-q", [&b] { b.attn_fused_q = false; },
                         "CUDA: the store's encode norms and rotates q before the decode attention starts "
                         "(instead of the attention doing it beside the encode)")
       ->group(lab);
-  app.add_option("--gemv-warps", o.backend.gemv_warps, "CUDA: warps per decode GEMV CTA")
+  app.add_option("--gemv-warps", b.gemv_warps, "CUDA: warps per decode GEMV CTA")
       ->check(CLI::Range(1, 16))
       ->capture_default_str()
       ->group(lab);
-  app.add_option("--batch-gemm-rows", o.backend.batch_gemm_rows,
+  app.add_option("--batch-gemm-rows", b.batch_gemm_rows,
                  "CUDA: sequences in a decode step from which quantized weight products run on tensor cores "
                  "(0: never)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str()
       ->group(lab);
-  app.add_flag("--gemm-tc-prestage", o.backend.gemm_tc_prestage,
+  app.add_flag("--gemm-tc-prestage", b.gemm_tc_prestage,
                "CUDA: the tensor-core batched GEMM quantizes its input once per launch (not yet measured)")
       ->group(lab);
-  app.add_option("--attn-prefetch", o.backend.attn_prefetch_tiles,
+  app.add_option("--attn-prefetch", b.attn_prefetch_tiles,
                  "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")
       ->check(CLI::Range(0, 8))
       ->capture_default_str()

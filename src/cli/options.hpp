@@ -39,6 +39,9 @@ struct ModelOptions {
 void add_model_source_options(CLI::App& app, ModelOptions& o);
 // The above plus --ctx and the KV cache options (run, chat).
 void add_model_options(CLI::App& app, ModelOptions& o);
+// The backends' experiment knobs (--no-step-graphs, --gemv-warps, ...), for
+// commands that take them without the rest of add_model_options (bench).
+void add_backend_lab_options(CLI::App& app, BackendOptions& b);
 
 struct SamplingOptions {
   SamplingParams params;
