@@ -22,6 +22,7 @@
 #include "bench/run_meta.hpp"
 #include "bench/stats.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace kvq::bench {
 
@@ -33,18 +34,11 @@ namespace {
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
-  return s.substr(a, b - a);
-}
-
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(trim(item));
+  while (std::getline(ss, item, ',')) out.push_back(trim_space(item));
   return out;
 }
 
@@ -111,7 +105,7 @@ std::string level_label(const ServeLevel& l) {
 
 // The error text of a non-200 answer: OpenAI's {"error": {"message"}} when it is one.
 std::string http_error(int status, const std::string& body) {
-  std::string msg = trim(body);
+  std::string msg = trim_space(body);
   try {
     const json j = json::parse(body);
     if (j.contains("error")) {
@@ -230,7 +224,7 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
     std::string line = raw;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.rfind("data:", 0) != 0) return;
-    const std::string payload = trim(line.substr(5));
+    const std::string payload = trim_space(line.substr(5));
     if (payload.empty()) return;
     if (payload == "[DONE]") {
       done = true;

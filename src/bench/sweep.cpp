@@ -21,6 +21,7 @@
 #include "bench/runs_db.hpp"
 #include "bench/stats.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "core/timer.hpp"
 #include "kv/codec_table.hpp"
 #include "kv/page.hpp"
@@ -33,18 +34,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
-  return s.substr(a, b - a);
-}
-
 std::vector<std::string> split_list(const std::string& list) {
   std::vector<std::string> out;
   std::stringstream ss(list);
   for (std::string item; std::getline(ss, item, ',');)
-    if (!trim(item).empty()) out.push_back(trim(item));
+    if (!trim_space(item).empty()) out.push_back(trim_space(item));
   return out;
 }
 
@@ -121,7 +115,7 @@ std::string format_progress(const SweepProgress& p) {
 
 std::vector<std::string> parse_codec_list(const std::string& list) {
   std::vector<std::string> names;
-  const std::string l = trim(list);
+  const std::string l = trim_space(list);
   if (l == "all" || l == "seeds") {
     for (const auto& c : kv::codec_table())
       if (l == "all" || c.seed_codec) names.push_back(c.name);
@@ -141,10 +135,10 @@ std::vector<int> parse_context_list(const std::string& list) {
   {
     // Strict: an empty item (4k,,8k or a trailing comma) is a typo, not nothing.
     std::stringstream ss(list);
-    for (std::string item; std::getline(ss, item, ',');) items.push_back(trim(item));
+    for (std::string item; std::getline(ss, item, ',');) items.push_back(trim_space(item));
     if (!list.empty() && list.back() == ',') items.push_back("");
     for (const auto& item : items)
-      KVQ_CHECK(!item.empty() || trim(list).empty(), Errc::invalid_argument, "--contexts '", list,
+      KVQ_CHECK(!item.empty() || trim_space(list).empty(), Errc::invalid_argument, "--contexts '", list,
                 "' has an empty item; give a list like 4k,8k,16k");
   }
   for (const auto& item : items) {

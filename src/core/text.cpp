@@ -63,4 +63,18 @@ std::string printable(std::string_view s, bool keep_newlines) {
   return out;
 }
 
+std::string ascii_lower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return s;
+}
+
+std::string trim_space(std::string_view s) {
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  size_t a = 0, b = s.size();
+  while (a < b && space(s[a])) ++a;
+  while (b > a && space(s[b - 1])) --b;
+  return std::string(s.substr(a, b - a));
+}
+
 }  // namespace kvq

@@ -14,4 +14,10 @@ namespace kvq {
 // is for display, not a reversible encoding.
 std::string printable(std::string_view s, bool keep_newlines = false);
 
+// `s` with ASCII letters lowered; every other byte unchanged (names and
+// options, not text: no locale, no Unicode case folding).
+std::string ascii_lower(std::string s);
+// `s` without leading and trailing ASCII whitespace (space, \t, \n, \v, \f, \r).
+std::string trim_space(std::string_view s);
+
 }  // namespace kvq

@@ -4,27 +4,14 @@
 
 #include "backend/cpu/f32_cache.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "model/forward.hpp"
 #include "model/model_spec.hpp"
 
 namespace kvq {
 
-namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-}
-
-}  // namespace
-
 CodecRequest CodecRequest::parse(const std::string& text, const std::string& where) {
-  const std::string item = lower(trim(text));
+  const std::string item = ascii_lower(trim_space(text));
   KVQ_CHECK(!item.empty(), Errc::invalid_argument, "empty codec name in ", where);
   CodecRequest c;
   if (item == "f32") return reference_f32();

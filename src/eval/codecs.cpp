@@ -5,22 +5,9 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace kvq::eval {
-
-namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-}
-
-}  // namespace
 
 EvalCodec parse_eval_codec(const std::string& item) { return CodecRequest::parse(item, "--codecs"); }
 
@@ -41,7 +28,7 @@ std::vector<EvalCodec> parse_eval_codecs(const std::string& list) {
   std::stringstream ss(list);
   for (std::string item; std::getline(ss, item, ',');) {
     std::vector<EvalCodec> add;
-    if (lower(trim(item)) == "all") add = all_eval_codecs();
+    if (ascii_lower(trim_space(item)) == "all") add = all_eval_codecs();
     else add.push_back(parse_eval_codec(item));
     for (auto& c : add)
       if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/text.hpp"
 #include "engine/stop.hpp"
 #include "server/metrics.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -43,11 +44,6 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower((unsigned char)c));
-  return s;
 }
 
 std::string error_body(const ApiError& e) { return dump(error_json(e)) + "\n"; }
@@ -344,7 +340,7 @@ void Server::Impl::check_auth(MHD_Connection* c) const {
   const std::string h = hv ? hv : "";
   // RFC 9110: the scheme is case-insensitive ("bearer" works), one or more spaces before the token.
   const size_t sp = h.find(' ');
-  if (sp != std::string::npos && lower(h.substr(0, sp)) == "bearer") {
+  if (sp != std::string::npos && ascii_lower(h.substr(0, sp)) == "bearer") {
     const size_t t = h.find_first_not_of(' ', sp);
     const size_t e = h.find_last_not_of(' ');
     if (t != std::string::npos && same_secret(h.substr(t, e + 1 - t), o.api_key)) return;
