@@ -222,6 +222,8 @@ TEST(Scheduler, AdmissionIsLimitedByFreePagesInArrivalOrder) {
   EXPECT_EQ(m.step_prefill_tokens, 57);
   EXPECT_EQ(m.step_decode_tokens, 0);
   EXPECT_EQ(m.step_sequences, 2);
+  EXPECT_EQ(m.step_sequences_hist[1], 1u);  // the batch-size histogram: one step of 2 (bucket le=2)
+  EXPECT_EQ(m.step_sequences_sum, 2u);
   EXPECT_EQ(f.rec[a].all.at(0).time, 2);  // the first token, at the step's clock
   EXPECT_EQ(f.rec[a].all.at(0).arrival, 1);
   s->step();  // a decodes its second token and finishes: its 4 pages are free

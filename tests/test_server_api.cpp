@@ -258,6 +258,11 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   g.sched.step_sequences = 4;
   g.sched.steps = 17;
   g.sched.preemptions = 5;
+  g.sched.step_sequences_hist[0] = 2;  // two steps of 1 sequence
+  g.sched.step_sequences_hist[3] = 1;  // one step of 5..8
+  g.sched.step_sequences_hist[9] = 1;  // one step above 256
+  g.sched.step_sequences_sum = 2 + 7 + 300;
+  m.e2e().observe(0.7);
   const std::string t = m.render(g);
   auto has = [&](const std::string& line) { return t.find("\n" + line + "\n") != std::string::npos; };
   EXPECT_TRUE(has("kvq_requests_total{route=\"/v1/completions\",status=\"200\"} 2")) << t;
@@ -273,6 +278,17 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"0.5\"} 2"));
   EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"60\"} 2"));
   EXPECT_TRUE(has("kvq_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+  EXPECT_TRUE(has("# TYPE kvq_step_batch_sequences histogram"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_bucket{le=\"1\"} 2"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_bucket{le=\"4\"} 2"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_bucket{le=\"8\"} 3"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_bucket{le=\"256\"} 3"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_bucket{le=\"+Inf\"} 4"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_sum 309"));
+  EXPECT_TRUE(has("kvq_step_batch_sequences_count 4"));
+  EXPECT_TRUE(has("kvq_request_duration_seconds_bucket{le=\"0.5\"} 0"));
+  EXPECT_TRUE(has("kvq_request_duration_seconds_bucket{le=\"1\"} 1"));
+  EXPECT_TRUE(has("kvq_request_duration_seconds_count 1"));
   EXPECT_TRUE(has("kvq_time_to_first_token_seconds_count 3"));
   EXPECT_TRUE(has("kvq_time_to_first_token_seconds_sum 100.303"));
   EXPECT_TRUE(has("kvq_inter_token_latency_seconds_count 0"));

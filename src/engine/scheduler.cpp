@@ -379,6 +379,12 @@ int Scheduler::step() {
     own_.step_prefill_tokens = prefill;
     own_.step_decode_tokens = decode;
     own_.step_sequences = int(batch_seqs_.size());
+    {
+      const auto& bounds = SchedulerMetrics::kBatchBounds;
+      const size_t bucket = size_t(std::lower_bound(bounds.begin(), bounds.end(), own_.step_sequences) - bounds.begin());
+      ++own_.step_sequences_hist[bucket];
+      own_.step_sequences_sum += uint64_t(own_.step_sequences);
+    }
     own_.step_seconds = t1 - t0;
     own_.prefill_tokens += uint64_t(prefill);
     own_.decode_tokens += uint64_t(decode);

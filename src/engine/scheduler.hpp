@@ -46,6 +46,7 @@
 // metrics() may be called from any thread.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -158,6 +159,11 @@ struct SchedulerMetrics {
   uint64_t steps = 0;  // steps that ran a forward pass
   uint64_t prefill_tokens = 0, decode_tokens = 0;
   uint64_t submitted = 0, admitted = 0, preemptions = 0, finished = 0, cancelled = 0, refused = 0;
+  // Sequences per step, over every step that ran: counts per bucket (not
+  // cumulative) for upper bounds kBatchBounds, the last bucket above them.
+  static constexpr std::array<int, 9> kBatchBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  std::array<uint64_t, kBatchBounds.size() + 1> step_sequences_hist{};
+  uint64_t step_sequences_sum = 0;
 };
 
 class Scheduler {

@@ -52,7 +52,8 @@ void Histogram::write(std::string& out, const std::string& name, const std::stri
 
 Metrics::Metrics()
     : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
-      itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}) {}
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
+      e2e_({0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}) {}
 
 void Metrics::request(const std::string& route, int status) {
   const bool known = std::find(std::begin(kRoutes), std::end(kRoutes), route) != std::end(kRoutes);
@@ -88,6 +89,8 @@ std::string Metrics::render(const Gauges& g) const {
   counter("kvq_requests_cancelled_total", "Generations stopped because the client disconnected.", cancelled_);
   ttft_.write(out, "kvq_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
   itl_.write(out, "kvq_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
+  e2e_.write(out, "kvq_request_duration_seconds",
+             "Time from request arrival to its last token, for requests answered in full.");
   gauge("kvq_queue_depth", "Sequences waiting to be admitted (preempted ones included).", uint64_t(g.queue_depth));
   gauge("kvq_requests_running", "Sequences admitted: prefilling or decoding (one per prompt of a request).",
         uint64_t(g.running));
@@ -109,6 +112,21 @@ std::string Metrics::render(const Gauges& g) const {
           m.prefill_tokens);
   counter("kvq_step_decode_tokens_total", "Decode tokens run by the scheduler.", m.decode_tokens);
   counter("kvq_preemptions_total", "Sequences preempted (their pages taken back, to be recomputed).", m.preemptions);
+  {
+    const char* name = "kvq_step_batch_sequences";
+    out += std::string("# HELP ") + name + " Sequences in each scheduler step's batch.\n# TYPE " + name +
+           " histogram\n";
+    uint64_t cum = 0, n = 0;
+    for (size_t i = 0; i < m.step_sequences_hist.size(); ++i) {
+      cum += m.step_sequences_hist[i];
+      const std::string le =
+          i < SchedulerMetrics::kBatchBounds.size() ? std::to_string(SchedulerMetrics::kBatchBounds[i]) : "+Inf";
+      out += std::string(name) + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+    }
+    n = cum;
+    out += std::string(name) + "_sum " + std::to_string(m.step_sequences_sum) + "\n";
+    out += std::string(name) + "_count " + std::to_string(n) + "\n";
+  }
   return out;
 }
 

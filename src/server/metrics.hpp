@@ -51,6 +51,7 @@ class Metrics {
   void cancelled() { ++cancelled_; }
   Histogram& ttft() { return ttft_; }
   Histogram& itl() { return itl_; }
+  Histogram& e2e() { return e2e_; }  // arrival to the last token of a request answered in full
 
   std::string render(const Gauges& g) const;
 
@@ -58,7 +59,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, cancelled_{0};
-  Histogram ttft_, itl_;
+  Histogram ttft_, itl_, e2e_;
 };
 
 }  // namespace kvq::server

@@ -941,6 +941,7 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
       choices.push_back(std::move(one));
     }
   }
+  metrics.e2e().observe(seconds(Clock::now() - arrival));
   if (sse) {
     if (req.include_usage) send_event(usage_chunk_json(ep, rid, usage));
     ex.push("data: [DONE]\n\n");
