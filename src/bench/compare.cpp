@@ -4,17 +4,12 @@
 #include <cstdio>
 #include <sstream>
 
+#include "bench/report_text.hpp"
 #include "core/error.hpp"
 
 namespace kvq::bench {
 
 namespace {
-
-std::string num(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
 
 // Ranges entirely apart (beyond the repetitions' noise) and medians apart by
 // more than min_change. higher_is_better: tok/s; lower: TTFT.

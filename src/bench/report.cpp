@@ -12,14 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench/report_text.hpp"
 #include "bench/stats.hpp"
 #include "core/error.hpp"
 
 namespace kvq::bench {
 
 namespace fs = std::filesystem;
-
-namespace {
 
 std::string num(double v, int decimals) {
   char buf[64];
@@ -39,14 +38,6 @@ std::string csv_field(const std::string& s) {
   for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
   return q + "\"";
 }
-
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
-  return s;
-}
-
-double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 // A Markdown table cell: no pipes or newlines inside.
 std::string md(std::string s) {
@@ -72,6 +63,17 @@ std::pair<int, std::string> run_command(const std::string& cmd) {
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
+
+namespace {
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
 
 // A gnuplot string literal (single quotes doubled).
 std::string gp_str(const std::string& s) {

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/report_text.hpp"
 #include "bench/run_meta.hpp"
 #include "bench/stats.hpp"
 #include "core/error.hpp"
@@ -56,41 +57,6 @@ int sample(const LengthDist& d, std::mt19937_64& rng) {
   return std::uniform_int_distribution<int>(d.lo, d.hi)(rng);
 }
 
-std::string num(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-std::string sig(double v) {
-  const double a = std::fabs(v);
-  return num(v, a >= 1000 ? 0 : a >= 100 ? 1 : a >= 10 ? 2 : a >= 1 ? 3 : 4);
-}
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return q + "\"";
-}
-std::string md(std::string s) {
-  for (char& ch : s)
-    if (ch == '|' || ch == '\n' || ch == '\r') ch = ch == '|' ? '/' : ' ';
-  return s;
-}
-std::string sh_quote(const std::string& s) {
-  std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::array<char, 4096> buf;
-  size_t k;
-  while ((k = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), k);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
 
 Percentiles pcts(const std::vector<double>& v, double scale) {
   if (v.empty()) return {};
