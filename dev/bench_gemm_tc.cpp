@@ -4,6 +4,10 @@
 // B = 1, 8, 16, 32, 64 input rows.
 //   kvq_bench_gemm_tc [iters] [type ...]   (default types: Q1_0 Q8_0 Q4_0; gemm_tc
 //                                          types only, BF16 is not implemented)
+// For a profiler run, environment variables narrow the work (so that the
+// first gemm_tc launch is the one wanted): KVQ_LAB_BATCHES=8,64 (the B values),
+// KVQ_LAB_LAUNCHES=gate (launches whose name contains the text),
+// KVQ_LAB_PATHS=tc,cta,gb (which paths run; the others print 0).
 // Per type, launch kind and B:
 //   tc us     time of one gemm_tc request with x quantized once per launch
 //             into a workspace (the backend's path; CUDA events around a loop
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -140,8 +145,25 @@ int main(int argc, char** argv) {
     }
   }
   if (types.empty()) types = {TensorType::Q1_0, TensorType::Q8_0, TensorType::Q4_0};
-  const int batches[] = {1, 8, 16, 32, 64};
-  constexpr int kNB = 5, kMaxB = 64;
+  std::vector<int> batches = {1, 8, 16, 32, 64};
+  if (const char* e = std::getenv("KVQ_LAB_BATCHES")) {
+    batches.clear();
+    for (const char* p = e; *p;) {
+      const int b = std::atoi(p);
+      if (b < 1 || b > 64) {
+        std::fprintf(stderr, "KVQ_LAB_BATCHES: %s is not a list of 1..64\n", e);
+        return 2;
+      }
+      batches.push_back(b);
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+  }
+  const int kNB = int(batches.size());
+  constexpr int kMaxB = 64;
+  const char* launch_filter = std::getenv("KVQ_LAB_LAUNCHES");
+  const std::string paths = std::getenv("KVQ_LAB_PATHS") ? std::getenv("KVQ_LAB_PATHS") : "tc,cta,gb";
+  auto path_on = [&](const char* name) { return ("," + paths + ",").find("," + std::string(name) + ",") != std::string::npos; };
 
   const double copy_gbs = lab::copy_bandwidth_gbs(size_t(2) << 30);
   std::printf("device-to-device copy %.0f GB/s (read+write); bonsai-8b layer shapes, median of %d\n", copy_gbs, iters);
@@ -169,8 +191,10 @@ int main(int argc, char** argv) {
     launches.push_back({"down+add", {kDModel}, kDff, false, E::add, {}});
     std::printf("\n%s\n%-14s %3s %9s %9s %9s %9s %8s %9s\n", gguf::tensor_type_name(t), "launch", "B", "tc us",
                 "cta us", "gb us", "tc/tok", "speedup", "floor us");
-    double layer_tc[kNB] = {}, layer_cta[kNB] = {}, layer_gb[kNB] = {}, layer_bytes = 0;
+    std::vector<double> layer_tc(kNB), layer_cta(kNB), layer_gb(kNB);
+    double layer_bytes = 0;
     for (Launch& l : launches) {
+      if (launch_filter && !std::strstr(l.name, launch_filter)) continue;
       for (int r : l.rows) l.weight_bytes += layout_size(t, r, l.cols).bytes();
       const int copies = int(std::clamp<size_t>((kRotateBytes + l.weight_bytes - 1) / l.weight_bytes, 2, 64));
       for (int c = 0; c < copies; ++c) {
@@ -197,9 +221,12 @@ int main(int argc, char** argv) {
       const double floor_us = double(l.weight_bytes) / (copy_gbs * 1e9) * 1e6;
       for (int i = 0; i < kNB; ++i) {
         const int b = batches[i];
-        const double tc = lab::time_ms([&] { run(b, prestaged); }, iters, 2) * 1e3 / copies;
-        const double cta = lab::time_ms([&] { run(b, in_cta); }, iters, 2) * 1e3 / copies;
-        const double gb = lab::time_ms([&] { run(b, gemv_batch); }, iters, 2) * 1e3 / copies;
+        auto time_path = [&](Path p, const char* name) {
+          return path_on(name) ? lab::time_ms([&] { run(b, p); }, iters, 2) * 1e3 / copies : 0.0;
+        };
+        const double tc = time_path(prestaged, "tc");
+        const double cta = time_path(in_cta, "cta");
+        const double gb = time_path(gemv_batch, "gb");
         layer_tc[i] += tc;
         layer_cta[i] += cta;
         layer_gb[i] += gb;
