@@ -24,11 +24,15 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAK
 time cmake --build build-gpu -j "$(nproc)" --target kvq kvq_gpu_tests kvq_bench_gemm_tc 2>&1 | grep -E "error|FAILED" | head -20
 echo "== gpu tests (${1:-all})"
 if [ -n "${1:-}" ]; then
+  pids=()
   for i in 0 1 2 3; do
     GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout "${TEST_TIMEOUT:-150}" build-gpu/tests/kvq_gpu_tests \
       --gtest_filter="$1" >"$OUT/gpu_tests_$i.txt" 2>&1 &
+    pids+=($!)
   done
-  wait
+  # Wait for the shards only: a bare `wait` also waits for the tee of the
+  # log (bash >= 5.1 waits for process substitutions), which never ends.
+  wait "${pids[@]}"
   cat "$OUT"/gpu_tests_?.txt >"$OUT/gpu_tests.txt" && rm -f "$OUT"/gpu_tests_?.txt
   grep -h -E "^\[  FAILED|^\[  PASSED|Failure" "$OUT/gpu_tests.txt" | head -30
 else
