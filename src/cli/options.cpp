@@ -103,8 +103,9 @@ void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str()
       ->group(lab);
-  app.add_flag("--gemm-tc-prestage", b.gemm_tc_prestage,
-               "CUDA: the tensor-core batched GEMM quantizes its input once per launch (not yet measured)")
+  app.add_flag("--gemm-tc-prestage,!--no-gemm-tc-prestage", b.gemm_tc_prestage,
+               "CUDA: the tensor-core batched GEMM quantizes its input once per launch (default; --no-... stages "
+               "it in every CTA, for A/B runs)")
       ->group(lab);
   app.add_option("--attn-prefetch", b.attn_prefetch_tiles,
                  "CUDA: K/V tiles per warp the decode attention asks L2 for before waiting for its predecessor")

@@ -76,7 +76,18 @@
 //   identical outputs.
 //   Weights go straight from global memory to registers (ld.global.nc, no L1
 //   allocation), one 128-column group ahead of the one being multiplied
-//   (the first before waiting for the kernel that writes x).
+//   (the first before waiting for the kernel that writes x). At small B
+//   this is latency-bound (H200, B = 8: 0.5 TB/s with 16 warps per SM and
+//   one group in flight each). Session 12 tried an L2 bulk prefetch of each
+//   row's next 512 bytes together with the loop order below: the layer got
+//   4-9 us slower at B <= 32 and 13 us faster at B = 64. The prefetch (about
+//   1,000 small bulk requests per SM at the start) is the likelier cause of
+//   a cost that is the same at every B, and the loop order removed B = 64's
+//   spills, so the prefetch was dropped (this combination has not been
+//   timed); a deeper pipeline (cp.async weight tiles) is the next step.
+//   Per group a warp decodes the four k-steps' A fragments, then walks its
+//   n-tiles, so Q1_0's per-group sums s live for one n-tile (NT = 8 spilled
+//   to local memory when they lived for all).
 //
 // SHARED MEMORY (bytes from 0; NT8 = 8 NT tokens, TG = groups per tile,
 // S = 128 TG + 64 = the token row stride, = 64 mod 128)
@@ -504,40 +515,43 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
     for (int gl = 0; gl < ng; ++gl) {
       const int gg = tg0 + gl;
       if (gg + 1 < g_hi) next.load(codes, scales, gg + 1, t);
-      float s[kQ1 ? NT : 1][4];
+      // The group's four k-steps of A (both row halves) decoded once, then
+      // n-tile by n-tile: Q1_0's per-group sum s lives for one n-tile only
+      // (4 registers instead of 4 NT), which keeps NT = 8 out of local memory.
+      uint32_t af[4][4];
 #pragma unroll
-      for (int kp = 0; kp < 2; ++kp) {
-        // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
-        const int p = 2 * gl + kp;
-        uint32_t af[2][4];
+      for (int kb = 0; kb < 4; ++kb) {
+        cur.frag(0, kb, t, af[kb][0], af[kb][2]);
+        cur.frag(1, kb, t, af[kb][1], af[kb][3]);
+      }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          cur.frag(0, 2 * kp + h, t, af[h][0], af[h][2]);
-          cur.frag(1, 2 * kp + h, t, af[h][1], af[h][3]);
-        }
+      for (int n = 0; n < NT; ++n) {
+        float s[4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int kp = 0; kp < 2; ++kp) {
+          // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
+          const int p = 2 * gl + kp;
           const uint4 bx = *reinterpret_cast<const uint4*>(xq + size_t(n * 8 + g) * a.row_stride + p * 64 + t * 16);
           const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            const int kb = 2 * kp + h;
             float d[4];
-            mma_s8(d, af[h][0], af[h][1], af[h][2], af[h][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
+            mma_s8(d, af[kb][0], af[kb][1], af[kb][2], af[kb][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
             const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
             if constexpr (kQ1) {
-              if (kp == 0 && h == 0) {
-                s[n][0] = d[0] * dx0;
-                s[n][1] = d[1] * dx1;
-                s[n][2] = d[2] * dx0;
-                s[n][3] = d[3] * dx1;
+              if (kb == 0) {
+                s[0] = d[0] * dx0;
+                s[1] = d[1] * dx1;
+                s[2] = d[2] * dx0;
+                s[3] = d[3] * dx1;
               } else {
-                s[n][0] = fmaf(d[0], dx0, s[n][0]);
-                s[n][1] = fmaf(d[1], dx1, s[n][1]);
-                s[n][2] = fmaf(d[2], dx0, s[n][2]);
-                s[n][3] = fmaf(d[3], dx1, s[n][3]);
+                s[0] = fmaf(d[0], dx0, s[0]);
+                s[1] = fmaf(d[1], dx1, s[1]);
+                s[2] = fmaf(d[2], dx0, s[2]);
+                s[3] = fmaf(d[3], dx1, s[3]);
               }
             } else {
-              const int kb = 2 * kp + h;
               acc[n][0] = fmaf(d[0] * dx0, cur.d[0][kb], acc[n][0]);
               acc[n][1] = fmaf(d[1] * dx1, cur.d[0][kb], acc[n][1]);
               acc[n][2] = fmaf(d[2] * dx0, cur.d[1][kb], acc[n][2]);
@@ -545,14 +559,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
             }
           }
         }
-      }
-      if constexpr (kQ1) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          acc[n][0] = fmaf(s[n][0], cur.d[0], acc[n][0]);
-          acc[n][1] = fmaf(s[n][1], cur.d[0], acc[n][1]);
-          acc[n][2] = fmaf(s[n][2], cur.d[1], acc[n][2]);
-          acc[n][3] = fmaf(s[n][3], cur.d[1], acc[n][3]);
+        if constexpr (kQ1) {
+          acc[n][0] = fmaf(s[0], cur.d[0], acc[n][0]);
+          acc[n][1] = fmaf(s[1], cur.d[0], acc[n][1]);
+          acc[n][2] = fmaf(s[2], cur.d[1], acc[n][2]);
+          acc[n][3] = fmaf(s[3], cur.d[1], acc[n][3]);
         }
       }
       cur = next;
