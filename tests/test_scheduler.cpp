@@ -581,3 +581,147 @@ TEST(Scheduler, LogitsRowsForRequestsThatAskForThem) {
   EXPECT_EQ(rows, 6);
   for (const SeqOutput& o : f.rec[b].all) EXPECT_TRUE(o.logits.empty());
 }
+
+// Prefix caching: a later request whose prompt starts like an earlier one
+// adopts the earlier one's full pages and prefills only the rest; its tokens
+// are still its solo run's, and a request that opts out neither reads nor
+// feeds the cache.
+TEST(Scheduler, PrefixCacheSkipsTheSharedPrefillAndKeepsSoloTokens) {
+  Fixture f;
+  SchedulerOptions o = budget(32);
+  o.prefix_cache = true;
+  auto s = f.make(24, 8, o);
+  const auto shared = f.prompt(27, 40);
+  auto with_tail = [&](uint64_t seed, int n) {
+    std::vector<TokenId> p = shared;
+    const auto tail = f.prompt(n, seed);
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const auto pa = with_tail(1, 5), pb = with_tail(2, 9);
+  const SeqId a = *s->submit(f.request(pa, 12));
+  f.drain(*s);
+  SchedulerMetrics m = s->metrics();
+  EXPECT_EQ(m.prefix_hit_tokens, 0u);
+  EXPECT_EQ(m.prefix_lookup_tokens, 24u);  // (32 - 1) / 8 = 3 whole pages before the last token
+  EXPECT_EQ(m.pages_used, 0);
+  EXPECT_EQ(m.pages_cached, (32 + 11) / 8);  // every page a filled (the last token sampled is not in the store)
+  EXPECT_EQ(m.pages_used + m.pages_cached + m.pages_free, m.pages_total);
+  const uint64_t prefill_a = m.prefill_tokens;
+  EXPECT_EQ(prefill_a, 32u);
+
+  const SeqId b = *s->submit(f.request(pb, 10));
+  f.drain(*s);
+  m = s->metrics();
+  EXPECT_EQ(m.prefix_hit_tokens, 24u);  // the shared 27 tokens hold three whole pages
+  EXPECT_EQ(m.prefill_tokens - prefill_a, uint64_t(pb.size()) - 24u);
+
+  // The same prompt again: every whole page but the one holding its last token.
+  const SeqId a2 = *s->submit(f.request(pa, 12));
+  f.drain(*s);
+  EXPECT_EQ(s->metrics().prefix_hit_tokens, 24u + 24u);
+  // A continuation of a's whole output (a chat's next turn) finds a's generated pages too.
+  std::vector<TokenId> turn = pa;
+  turn.insert(turn.end(), f.rec[a].tokens.begin(), f.rec[a].tokens.end());
+  const uint64_t hits = s->metrics().prefix_hit_tokens;
+  const SeqId t2 = *s->submit(f.request(turn, 4));
+  f.drain(*s);
+  EXPECT_EQ(s->metrics().prefix_hit_tokens - hits, 40u);  // 44 tokens: five whole pages before the last
+  // Opting out.
+  SeqRequest r = f.request(pb, 10);
+  r.cache_prefix = false;
+  const uint64_t before = s->metrics().prefill_tokens;
+  const SeqId b2 = *s->submit(std::move(r));
+  f.drain(*s);
+  EXPECT_EQ(s->metrics().prefill_tokens - before, uint64_t(pb.size()));
+
+  EXPECT_EQ(f.rec[a].tokens, f.solo(pa, 12));
+  EXPECT_EQ(f.rec[a2].tokens, f.rec[a].tokens);
+  EXPECT_EQ(f.rec[b].tokens, f.solo(pb, 10));
+  EXPECT_EQ(f.rec[b2].tokens, f.rec[b].tokens);
+  EXPECT_EQ(f.rec[t2].tokens, f.solo(turn, 4));
+  EXPECT_EQ(s->metrics().pages_used, 0);
+  EXPECT_EQ(s->pool().used_pages(), s->metrics().pages_cached);
+}
+
+// Idle cached pages are reclaimed (least recently used first) before a
+// running sequence is preempted or a waiting one is kept out.
+TEST(Scheduler, IdleCachedPagesAreEvictedBeforeAnyPreemption) {
+  Fixture f;
+  SchedulerOptions o = budget(32);
+  o.prefix_cache = true;
+  auto s = f.make(6, 8, o);  // 48 tokens
+  const auto pa = f.prompt(30, 1), pb = f.prompt(33, 2);
+  const SeqId a = *s->submit(f.request(pa, 11));
+  f.drain(*s);
+  EXPECT_EQ(s->metrics().pages_cached, 5);
+  const SeqId b = *s->submit(f.request(pb, 14));  // 47 tokens: all 6 pages
+  f.drain(*s);
+  const SchedulerMetrics m = s->metrics();
+  EXPECT_EQ(m.preemptions, 0u);
+  EXPECT_GE(m.prefix_evicted_pages, 5u);
+  EXPECT_EQ(f.rec[a].tokens, f.solo(pa, 11));
+  EXPECT_EQ(f.rec[b].tokens, f.solo(pb, 14));
+  EXPECT_EQ(m.pages_used, 0);
+}
+
+// Random arrivals over a few shared prompt openings, with preemptions and
+// cancels, with the prefix cache on: every sequence still gets its solo
+// tokens, the cache is hit, and every page a sequence held comes back.
+TEST(Scheduler, RandomScheduleWithPrefixCacheMatchesSoloRuns) {
+  Fixture f;
+  f.codec.kv = "tsym3";
+  SchedulerOptions o = budget(24);
+  o.prefix_cache = true;
+  auto s = f.make(20, 8, o);  // 160 tokens
+  Rng rng(77);
+  const std::vector<TokenId> openings[3] = {f.prompt(40, 900), f.prompt(24, 901), f.prompt(17, 902)};
+  struct Req {
+    std::vector<TokenId> prompt;
+    int max_tokens;
+    bool cancelled = false;
+  };
+  std::map<SeqId, Req> reqs;
+  std::vector<SeqId> ids;
+  for (int tick = 0; tick < 120; ++tick) {
+    if (tick < 90 && rng.next_u64() % 3 == 0) {
+      const auto& open = openings[rng.next_u64() % 3];
+      std::vector<TokenId> p(open.begin(), open.begin() + ptrdiff_t(1 + rng.next_u64() % open.size()));
+      const auto tail = f.prompt(int(rng.next_u64() % 12), 700 + uint64_t(tick));
+      p.insert(p.end(), tail.begin(), tail.end());
+      Req q{p, 1 + int(rng.next_u64() % 16)};
+      const SeqId id = *s->submit(f.request(q.prompt, q.max_tokens));
+      reqs[id] = q;
+      ids.push_back(id);
+    }
+    if (!ids.empty() && rng.next_u64() % 12 == 0) {
+      const SeqId id = ids[rng.next_u64() % ids.size()];
+      reqs[id].cancelled = true;
+      s->cancel(id);
+    }
+    s->step();
+    const SchedulerMetrics m = s->metrics();
+    EXPECT_EQ(m.pages_used + m.pages_cached + m.pages_free, m.pages_total);
+  }
+  f.drain(*s);
+  const SchedulerMetrics m = s->metrics();
+  EXPECT_GT(m.prefix_hit_tokens, 0u);
+  EXPECT_GT(m.prefix_evicted_pages, 0u);
+  EXPECT_EQ(m.finished, ids.size());
+  EXPECT_EQ(m.pages_used, 0);
+  EXPECT_EQ(s->pool().used_pages(), m.pages_cached);
+  for (int n : f.backend->calls) EXPECT_LE(n, 24);
+  for (SeqId id : ids) {
+    const Req& q = reqs[id];
+    const Record& r = f.rec[id];
+    ASSERT_TRUE(r.finished) << "sequence " << id;
+    const std::vector<TokenId> want = f.solo(q.prompt, q.max_tokens);
+    if (r.reason == StopReason::cancelled) {
+      EXPECT_TRUE(q.cancelled);
+      ASSERT_LE(r.tokens.size(), want.size());
+      EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), want.begin())) << "sequence " << id;
+    } else {
+      EXPECT_EQ(r.tokens, want) << "sequence " << id;
+    }
+  }
+}

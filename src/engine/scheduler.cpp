@@ -49,6 +49,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<kv::Cache> store, SchedulerOp
   KVQ_CHECK(opts_.vocab > 0 && opts_.vocab <= model.config().vocab_size, Errc::invalid_argument, "vocab (",
             opts_.vocab, ") must be between 1 and the model's ", model.config().vocab_size);
   KVQ_CHECK(opts_.max_waiting >= 0, Errc::invalid_argument, "max_waiting must not be negative");
+  if (opts_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(pool_, page_tokens_);
   own_.pages_total = metrics_.pages_total = pool_.n_pages();
   own_.pages_free = metrics_.pages_free = pool_.free_pages();
 }
@@ -72,7 +73,7 @@ std::optional<SeqId> Scheduler::submit(SeqRequest req) {
                                                kv::BlockTable(pool_, page_tokens_), Sampler(req.sampling),
                                                req.max_tokens, std::move(req.stop_tokens),
                                                std::move(req.on_output), false, 0, clock_->now(),
-                                               req.want_logits});
+                                               req.want_logits, prefix_ && req.cache_prefix, {}});
   s->n_prompt = int(s->tokens.size());
   for (TokenId id : s->tokens) s->sampler.accept(id);
   SeqId id;
@@ -169,10 +170,39 @@ void Scheduler::insert_running(SeqPtr s) {
   running_.insert(at, std::move(s));
 }
 
+int Scheduler::available_pages() const {
+  return pool_.free_pages() + (prefix_ ? prefix_->idle_pages() : 0);
+}
+
 bool Scheduler::try_reserve(Sequence& s, int tokens) {
-  if (kv::pages_for(tokens, page_tokens_) - int(s.table.pages().size()) > pool_.free_pages()) return false;
+  const int need = kv::pages_for(tokens, page_tokens_) - int(s.table.pages().size());
+  if (need > pool_.free_pages()) {  // idle cached pages make up the difference, or nothing does
+    if (need > available_pages()) return false;
+    own_.prefix_evicted_pages += uint64_t(prefix_->evict(need - pool_.free_pages()));
+  }
   s.table.reserve(tokens);
   return true;
+}
+
+void Scheduler::adopt_cached_prefix(Sequence& s) {
+  if (!s.cache_prefix) return;
+  // Whole pages only, and never the last token: its logits row is what
+  // the admission's prefill must produce.
+  const int max_pages = (int(s.tokens.size()) - 1) / page_tokens_;
+  PrefixCache::Match m = prefix_->match(s.tokens.data(), max_pages);
+  s.table.adopt(m.pages);
+  s.nodes = std::move(m.nodes);
+  s.cached = m.tokens(page_tokens_);
+}
+
+void Scheduler::cache_full_pages(Sequence& s) {
+  if (!s.cache_prefix) return;
+  const size_t full = size_t(s.cached / page_tokens_);
+  while (s.nodes.size() < full) {
+    const size_t i = s.nodes.size();
+    const PrefixCache::NodeId parent = i ? s.nodes[i - 1] : 0;
+    s.nodes.push_back(prefix_->insert(parent, s.tokens.data() + i * size_t(page_tokens_), s.table.pages()[i]));
+  }
 }
 
 void Scheduler::emit(Sequence& s, std::vector<TokenId> tokens, double time) {
@@ -189,6 +219,7 @@ void Scheduler::emit(Sequence& s, std::vector<TokenId> tokens, double time) {
 
 void Scheduler::finish(Sequence& s, StopReason reason, double time) {
   s.table.clear();
+  s.nodes.clear();
   s.state = SeqState::finished;
   // A token sampled this step is in out_ already: the finish goes with it.
   if (out_.empty() || out_.back().seq != &s) emit(s, {}, time);
@@ -202,6 +233,7 @@ void Scheduler::preempt(Sequence& s) {
   // Recompute: the pages go back; tokens and sampler stay; the next
   // admission prefills all of tokens (prompt + generated) again.
   s.table.clear();
+  s.nodes.clear();
   s.cached = 0;
   s.state = SeqState::preempted;
   ++s.preemptions;
@@ -235,7 +267,8 @@ void Scheduler::publish_metrics() {
   own_.running = int(running_.size());
   own_.preempted = 0;
   for (const SeqPtr& s : waiting_) own_.preempted += s->state == SeqState::preempted;
-  own_.pages_used = pool_.used_pages();
+  own_.pages_cached = prefix_ ? prefix_->idle_pages() : 0;
+  own_.pages_used = pool_.used_pages() - own_.pages_cached;
   own_.pages_free = pool_.free_pages();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t submitted = metrics_.submitted, refused = metrics_.refused;
@@ -322,9 +355,18 @@ int Scheduler::step() {
   }
   while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_running) {
     Sequence& s = *waiting_.front();
-    if (!try_reserve(s, int(s.tokens.size()))) break;  // oldest first: nobody overtakes it
+    adopt_cached_prefix(s);
+    if (!try_reserve(s, int(s.tokens.size()))) {  // oldest first: nobody overtakes it
+      s.table.clear();
+      s.nodes.clear();
+      s.cached = 0;
+      break;
+    }
+    if (s.cache_prefix) {
+      own_.prefix_lookup_tokens += uint64_t((int(s.tokens.size()) - 1) / page_tokens_ * page_tokens_);
+      own_.prefix_hit_tokens += uint64_t(s.cached);
+    }
     s.state = SeqState::running;
-    s.cached = 0;
     s.prefill_until = int(s.tokens.size());
     SeqPtr p = std::move(waiting_.front());
     waiting_.pop_front();
@@ -352,7 +394,10 @@ int Scheduler::step() {
       deliver();
       std::rethrow_exception(err);
     }
-    for (size_t r = 0; r < batch_seqs_.size(); ++r) batch_seqs_[r]->cached += batch_.runs[r].n;
+    for (size_t r = 0; r < batch_seqs_.size(); ++r) {
+      batch_seqs_[r]->cached += batch_.runs[r].n;
+      cache_full_pages(*batch_seqs_[r]);
+    }
     const double now = clock_->now();
     for (size_t r = 0; r < row_seqs_.size(); ++r) {
       Sequence& s = *row_seqs_[r];

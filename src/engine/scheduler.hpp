@@ -27,6 +27,13 @@
 //      context end finish sequences, whose pages go back to the pool;
 //   6. outputs (new tokens, finish reasons) go to each request's callback.
 //
+// With SchedulerOptions::prefix_cache, an admission first adopts the cached
+// pages of the longest cached prefix of the sequence's tokens (whole pages,
+// never its last token) and prefills only the rest; after each pass every
+// page a sequence has filled goes into the cache (engine/prefix_cache.hpp).
+// A reservation that the free list cannot serve evicts idle cached pages
+// (least recently used leaves) before anything is preempted.
+//
 // Preemption is by recompute: the preempted sequence's pages go back to
 // the pool, it keeps its tokens and its sampler (history and random state)
 // and goes back to the waiting queue in arrival order (ahead of every later
@@ -59,6 +66,7 @@
 #include <vector>
 
 #include "engine/batch_decoder.hpp"
+#include "engine/prefix_cache.hpp"
 #include "engine/sampler.hpp"
 #include "engine/session.hpp"  // StopReason
 #include "kv/cache.hpp"
@@ -121,6 +129,10 @@ struct SeqRequest {
   // the server's logprobs). A step with such a row downloads its logits
   // rows: the backend's greedy shortcut is off for that step.
   bool want_logits = false;
+  // With SchedulerOptions::prefix_cache: start from the cached pages of the
+  // longest cached prefix of the prompt, and leave this sequence's full
+  // pages in the cache (false: neither; the server's cache_prompt).
+  bool cache_prefix = true;
 };
 
 struct SchedulerOptions {
@@ -143,6 +155,12 @@ struct SchedulerOptions {
   // Let the backend choose greedy tokens when every row of a step samples
   // greedily without penalties (the logits stay where they are).
   bool backend_greedy = true;
+  // Automatic prefix caching (engine/prefix_cache.hpp): full pages stay in
+  // the pool after their sequences end, and a sequence admitted later whose
+  // tokens start with theirs adopts them instead of prefilling them again.
+  // Idle cached pages are evicted (least recently used) when a sequence
+  // needs pages the free list does not have.
+  bool prefix_cache = false;
 };
 
 // Counters for operators (/metrics) and tests. "now" fields describe the
@@ -152,13 +170,20 @@ struct SchedulerMetrics {
   int waiting = 0;    // submitted or preempted, not running (the inbox included)
   int running = 0;    // admitted: holding pages, prefilling or decoding
   int preempted = 0;  // of `waiting`: preempted, waiting to be resumed
-  int pages_total = 0, pages_used = 0, pages_free = 0;
+  // pages_used: held by sequences; pages_cached: held only by the prefix
+  // cache (idle, reclaimable); pages_free: in the free list. They add up to
+  // pages_total.
+  int pages_total = 0, pages_used = 0, pages_cached = 0, pages_free = 0;
   int step_prefill_tokens = 0, step_decode_tokens = 0;
   int step_sequences = 0;  // sequences in the last step's batch
   double step_seconds = 0;
   uint64_t steps = 0;  // steps that ran a forward pass
   uint64_t prefill_tokens = 0, decode_tokens = 0;
   uint64_t submitted = 0, admitted = 0, preemptions = 0, finished = 0, cancelled = 0, refused = 0;
+  // Prefix cache: prompt tokens looked up at admission (the cacheable part:
+  // all but the last, in whole pages) and those found cached (not prefilled).
+  uint64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
+  uint64_t prefix_evicted_pages = 0;
   // Sequences per step, over every step that ran: counts per bucket (not
   // cumulative) for upper bounds kBatchBounds, the last bucket above them.
   static constexpr std::array<int, 9> kBatchBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256};
@@ -214,6 +239,7 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return opts_; }
   kv::PagePool& pool() { return pool_; }
+  PrefixCache* prefix_cache() { return prefix_.get(); }
   kv::Cache& store() { return *store_; }
   Model& model() { return model_; }
 
@@ -234,6 +260,8 @@ class Scheduler {
     int preemptions = 0;
     double arrival = 0;
     bool want_logits = false;
+    bool cache_prefix = false;                // reads and feeds the prefix cache
+    std::vector<PrefixCache::NodeId> nodes;   // cache nodes of its first full pages, in order
     int pending() const { return int(tokens.size()) - cached; }  // tokens to feed
     int generated() const { return int(tokens.size()) - n_prompt; }
   };
@@ -246,6 +274,12 @@ class Scheduler {
   void finish(Sequence& s, StopReason reason, double time);
   void preempt(Sequence& s);
   bool try_reserve(Sequence& s, int tokens);
+  // Pages a reservation may take: free ones and idle cached ones.
+  int available_pages() const;
+  // Adopts the cached pages of s's longest cached prefix (admission).
+  void adopt_cached_prefix(Sequence& s);
+  // Puts s's newly filled full pages into the prefix cache.
+  void cache_full_pages(Sequence& s);
   void insert_waiting(SeqPtr s);
   void insert_running(SeqPtr s);
   // Moves finished sequences out of running_ and waiting_ into done_ (kept
@@ -260,6 +294,7 @@ class Scheduler {
   Model& model_;
   std::unique_ptr<kv::Cache> store_;
   kv::PagePool pool_;
+  std::unique_ptr<PrefixCache> prefix_;  // null: prefix caching off (after pool_: gives its pages back first)
   std::unique_ptr<RunState> run_;
   SchedulerOptions opts_;
   SteadyClock own_clock_;

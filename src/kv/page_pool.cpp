@@ -101,4 +101,11 @@ void BlockTable::share_prefix(const BlockTable& other, int tokens) {
   }
 }
 
+void BlockTable::adopt(const std::vector<int32_t>& pages) {
+  for (int32_t p : pages) {
+    pool_->retain(p);
+    pages_.push_back(p);
+  }
+}
+
 }  // namespace kvq::kv

@@ -58,6 +58,9 @@ class BlockTable {
   // must not write into a page it shares (copy-on-write is the prefix
   // cache's job).
   void share_prefix(const BlockTable& other, int tokens);
+  // Appends pages that others hold (a cached prefix), one more reference
+  // each; the caller must not write into them.
+  void adopt(const std::vector<int32_t>& pages);
 
   const std::vector<int32_t>& pages() const { return pages_; }
   int page_tokens() const { return page_tokens_; }
