@@ -34,6 +34,7 @@ struct ServeArgs {
   double max_body_mib = 8;
   int max_queue = 32;
   int max_seqs = 8;
+  bool prefix_cache = true;
   int kv_pages = 0;       // 0: see --kv-budget, else max_seqs sequences of --ctx
   std::string kv_budget;  // bytes of KV for the pool
 };
@@ -99,6 +100,7 @@ int serve(ServeArgs& a) {
             " is more than the ", setup.scheduler.max_step_tokens,
             " tokens of a step (--prefill-chunk): every running sequence decodes one token per step");
   setup.scheduler.max_seq_tokens = ctx;
+  setup.scheduler.prefix_cache = a.prefix_cache;
   const int threads = a.model.threads;
   setup.thread_init = [threads] {
     if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
@@ -127,9 +129,9 @@ int serve(ServeArgs& a) {
                so.model_id.c_str(), ctx, so.default_codec.c_str(), chat_template_name(so.chat_template), a.max_queue);
   std::fprintf(stderr,
                "kvq serve: KV pool %d pages of %d tokens (%lld tokens, %.1f MiB), up to %d sequences per step, "
-               "%d tokens per step\n",
+               "%d tokens per step, prefix cache %s\n",
                pages, page, (long long)pages * page, double(pool_bytes) / (1 << 20), a.max_seqs,
-               step_tokens);
+               step_tokens, a.prefix_cache ? "on" : "off");
   if (!so.api_key.empty()) std::fprintf(stderr, "kvq serve: /v1/* require the API key (Authorization: Bearer ...)\n");
   std::fputs(server::startup_warnings(so).c_str(), stderr);
   std::fprintf(stderr, "kvq serve: listening on http://%s:%d\n", so.host.c_str(), port);
@@ -183,6 +185,10 @@ KVQ_REGISTER_COMMAND("serve", "OpenAI-compatible HTTP server (chat/completions, 
                                       "Sequences that run (decode) together, one token each per step")
                            ->capture_default_str()
                            ->check(CLI::Range(1, 4096));
+                       app.add_flag("--prefix-cache,!--no-prefix-cache", a->prefix_cache,
+                                    "Keep full KV pages after their requests end and reuse them for later prompts "
+                                    "that start the same way (default on; a request may opt out with "
+                                    "\"cache_prompt\": false)");
                        app.add_option("--kv-pages", a->kv_pages,
                                       "Pages of 64 tokens in the KV pool all requests share (default: enough for "
                                       "--max-seqs sequences of --ctx tokens)");

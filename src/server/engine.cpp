@@ -171,6 +171,7 @@ std::vector<std::shared_ptr<Stream>> Engine::submit(std::vector<Job> jobs) {
       r.stop_tokens = std::move(j.stop_tokens);
       if (j.stop_at_eog) r.stop_tokens.insert(r.stop_tokens.end(), eog_.begin(), eog_.end());
       r.want_logits = j.logprobs >= 0;
+      r.cache_prefix = j.cache_prompt;
       r.on_output = [this, s](const SeqOutput& o) { on_output(s, o); };
       const std::optional<SeqId> id = sched_->submit(std::move(r));
       KVQ_CHECK(id, Errc::internal, "the scheduler refused a sequence");  // it has no bound of its own here

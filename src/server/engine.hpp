@@ -72,6 +72,7 @@ struct Job {
   bool stop_at_eog = true;            // the tokenizer's end-of-generation tokens end it
   std::vector<TokenId> stop_tokens;   // more tokens that end it (stop_token_ids)
   int logprobs = -1;                  // -1: none; else alternatives listed per token
+  bool cache_prompt = true;           // use and feed the prefix cache (when the server has one)
 };
 
 // One sequence's output channel: the engine thread pushes, the request's

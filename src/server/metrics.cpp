@@ -103,7 +103,16 @@ std::string Metrics::render(const Gauges& g) const {
         uint64_t(m.preempted));
   gauge("kvq_kv_pages_total", "Pages in the KV pool.", uint64_t(m.pages_total));
   gauge("kvq_kv_pages_used", "KV pages held by sequences.", uint64_t(m.pages_used));
+  gauge("kvq_kv_pages_cached", "KV pages only the prefix cache holds (idle, reclaimed when needed).",
+        uint64_t(m.pages_cached));
   gauge("kvq_kv_pages_free", "KV pages free.", uint64_t(m.pages_free));
+  counter("kvq_prefix_cache_lookup_tokens_total",
+          "Prompt tokens looked up in the prefix cache at admission (whole pages before the last token).",
+          m.prefix_lookup_tokens);
+  counter("kvq_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache (not prefilled).",
+          m.prefix_hit_tokens);
+  counter("kvq_prefix_cache_evicted_pages_total", "Idle cached pages taken back for other sequences.",
+          m.prefix_evicted_pages);
   gauge("kvq_step_sequences", "Sequences in the last step's batch.", uint64_t(m.step_sequences));
   gauge("kvq_step_prefill_tokens", "Prefill tokens in the last step.", uint64_t(m.step_prefill_tokens));
   gauge("kvq_step_decode_tokens", "Decode tokens in the last step.", uint64_t(m.step_decode_tokens));

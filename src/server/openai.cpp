@@ -272,6 +272,7 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
   }
   const int min_tokens = int(get_int(b, "min_tokens", 0, 0, INT32_MAX));
   r.ignore_eos = get_bool(b, "ignore_eos", false);
+  r.cache_prompt = get_bool(b, "cache_prompt", true);
   if (const json* st = field(b, "stop_token_ids")) {
     if (!st->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be an array of token ids");
     if (st->size() > 64) bad_request("stop_token_ids", "'stop_token_ids' has ", st->size(), " ids; at most 64");

@@ -81,6 +81,7 @@ struct ApiRequest {
   bool ignore_eos = false;            // generate past end-of-generation tokens
   std::vector<TokenId> stop_token_ids;  // more tokens that end generation
   bool echo = false;                  // completions: the prompt text starts the answer
+  bool cache_prompt = true;           // use and feed the server's prefix cache (llama.cpp's field)
   // Completions with a batch of prompts: prompts 2..n (prompt / prompt_ids
   // hold the first); each is generated in turn and answered as its own choice.
   struct Prompt {

@@ -775,6 +775,7 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
     job.stop_at_eog = !r.ignore_eos;
     job.stop_tokens = r.stop_token_ids;
     job.logprobs = r.logprobs;
+    job.cache_prompt = r.cache_prompt;
     n_prompt.push_back(n);
     jobs.push_back(std::move(job));
   }

@@ -1,7 +1,9 @@
 // Continuous batching behind `kvq serve`, through the openai npm client:
 // concurrent requests decode together in the scheduler's steps and each
-// returns exactly its solo text; clients that hang up at random moments
-// leave no KV page held (/metrics).
+// returns exactly its solo text; prompts that share an opening reuse its
+// cached KV pages and still return exactly what they return without the
+// cache; clients that hang up at random moments leave no KV page held
+// (/metrics).
 //
 // Exactness: the CPU backend computes each token of a call of up to 64
 // tokens on its own (docs/architecture.md, "The step batch"), so with steps
@@ -78,6 +80,36 @@ test('16 concurrent streams each return their solo text', async () => {
   console.log(`batch: 16 streams matched their solo text in ${steps} steps for ${decoded} decode tokens`);
 });
 
+test('prefix caching: shared openings are not prefilled again, and the text is the same without it', async () => {
+  // About 250 tokens of shared context (four 64-token pages), then different questions.
+  const context = Array.from({ length: 24 }, (_, i) => `def f${i}(x):\n    return x * ${i} + ${i % 7}\n`).join('');
+  const endings = ['\ndef main():\n', '\nclass Table:\n', '\n# tests\n', '\nimport json\n', '\nx = f3(2)\n',
+                   '\ndef g(y):\n'];
+  const body = (i, extra = {}) => ({ model: MODEL, prompt: context + endings[i], max_tokens: 16, temperature: 0, ...extra });
+  const uncached = [];
+  for (let i = 0; i < endings.length; i++) {
+    const r = await client.completions.create(body(i, { cache_prompt: false }));
+    uncached.push(r.choices[0].text);
+  }
+  const hits0 = await metric(srv.url, 'kvq_prefix_cache_hit_tokens_total');
+  const prefill0 = await metric(srv.url, 'kvq_step_prefill_tokens_total');
+  // The first warms the cache; the rest run together and find its pages.
+  const first = await client.completions.create(body(0));
+  assert.equal(first.choices[0].text, uncached[0]);
+  const rest = await Promise.all(endings.slice(1).map(async (_, k) => {
+    let text = '';
+    for await (const c of await client.completions.create({ ...body(k + 1), stream: true })) text += c.choices[0]?.text ?? '';
+    return text;
+  }));
+  for (let i = 1; i < endings.length; i++) assert.equal(rest[i - 1], uncached[i], `prompt ${i}`);
+  const hits = (await metric(srv.url, 'kvq_prefix_cache_hit_tokens_total')) - hits0;
+  const prefilled = (await metric(srv.url, 'kvq_step_prefill_tokens_total')) - prefill0;
+  const promptTokens = first.usage.prompt_tokens;
+  assert.ok(hits >= 5 * 192, `${hits} cached prompt tokens reused by the five later prompts`);
+  assert.ok(prefilled < 2 * promptTokens, `${prefilled} tokens prefilled for six prompts of ~${promptTokens}`);
+  console.log(`prefix cache: ${hits} prompt tokens reused, ${prefilled} prefilled for 6 prompts of ~${promptTokens}`);
+});
+
 // A tiny deterministic generator, so a failure repeats.
 function rng(seed) {
   let s = seed >>> 0;
@@ -135,7 +167,8 @@ test('random disconnects leave no KV page held', async () => {
   await until(async () => (await metric(srv.url, 'kvq_kv_pages_used')) === 0 &&
                           (await metric(srv.url, 'kvq_sequences_running')) === 0 &&
                           (await metric(srv.url, 'kvq_sequences_waiting')) === 0, 'every page to come back', 60);
-  assert.equal(await metric(srv.url, 'kvq_kv_pages_free'), total);
+  // Free again, or idle in the prefix cache (reclaimed when needed).
+  assert.equal((await metric(srv.url, 'kvq_kv_pages_free')) + (await metric(srv.url, 'kvq_kv_pages_cached')), total);
   assert.equal(await metric(srv.url, 'kvq_kv_cache_bytes'), 0);
   const left = results.filter((r) => r.kind === 'stream-hang-up' || r.error).length;
   assert.ok((await metric(srv.url, 'kvq_requests_cancelled_total')) >= cancelled0 + left,
