@@ -725,3 +725,35 @@ TEST(Scheduler, RandomScheduleWithPrefixCacheMatchesSoloRuns) {
     }
   }
 }
+
+// One prompt sent n times at once (the server's n > 1): the first copy
+// prefills it, the others wait for its pages instead of computing them
+// again, and each copy still samples its own tokens (its own seed).
+TEST(Scheduler, CopiesOfOnePromptPrefillItOnce) {
+  Fixture f;
+  SchedulerOptions o = budget(64);
+  o.prefix_cache = true;
+  auto s = f.make(24, 8, o);
+  const auto p = f.prompt(41, 9);
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 0;
+  sp.top_p = 1;
+  sp.min_p = 0;
+  std::vector<SeqId> ids;
+  for (int k = 0; k < 3; ++k) {
+    SamplingParams one = sp;
+    one.seed = 500 + uint64_t(k);
+    ids.push_back(*s->submit(f.request(p, 9, one)));
+  }
+  f.drain(*s);
+  const SchedulerMetrics m = s->metrics();
+  EXPECT_EQ(m.prefill_tokens, 41u + 2u * (41u - 40u));  // the copies adopt five whole pages each
+  EXPECT_EQ(m.prefix_hit_tokens, 80u);
+  for (int k = 0; k < 3; ++k) {
+    SamplingParams one = sp;
+    one.seed = 500 + uint64_t(k);
+    EXPECT_EQ(f.rec[ids[size_t(k)]].tokens, f.solo(p, 9, one)) << "copy " << k;
+  }
+  EXPECT_NE(f.rec[ids[0]].tokens, f.rec[ids[1]].tokens);
+}

@@ -134,7 +134,11 @@ TEST(ServerApi, BadRequestsNameTheField) {
       {C, ("{" + m + R"(, "stop": [1]})"), 400, "stop", ""},
       {C, ("{" + m + R"(, "stream": "yes"})"), 400, "stream", ""},
       {C, ("{" + m + R"(, "stream_options": {"include_usage": true}})"), 400, "stream_options", ""},
-      {C, ("{" + m + R"(, "n": 2})"), 400, "n", "unsupported_parameter"},
+      {C, ("{" + m + R"(, "n": 0})"), 400, "n", ""},
+      {C, ("{" + m + R"(, "n": 17})"), 400, "n", ""},
+      {C, ("{" + m + R"(, "n": "two"})"), 400, "n", ""},
+      {C, ("{" + m + R"(, "cache_prompt": 1})"), 400, "cache_prompt", ""},
+      {Endpoint::completion, R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})", 400, "n", ""},
       {C, ("{" + m + R"(, "tools": [{"type": "function"}]})"), 400, "tools", "unsupported_parameter"},
       {C, ("{" + m + R"(, "logit_bias": {"1": 101}})"), 400, "logit_bias", ""},
       {C, ("{" + m + R"(, "logit_bias": {"1": "up"}})"), 400, "logit_bias", ""},
@@ -315,7 +319,13 @@ TEST(ServerApi, CheapFieldsAreServed) {
       "ignore_eos": true, "stop_token_ids": [3, 7], "min_tokens": 0, "logit_bias": {}, "tools": [],
       "tool_choice": "none"})", d);
   EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_TRUE(r.cache_prompt);
   EXPECT_EQ(r.stop_token_ids, (std::vector<TokenId>{3, 7}));
+  const ApiRequest many = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}],
+      "n": 3, "cache_prompt": false})", d);
+  EXPECT_EQ(many.n, 3);
+  EXPECT_FALSE(many.cache_prompt);
   EXPECT_TRUE(r.sampling.logit_bias.empty());
   EXPECT_EQ(r.sampling.min_tokens, 0);
   const ApiRequest biased = parse_request(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x"}],

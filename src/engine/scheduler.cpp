@@ -195,6 +195,21 @@ void Scheduler::adopt_cached_prefix(Sequence& s) {
   s.cached = m.tokens(page_tokens_);
 }
 
+bool Scheduler::shared_prefill_pending(const Sequence& s) const {
+  if (!s.cache_prefix) return false;
+  const size_t cacheable = size_t(int(s.tokens.size()) - 1) / size_t(page_tokens_);  // whole pages before the last token
+  if (s.nodes.size() >= cacheable) return false;
+  for (const SeqPtr& r : running_) {
+    if (!r->cache_prefix || r->pending() <= 1) continue;  // decoding: what it will cache is cached already
+    const size_t n = std::min(s.tokens.size(), r->tokens.size());
+    const size_t same = size_t(std::mismatch(s.tokens.begin(), s.tokens.begin() + ptrdiff_t(n), r->tokens.begin()).first -
+                               s.tokens.begin());
+    const size_t pages = std::min(same / size_t(page_tokens_), cacheable);
+    if (pages > s.nodes.size() && size_t(r->cached) < pages * size_t(page_tokens_)) return true;
+  }
+  return false;
+}
+
 void Scheduler::cache_full_pages(Sequence& s) {
   if (!s.cache_prefix) return;
   const size_t full = size_t(s.cached / page_tokens_);
@@ -356,7 +371,7 @@ int Scheduler::step() {
   while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_running) {
     Sequence& s = *waiting_.front();
     adopt_cached_prefix(s);
-    if (!try_reserve(s, int(s.tokens.size()))) {  // oldest first: nobody overtakes it
+    if (shared_prefill_pending(s) || !try_reserve(s, int(s.tokens.size()))) {  // oldest first: nobody overtakes it
       s.table.clear();
       s.nodes.clear();
       s.cached = 0;

@@ -32,7 +32,10 @@
 // never its last token) and prefills only the rest; after each pass every
 // page a sequence has filled goes into the cache (engine/prefix_cache.hpp).
 // A reservation that the free list cannot serve evicts idle cached pages
-// (least recently used leaves) before anything is preempted.
+// (least recently used leaves) before anything is preempted. A waiting
+// sequence whose opening pages a running one is still prefilling waits for
+// them (and with it every later arrival) instead of computing them again:
+// n sequences sent with one prompt prefill it once.
 //
 // Preemption is by recompute: the preempted sequence's pages go back to
 // the pool, it keeps its tokens and its sampler (history and random state)
@@ -280,6 +283,10 @@ class Scheduler {
   void adopt_cached_prefix(Sequence& s);
   // Puts s's newly filled full pages into the prefix cache.
   void cache_full_pages(Sequence& s);
+  // Whether a running sequence is still prefilling whole pages that s
+  // could adopt once they are cached (then s waits rather than computing
+  // them a second time: n > 1, or many clients sending one prompt at once).
+  bool shared_prefill_pending(const Sequence& s) const;
   void insert_waiting(SeqPtr s);
   void insert_running(SeqPtr s);
   // Moves finished sequences out of running_ and waiting_ into done_ (kept

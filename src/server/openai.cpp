@@ -234,7 +234,10 @@ ApiRequest parse_request(Endpoint e, std::string_view body, const Defaults& d) {
     parse_prompt(b, r);
 
   // Options kvq does not implement: refused rather than silently ignored.
-  if (get_int(b, "n", 1, 1, 128) != 1) unsupported("n", "one choice per request (n = 1)");
+  r.n = int(get_int(b, "n", 1, 1, ApiRequest::kMaxChoices));
+  if (int(1 + r.more_prompts.size()) * r.n > ApiRequest::kMaxSequences)
+    bad_request("n", "'n' = ", r.n, " for ", 1 + r.more_prompts.size(), " prompts asks for ",
+                int(1 + r.more_prompts.size()) * r.n, " sequences; at most ", ApiRequest::kMaxSequences);
   // Fields that would change the answer are served or refused, never ignored.
   for (const char* name : {"grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                            "guided_decoding_backend", "structured_outputs", "regex"})

@@ -82,6 +82,7 @@ struct ApiRequest {
   std::vector<TokenId> stop_token_ids;  // more tokens that end generation
   bool echo = false;                  // completions: the prompt text starts the answer
   bool cache_prompt = true;           // use and feed the server's prefix cache (llama.cpp's field)
+  int n = 1;                          // choices per prompt (each its own sequence and seed)
   // Completions with a batch of prompts: prompts 2..n (prompt / prompt_ids
   // hold the first); each is generated in turn and answered as its own choice.
   struct Prompt {
@@ -90,6 +91,8 @@ struct ApiRequest {
     bool is_ids = false;
   };
   static constexpr size_t kMaxPrompts = 16;
+  static constexpr int kMaxChoices = 16;    // n at most
+  static constexpr int kMaxSequences = 64;  // prompts x n at most
   std::vector<Prompt> more_prompts;
 };
 

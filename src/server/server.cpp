@@ -776,8 +776,14 @@ void Server::Impl::completion(std::shared_ptr<Exchange> ex, Route route, std::st
     job.stop_tokens = r.stop_token_ids;
     job.logprobs = r.logprobs;
     job.cache_prompt = r.cache_prompt;
-    n_prompt.push_back(n);
-    jobs.push_back(std::move(job));
+    // n choices: n sequences of the prompt, each with its own seed (the
+    // scheduler prefills the prompt once and the others adopt its pages).
+    for (int c = 0; c < r.n; ++c) {
+      Job choice = c + 1 < r.n ? job : std::move(job);
+      choice.sampling.seed += uint64_t(c);
+      n_prompt.push_back(n);
+      jobs.push_back(std::move(choice));
+    }
   }
   // Every prompt becomes a sequence of the scheduler now (all or none: 429).
   const size_t n_jobs = jobs.size();
@@ -840,8 +846,9 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
     Stream& st = *streams[k];
     std::string text;
     if (req.echo) {
-      const ApiRequest::Prompt in = k == 0 ? ApiRequest::Prompt{req.prompt, req.prompt_ids, req.prompt_is_ids}
-                                           : req.more_prompts[k - 1];
+      const size_t p = k / size_t(req.n);  // choices are prompt-major: prompt p's n choices in a row
+      const ApiRequest::Prompt in = p == 0 ? ApiRequest::Prompt{req.prompt, req.prompt_ids, req.prompt_is_ids}
+                                           : req.more_prompts[p - 1];
       text = in.is_ids ? tok.decode(in.ids) : in.text;
     }
     if (sse) {
@@ -928,9 +935,10 @@ void Server::Impl::generate(std::shared_ptr<Exchange> exp, Endpoint ep, ApiReque
       on_text(stops.push(detok.flush(), &stopped));
       if (!stopped) on_text(stops.flush());
     }
-    usage.prompt_tokens += n_prompt[k];
+    const int prompt_tokens = k % size_t(req.n) == 0 ? n_prompt[k] : 0;  // a prompt counts once for its n choices
+    usage.prompt_tokens += prompt_tokens;
     usage.completion_tokens += n_tokens;
-    metrics.tokens(n_prompt[k], n_tokens);
+    metrics.tokens(prompt_tokens, n_tokens);
     const char* finish = finish_reason(reason);
     if (sse) {
       const json lp = req.logprobs >= 0 && !lps.empty() ? logprobs_json(ep, tok, lps, lps_offset) : json(nullptr);

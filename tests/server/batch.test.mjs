@@ -110,6 +110,41 @@ test('prefix caching: shared openings are not prefilled again, and the text is t
   console.log(`prefix cache: ${hits} prompt tokens reused, ${prefilled} prefilled for 6 prompts of ~${promptTokens}`);
 });
 
+test('n choices: one prefill of the prompt, each choice its own seeded sequence', async () => {
+  const prompt = Array.from({ length: 12 }, (_, i) => `value_${i} = compute(${i}, ${i * 3})\n`).join('') + 'def report():\n';
+  const body = { model: MODEL, prompt, max_tokens: 12, temperature: 0.9, top_k: 0, top_p: 1, seed: 40 };
+  const alone = [];
+  for (let c = 0; c < 3; c++) {
+    const r = await client.completions.create({ ...body, seed: 40 + c, cache_prompt: false });
+    alone.push(r.choices[0].text);
+  }
+  const prefill0 = await metric(srv.url, 'kvq_step_prefill_tokens_total');
+  const r = await client.completions.create({ ...body, n: 3, cache_prompt: false });
+  const prefilledUncached = (await metric(srv.url, 'kvq_step_prefill_tokens_total')) - prefill0;
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.deepEqual(r.choices.map((c) => c.text), alone);
+  assert.equal(r.usage.prompt_tokens, (await client.completions.create({ ...body, max_tokens: 1 })).usage.prompt_tokens);
+  // With the cache (the default) the three sequences prefill the prompt once.
+  const prefill1 = await metric(srv.url, 'kvq_step_prefill_tokens_total');
+  const cached = await client.completions.create({ ...body, n: 3, seed: 41 });
+  const prefilled = (await metric(srv.url, 'kvq_step_prefill_tokens_total')) - prefill1;
+  assert.equal(cached.choices[0].text, alone[1]);
+  assert.equal(cached.choices[1].text, alone[2]);
+  assert.ok(prefilledUncached >= 3 * r.usage.prompt_tokens, `${prefilledUncached} prefilled without the cache`);
+  assert.ok(prefilled < r.usage.prompt_tokens, `${prefilled} prefilled with the cache (the prompt was cached before)`);
+  // Streamed: every choice's chunks carry its index, and each choice ends once.
+  const texts = ['', ''];
+  const ends = [0, 0];
+  for await (const c of await client.completions.create({ ...body, n: 2, stream: true })) {
+    const ch = c.choices[0];
+    if (!ch) continue;
+    texts[ch.index] += ch.text ?? '';
+    if (ch.finish_reason) ends[ch.index]++;
+  }
+  assert.deepEqual(texts, alone.slice(0, 2));
+  assert.deepEqual(ends, [1, 1]);
+});
+
 // A tiny deterministic generator, so a failure repeats.
 function rng(seed) {
   let s = seed >>> 0;
