@@ -149,6 +149,36 @@ SchedulerOptions budget(int tokens) {
   return o;
 }
 
+// A finished sequence's tokens: its solo run's, or a prefix of them when it
+// was cancelled (and only then).
+void expect_solo(const Record& r, bool was_cancelled, const std::vector<TokenId>& want, SeqId id) {
+  if (r.reason == StopReason::cancelled) {
+    EXPECT_TRUE(was_cancelled) << "sequence " << id;
+    ASSERT_LE(r.tokens.size(), want.size()) << "sequence " << id;
+    EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), want.begin())) << "sequence " << id;
+  } else {
+    EXPECT_EQ(r.tokens, want) << "sequence " << id;
+  }
+}
+
+// The same with automatic prefix caching.
+SchedulerOptions cached_budget(int tokens) {
+  SchedulerOptions o = budget(tokens);
+  o.prefix_cache = true;
+  return o;
+}
+
+// Plain sampling at temperature 0.9 with its own seed.
+SamplingParams sampled(uint64_t seed) {
+  SamplingParams s;
+  s.temperature = 0.9f;
+  s.top_k = 0;
+  s.top_p = 1;
+  s.min_p = 0;
+  s.seed = seed;
+  return s;
+}
+
 }  // namespace
 
 TEST(Scheduler, OptionsAndBadRequests) {
@@ -514,14 +544,9 @@ TEST(Scheduler, RandomScheduleMatchesSoloRuns) {
         want.resize(i + 1);
         break;
       }
-    if (r.reason == StopReason::cancelled) {
-      EXPECT_TRUE(q.cancelled);
-      ASSERT_LE(r.tokens.size(), want.size());
-      EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), want.begin())) << "sequence " << id;
-    } else {
-      EXPECT_EQ(r.tokens, want) << "sequence " << id;
+    expect_solo(r, q.cancelled, want, id);
+    if (r.reason != StopReason::cancelled)
       EXPECT_EQ(r.reason, want.size() < size_t(q.max_tokens) ? StopReason::eog : StopReason::max_tokens);
-    }
   }
 }
 
@@ -588,9 +613,7 @@ TEST(Scheduler, LogitsRowsForRequestsThatAskForThem) {
 // feeds the cache.
 TEST(Scheduler, PrefixCacheSkipsTheSharedPrefillAndKeepsSoloTokens) {
   Fixture f;
-  SchedulerOptions o = budget(32);
-  o.prefix_cache = true;
-  auto s = f.make(24, 8, o);
+  auto s = f.make(24, 8, cached_budget(32));
   const auto shared = f.prompt(27, 40);
   auto with_tail = [&](uint64_t seed, int n) {
     std::vector<TokenId> p = shared;
@@ -648,9 +671,7 @@ TEST(Scheduler, PrefixCacheSkipsTheSharedPrefillAndKeepsSoloTokens) {
 // running sequence is preempted or a waiting one is kept out.
 TEST(Scheduler, IdleCachedPagesAreEvictedBeforeAnyPreemption) {
   Fixture f;
-  SchedulerOptions o = budget(32);
-  o.prefix_cache = true;
-  auto s = f.make(6, 8, o);  // 48 tokens
+  auto s = f.make(6, 8, cached_budget(32));  // 48 tokens
   const auto pa = f.prompt(30, 1), pb = f.prompt(33, 2);
   const SeqId a = *s->submit(f.request(pa, 11));
   f.drain(*s);
@@ -671,9 +692,7 @@ TEST(Scheduler, IdleCachedPagesAreEvictedBeforeAnyPreemption) {
 TEST(Scheduler, RandomScheduleWithPrefixCacheMatchesSoloRuns) {
   Fixture f;
   f.codec.kv = "tsym3";
-  SchedulerOptions o = budget(24);
-  o.prefix_cache = true;
-  auto s = f.make(20, 8, o);  // 160 tokens
+  auto s = f.make(20, 8, cached_budget(24));  // 160 tokens
   Rng rng(77);
   const std::vector<TokenId> openings[3] = {f.prompt(40, 900), f.prompt(24, 901), f.prompt(17, 902)};
   struct Req {
@@ -715,14 +734,7 @@ TEST(Scheduler, RandomScheduleWithPrefixCacheMatchesSoloRuns) {
     const Req& q = reqs[id];
     const Record& r = f.rec[id];
     ASSERT_TRUE(r.finished) << "sequence " << id;
-    const std::vector<TokenId> want = f.solo(q.prompt, q.max_tokens);
-    if (r.reason == StopReason::cancelled) {
-      EXPECT_TRUE(q.cancelled);
-      ASSERT_LE(r.tokens.size(), want.size());
-      EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), want.begin())) << "sequence " << id;
-    } else {
-      EXPECT_EQ(r.tokens, want) << "sequence " << id;
-    }
+    expect_solo(r, q.cancelled, f.solo(q.prompt, q.max_tokens), id);
   }
 }
 
@@ -731,29 +743,15 @@ TEST(Scheduler, RandomScheduleWithPrefixCacheMatchesSoloRuns) {
 // again, and each copy still samples its own tokens (its own seed).
 TEST(Scheduler, CopiesOfOnePromptPrefillItOnce) {
   Fixture f;
-  SchedulerOptions o = budget(64);
-  o.prefix_cache = true;
-  auto s = f.make(24, 8, o);
+  auto s = f.make(24, 8, cached_budget(64));
   const auto p = f.prompt(41, 9);
-  SamplingParams sp;
-  sp.temperature = 0.9f;
-  sp.top_k = 0;
-  sp.top_p = 1;
-  sp.min_p = 0;
   std::vector<SeqId> ids;
-  for (int k = 0; k < 3; ++k) {
-    SamplingParams one = sp;
-    one.seed = 500 + uint64_t(k);
-    ids.push_back(*s->submit(f.request(p, 9, one)));
-  }
+  for (int k = 0; k < 3; ++k) ids.push_back(*s->submit(f.request(p, 9, sampled(500 + uint64_t(k)))));
   f.drain(*s);
   const SchedulerMetrics m = s->metrics();
   EXPECT_EQ(m.prefill_tokens, 41u + 2u * (41u - 40u));  // the copies adopt five whole pages each
   EXPECT_EQ(m.prefix_hit_tokens, 80u);
-  for (int k = 0; k < 3; ++k) {
-    SamplingParams one = sp;
-    one.seed = 500 + uint64_t(k);
-    EXPECT_EQ(f.rec[ids[size_t(k)]].tokens, f.solo(p, 9, one)) << "copy " << k;
-  }
+  for (int k = 0; k < 3; ++k)
+    EXPECT_EQ(f.rec[ids[size_t(k)]].tokens, f.solo(p, 9, sampled(500 + uint64_t(k)))) << "copy " << k;
   EXPECT_NE(f.rec[ids[0]].tokens, f.rec[ids[1]].tokens);
 }
