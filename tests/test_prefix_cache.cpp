@@ -136,3 +136,26 @@ TEST(PrefixCache, ABadParentIsAnError) {
   EXPECT_THROW(c.insert(99, t.data(), 0), Error);
   EXPECT_THROW(PrefixCache(pool, 0), Error);
 }
+
+// A sequence that prefilled a page the cache already had keeps its own copy;
+// its next page chains under the cached one, which is then idle but cannot
+// be evicted while that next page is held (evictable_pages says so, and a
+// reservation counts only those).
+TEST(PrefixCache, AnIdlePageAboveAHeldOneIsNotEvictable) {
+  kv::PagePool pool(8);
+  PrefixCache c(pool, kPt);
+  const std::vector<TokenId> t = seq(8, 0);
+  const auto first = leave(c, pool, std::vector<TokenId>(t.begin(), t.begin() + kPt));  // cached page 0, idle
+  const int32_t own0 = pool.alloc(), own1 = pool.alloc();                               // a second sequence's pages
+  EXPECT_EQ(c.insert(0, t.data(), own0), first[0]);                                     // a duplicate: not cached
+  const PrefixCache::NodeId n1 = c.insert(first[0], t.data() + kPt, own1);              // chains under the cached page
+  EXPECT_NE(n1, 0u);
+  EXPECT_EQ(c.idle_pages(), 1);
+  EXPECT_EQ(c.evictable_pages(), 0);
+  EXPECT_EQ(c.evict(1), 0);
+  pool.release(own1);  // the sequence ends
+  pool.release(own0);
+  EXPECT_EQ(c.evictable_pages(), 2);
+  EXPECT_EQ(c.evict(2), 2);
+  EXPECT_EQ(pool.used_pages(), 0);
+}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <queue>
+#include <unordered_set>
 
 #include "core/error.hpp"
 
@@ -65,6 +66,16 @@ PrefixCache::NodeId PrefixCache::insert(NodeId parent, const TokenId* tokens, in
 int PrefixCache::idle_pages() const {
   int n = 0;
   for (const auto& [id, node] : nodes_) n += pool_->refs(node.page) == 1;
+  return n;
+}
+
+int PrefixCache::evictable_pages() const {
+  std::unordered_set<NodeId> blocked;  // ancestors of a held page
+  for (const auto& [id, node] : nodes_)
+    if (pool_->refs(node.page) > 1)
+      for (NodeId p = node.parent; p && blocked.insert(p).second;) p = nodes_.at(p).parent;
+  int n = 0;
+  for (const auto& [id, node] : nodes_) n += pool_->refs(node.page) == 1 && !blocked.count(id);
   return n;
 }
 

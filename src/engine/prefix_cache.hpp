@@ -55,8 +55,13 @@ class PrefixCache {
   // stays the caller's alone) or a new one that retains `page`.
   NodeId insert(NodeId parent, const TokenId* tokens, int32_t page);
 
-  // Pages only the cache holds (reclaimable).
+  // Pages only the cache holds.
   int idle_pages() const;
+  // Idle pages that evict() can take: those with no page below them in the
+  // tree that a sequence holds. (A sequence that prefilled a page the cache
+  // already had keeps its own copy, and its later pages chain under the
+  // cached one, which then stays while they are held.)
+  int evictable_pages() const;
   // Gives back up to `pages` idle pages to the pool, least recently used
   // leaves first; returns how many it freed.
   int evict(int pages);

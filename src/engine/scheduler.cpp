@@ -171,7 +171,7 @@ void Scheduler::insert_running(SeqPtr s) {
 }
 
 int Scheduler::available_pages() const {
-  return pool_.free_pages() + (prefix_ ? prefix_->idle_pages() : 0);
+  return pool_.free_pages() + (prefix_ ? prefix_->evictable_pages() : 0);
 }
 
 bool Scheduler::try_reserve(Sequence& s, int tokens) {
@@ -179,6 +179,8 @@ bool Scheduler::try_reserve(Sequence& s, int tokens) {
   if (need > pool_.free_pages()) {  // idle cached pages make up the difference, or nothing does
     if (need > available_pages()) return false;
     own_.prefix_evicted_pages += uint64_t(prefix_->evict(need - pool_.free_pages()));
+    KVQ_CHECK(need <= pool_.free_pages(), Errc::internal, "prefix cache: evicted to ", pool_.free_pages(),
+              " free pages of the ", need, " it counted as evictable");
   }
   s.table.reserve(tokens);
   return true;

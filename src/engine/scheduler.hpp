@@ -277,7 +277,7 @@ class Scheduler {
   void finish(Sequence& s, StopReason reason, double time);
   void preempt(Sequence& s);
   bool try_reserve(Sequence& s, int tokens);
-  // Pages a reservation may take: free ones and idle cached ones.
+  // Pages a reservation may take: free ones and evictable cached ones.
   int available_pages() const;
   // Adopts the cached pages of s's longest cached prefix (admission).
   void adopt_cached_prefix(Sequence& s);
