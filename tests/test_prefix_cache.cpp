@@ -77,12 +77,20 @@ TEST(PrefixCache, DuplicatesKeepTheCachedPageAndReferencesAreExact) {
   EXPECT_EQ(pool.refs(p0), 2);
   EXPECT_EQ(c.idle_pages(), 0);  // the sequence still holds them
 
-  // A second sequence that prefilled the same tokens itself: its pages stay its own.
-  const int32_t q0 = pool.alloc();
+  // A second sequence that prefilled the same tokens itself: the cache keeps
+  // its own page, and the sequence swaps its copy for it (the scheduler's
+  // way, so that every cached node a sequence chains from is a page it holds).
+  kv::BlockTable second(pool, kPt);
+  second.reserve(kPt);
+  const int32_t q0 = second.pages()[0];
   EXPECT_EQ(c.insert(0, t.data(), q0), n0);
   EXPECT_EQ(pool.refs(q0), 1);
   EXPECT_EQ(c.cached_pages(), 2);
-  pool.release(q0);
+  EXPECT_EQ(c.page(n0), p0);
+  second.replace(0, c.page(n0));
+  EXPECT_EQ(pool.refs(q0), 0);  // freed
+  EXPECT_EQ(pool.refs(p0), 3);  // the first sequence, the cache, the second
+  second.clear();
 
   pool.release(p0);
   pool.release(p1);

@@ -63,6 +63,12 @@ PrefixCache::NodeId PrefixCache::insert(NodeId parent, const TokenId* tokens, in
   return id;
 }
 
+int32_t PrefixCache::page(NodeId id) const {
+  const auto it = nodes_.find(id);
+  KVQ_CHECK(it != nodes_.end(), Errc::internal, "prefix cache: no node ", id);
+  return it->second.page;
+}
+
 int PrefixCache::idle_pages() const {
   int n = 0;
   for (const auto& [id, node] : nodes_) n += pool_->refs(node.page) == 1;

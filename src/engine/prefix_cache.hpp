@@ -54,6 +54,8 @@ class PrefixCache {
   // that content: an existing one (the cache keeps its own page; `page`
   // stays the caller's alone) or a new one that retains `page`.
   NodeId insert(NodeId parent, const TokenId* tokens, int32_t page);
+  // The page a node holds.
+  int32_t page(NodeId id) const;
 
   // Pages only the cache holds.
   int idle_pages() const;

@@ -218,7 +218,12 @@ void Scheduler::cache_full_pages(Sequence& s) {
   while (s.nodes.size() < full) {
     const size_t i = s.nodes.size();
     const PrefixCache::NodeId parent = i ? s.nodes[i - 1] : 0;
-    s.nodes.push_back(prefix_->insert(parent, s.tokens.data() + i * size_t(page_tokens_), s.table.pages()[i]));
+    const PrefixCache::NodeId id = prefix_->insert(parent, s.tokens.data() + i * size_t(page_tokens_), s.table.pages()[i]);
+    // The cache had these tokens already (another sequence prefilled them at
+    // the same time): share its page and free ours, so every node of s.nodes
+    // is a page s holds and none of them can be evicted under it.
+    if (prefix_->page(id) != s.table.pages()[i]) s.table.replace(i, prefix_->page(id));
+    s.nodes.push_back(id);
   }
 }
 

@@ -101,6 +101,13 @@ void BlockTable::share_prefix(const BlockTable& other, int tokens) {
   }
 }
 
+void BlockTable::replace(size_t index, int32_t page) {
+  KVQ_CHECK(index < pages_.size(), Errc::internal, "replace of page ", index, " in a table of ", pages_.size());
+  pool_->retain(page);
+  pool_->release(pages_[index]);
+  pages_[index] = page;
+}
+
 void BlockTable::adopt(const std::vector<int32_t>& pages) {
   for (int32_t p : pages) {
     pool_->retain(p);

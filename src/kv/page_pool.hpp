@@ -61,6 +61,9 @@ class BlockTable {
   // Appends pages that others hold (a cached prefix), one more reference
   // each; the caller must not write into them.
   void adopt(const std::vector<int32_t>& pages);
+  // Puts `page` (one more reference) where the index-th page was, and gives
+  // that one back: a full page swapped for another holding the same rows.
+  void replace(size_t index, int32_t page);
 
   const std::vector<int32_t>& pages() const { return pages_; }
   int page_tokens() const { return page_tokens_; }
