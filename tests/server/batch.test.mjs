@@ -1,6 +1,6 @@
 // Continuous batching behind `kvq serve`, through the openai npm client:
 // concurrent requests decode together in the scheduler's steps and each
-// returns exactly its solo text; prompts that share an opening reuse its
+// returns exactly its solo text, preempted ones too; prompts that share an opening reuse its
 // cached KV pages and still return exactly what they return without the
 // cache; clients that hang up at random moments leave no KV page held
 // (/metrics).
@@ -143,6 +143,33 @@ test('n choices: one prefill of the prompt, each choice its own seeded sequence'
   }
   assert.deepEqual(texts, alone.slice(0, 2));
   assert.deepEqual(ends, [1, 1]);
+});
+
+test('preempted and resumed requests return their solo text', async () => {
+  // A pool of 4 pages (256 tokens, one --ctx) for four requests that grow to ~110 tokens (2 pages) each: as
+  // they grow the youngest are preempted (recomputed) and resumed. The prefix cache is off so that each
+  // resumption recomputes (with it on, a resumed sequence would adopt its own cached pages instead).
+  const small = await startServer(['--ctx', '256', '--max-seqs', '4', '--kv-pages', '4', '--prefill-chunk', '64',
+                                   '--no-prefix-cache']);
+  try {
+    const c = new OpenAI({ baseURL: small.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120_000 });
+    const bodies = codePrompts.slice(0, 4).map((prompt, i) => ({ model: MODEL, prompt, max_tokens: 100, temperature: 0,
+                                                                  ignore_eos: true, ...(i % 2 ? { seed: 5 } : {}) }));
+    const solo = [];
+    for (const b of bodies) solo.push((await c.completions.create(b)).choices[0].text);
+    const pre0 = await metric(small.url, 'kvq_preemptions_total');
+    const together = await Promise.all(bodies.map(async (b) => {
+      let text = '';
+      for await (const ch of await c.completions.create({ ...b, stream: true })) text += ch.choices[0]?.text ?? '';
+      return text;
+    }));
+    const preempted = (await metric(small.url, 'kvq_preemptions_total')) - pre0;
+    assert.ok(preempted > 0, 'the small pool forced preemptions');
+    assert.deepEqual(together, solo);
+    console.log(`preemption: ${preempted} preemptions, every text equal to its solo run`);
+  } finally {
+    assert.equal(await small.stop(), 0);
+  }
 });
 
 // A tiny deterministic generator, so a failure repeats.
