@@ -118,7 +118,7 @@ test('bad requests are typed OpenAI errors', async () => {
   await expectError({ model: 'gpt-4o' }, OpenAI.NotFoundError, 404, 'model_not_found', 'model');
   await expectError({ max_tokens: 'ten' }, OpenAI.BadRequestError, 400, null, 'max_tokens');
   await expectError({ temperature: 7 }, OpenAI.BadRequestError, 400, null, 'temperature');
-  await expectError({ n: 3 }, OpenAI.BadRequestError, 400, 'unsupported_parameter', 'n');
+  await expectError({ n: 17 }, OpenAI.BadRequestError, 400, null, 'n');
   await expectError({ messages: [] }, OpenAI.BadRequestError, 400, null, 'messages');
   await expectError({ messages: [{ role: 'user', content: 'x = 1\n'.repeat(400) }] }, OpenAI.BadRequestError, 400,
                     'context_length_exceeded', 'messages');
