@@ -178,7 +178,7 @@ TEST(BenchCli, PrefillRepsAreRecordedAndDocumentedInHelp) {
   EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE json_array_length(prefills_json) = 2 "
                         "AND json_array_length(reps_json) = 3 AND ttft_s_min <= ttft_s AND ttft_s <= ttft_s_max"),
             "4");
-  EXPECT_EQ(sql(h.db(), "SELECT max(version) FROM schema_version"), "4");  // schema 4: serve_levels
+  EXPECT_EQ(sql(h.db(), "SELECT max(version) FROM schema_version"), "5");  // schema 5: serve_levels.disconnected, server_json
   const std::string csv = read(h.p / "runs" / "1" / "cells.csv");
   EXPECT_EQ(csv.rfind("run_id,codec,ctx,gen,reps,prefill_n,", 0), 0u) << csv;
   const Out help = run_kvq("bench --help");

@@ -333,8 +333,8 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   }
   RunsDb db(d.db());
   EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
-  EXPECT_EQ(RunsDb::kSchemaVersion, 4);
-  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4");
+  EXPECT_EQ(RunsDb::kSchemaVersion, 5);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4,5");
   const auto old = db.cells(1);
   ASSERT_EQ(old.size(), 2u);
   EXPECT_EQ(old[0].codec, "k8v4");
@@ -362,7 +362,7 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   EXPECT_EQ(query_text(db.handle(), "PRAGMA integrity_check"), "ok");
   // Reopening applies nothing more.
   RunsDb again(d.db());
-  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "4");
+  EXPECT_EQ(query_text(again.handle(), "SELECT count(*) FROM schema_version"), "5");
 }
 
 // A runs.db of schema version 3 (before kvq bench serve) gains the
@@ -387,8 +387,8 @@ TEST(BenchRunsDb, SchemaVersion3DatabaseGainsServeLevels) {
     sqlite3_close(h);
   }
   RunsDb db(d.db());
-  EXPECT_EQ(db.schema_version(), 4);
-  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4");
+  EXPECT_EQ(db.schema_version(), RunsDb::kSchemaVersion);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4,5");
   EXPECT_TRUE(db.serve_levels(1).empty());
 
   const int64_t run = db.begin_run(meta("serve"));
@@ -446,6 +446,73 @@ TEST(BenchRunsDb, SchemaVersion3DatabaseGainsServeLevels) {
   EXPECT_EQ(query_text(db.handle(), "SELECT typeof(rate) FROM serve_levels WHERE level = 0"), "null");
   EXPECT_NE(sqlite3_exec(db.handle(), "UPDATE serve_levels SET ok = 0", nullptr, nullptr, nullptr), SQLITE_OK);
   EXPECT_NE(sqlite3_exec(db.handle(), "DELETE FROM serve_levels", nullptr, nullptr, nullptr), SQLITE_OK);
+}
+
+// A runs.db of schema version 4 (serve levels before the soak) gains
+// serve_levels.disconnected and server_json: its rows read back with nobody
+// disconnected and no server check, new rows keep both, and the table stays
+// append-only.
+TEST(BenchRunsDb, SchemaVersion4DatabaseGainsDisconnectsAndServerState) {
+  TempDir d;
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
+    auto exec = [&](const std::string& q) {
+      char* err = nullptr;
+      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
+    };
+    exec("PRAGMA journal_mode=WAL");
+    for (int v = 0; v < 4; ++v) {
+      exec(RunsDb::migration_sql(v));
+      exec("INSERT INTO schema_version VALUES (" + std::to_string(v + 1) + ", '2025-01-01T00:00:00Z')");
+    }
+    for (const char* t : {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits", "eval_results",
+                          "serve_levels"})
+      for (const char* op : {"UPDATE", "DELETE"})
+        exec(std::string("CREATE TRIGGER ") + t + "_no_" + op + " BEFORE " + op + " ON " + t +
+             " BEGIN SELECT RAISE(ABORT, 'runs.db is append-only'); END");
+    exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
+         "driver, clocks, copy_bw_gbs, params_json) VALUES ('serve', '2025-01-01T00:00:00Z', 'tiny @ http://h:1', "
+         "'http', 'old', 'Release', '0.1.0', 'h', '', '', '', 0, '{}')");
+    exec("INSERT INTO serve_levels(run_id, level, mode, concurrency, requests, ok, failed, duration_s, req_per_s, "
+         "out_tok_per_s, in_tok_per_s, prompt_tokens, output_tokens, errors_json) VALUES (1, 0, 'concurrency', 8, "
+         "64, 63, 1, 10.0, 6.3, 50.4, 201.6, 2016, 504, '{\"HTTP 429\": 1}')");
+    sqlite3_close(h);
+  }
+  RunsDb db(d.db());
+  EXPECT_EQ(db.schema_version(), 5);
+  EXPECT_EQ(query_text(db.handle(), "SELECT group_concat(version) FROM schema_version"), "1,2,3,4,5");
+  const auto old = db.serve_levels(1);
+  ASSERT_EQ(old.size(), 1u);
+  EXPECT_EQ(old[0].ok, 63);
+  EXPECT_EQ(old[0].failed, 1);
+  EXPECT_EQ(old[0].disconnected, 0);
+  EXPECT_EQ(old[0].server_json, "{}");
+
+  const int64_t run = db.begin_run(meta("serve"));
+  ServeLevel l;
+  l.mode = "concurrency";
+  l.concurrency = 64;
+  l.requests = 10000;
+  l.ok = 8990;
+  l.disconnected = 1000;
+  l.failed = 10;
+  l.errors_json = R"({"wrong length: 127 of 128 tokens": 10})";
+  l.server_json = R"({"pages_used_after": 0, "sequences_running_after": 0, "rss_before": 1000, "rss_after": 1200})";
+  db.add_serve_level(run, l);
+  ServeLevel bad = l;
+  bad.level = 1;
+  bad.server_json = "[1]";  // not an object
+  EXPECT_THROW(db.add_serve_level(run, bad), Error);
+  const auto got = db.serve_levels(run);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].disconnected, 1000);
+  EXPECT_EQ(got[0].failed, 10);
+  EXPECT_EQ(got[0].server_json, l.server_json);
+  EXPECT_NE(sqlite3_exec(db.handle(), "UPDATE serve_levels SET disconnected = 0", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  EXPECT_NE(sqlite3_exec(db.handle(), "DELETE FROM serve_levels", nullptr, nullptr, nullptr), SQLITE_OK);
+  EXPECT_EQ(query_text(db.handle(), "PRAGMA integrity_check"), "ok");
 }
 
 TEST(BenchRunsDb, HomeFolderResolution) {

@@ -3,6 +3,9 @@
 // `kvq serve` on the tiny model: fixed concurrency, a Poisson rate, a shared
 // prefix with sampled lengths, a wrong URL and a server that refuses (401),
 // results in runs.db, the CSV and the report; the CLI's errors and progress.
+// The soak's parts: seeded hang-ups (--disconnect) against kvq serve, which
+// must let go of every KV page (the server check), and a fake server whose
+// answers have the wrong length.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sqlite3.h>
@@ -11,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "bench/serve_bench.hpp"
@@ -91,6 +95,42 @@ struct DeadPort {
   ~DeadPort() { ::close(fd); }
 };
 
+// An OpenAI-like server that is not kvq (no /metrics): every completion
+// streams `chunks` text events, a finish event and a usage saying
+// `completion_tokens`, whatever was asked for.
+struct FakeServer {
+  httplib::Server http;
+  std::thread thread;
+  int port = 0;
+  FakeServer(int chunks, int completion_tokens) {
+    http.Post("/v1/completions", [=](const httplib::Request&, httplib::Response& res) {
+      std::string body;
+      for (int i = 0; i < chunks; ++i)
+        body += R"(data: {"choices":[{"index":0,"text":" tok","finish_reason":null}]})" "\n\n";
+      body += R"(data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]})" "\n\n";
+      body += R"(data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":)" +
+              std::to_string(completion_tokens) + "}}\n\n";
+      body += "data: [DONE]\n\n";
+      res.set_content(body, "text/event-stream");
+    });
+    port = http.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { http.listen_after_bind(); });
+    // Bound and listening already; wait for the accept loop so stop() cannot come before it (bounded).
+    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ~FakeServer() {
+    http.stop();
+    thread.join();
+  }
+};
+
+// How many of requests 0..n-1 hang up under --disconnect f (what the bench must count).
+int planned_hang_ups(uint64_t seed, int n, int gen, double f) {
+  int k = 0;
+  for (int i = 0; i < n; ++i) k += hang_up_point(seed, i, gen, f) >= 0;
+  return k;
+}
+
 }  // namespace
 
 TEST(BenchServe, ParsesLengthsListsAndUrls) {
@@ -160,6 +200,70 @@ TEST(BenchServe, LevelSummaryCountsOkRequestsOnly) {
   EXPECT_EQ(none.ok, 0);
   EXPECT_FALSE(none.has_tpot);
   EXPECT_FALSE(none.has_itl);
+}
+
+TEST(BenchServe, DisconnectedRequestsAreCountedApart) {
+  std::vector<RequestResult> rs(4);
+  for (auto& r : rs) {
+    r.ok = true;
+    r.prompt_tokens = 16;
+    r.tokens = 8;
+    r.ttft_s = 0.02;
+    r.e2e_s = 0.1;
+  }
+  RequestResult gone;  // hung up on purpose after 3 chunks, very early: must not pull the latencies down
+  gone.disconnected = true;
+  gone.tokens = 3;
+  gone.ttft_s = 0.001;
+  rs.push_back(gone);
+  rs.push_back(gone);
+  RequestResult wrong;
+  wrong.error = "wrong length: 7 of 8 tokens";
+  rs.push_back(wrong);
+  const ServeLevel l = summarize_level(rs, 1.0);
+  EXPECT_EQ(l.requests, 7);
+  EXPECT_EQ(l.ok, 4);
+  EXPECT_EQ(l.disconnected, 2);
+  EXPECT_EQ(l.failed, 1);
+  EXPECT_EQ(l.output_tokens, 32);
+  EXPECT_EQ(l.prompt_tokens, 64);
+  EXPECT_DOUBLE_EQ(l.req_per_s, 4.0);
+  EXPECT_DOUBLE_EQ(l.ttft_s.p50, 0.02);
+  EXPECT_DOUBLE_EQ(l.ttft_mean_s, 0.02);
+  EXPECT_EQ(l.errors_json, R"({"wrong length: 7 of 8 tokens":1})");
+}
+
+TEST(BenchServe, HangUpPointsAreSeededPerRequest) {
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(hang_up_point(1, i, 8, 0.0), -1);
+  int picked = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const int k = hang_up_point(7, i, 8, 0.1);
+    EXPECT_EQ(k, hang_up_point(7, i, 8, 0.1));  // a function of (seed, index)
+    if (k < 0) continue;
+    ++picked;
+    EXPECT_GE(k, 1);
+    EXPECT_LE(k, 7);
+    EXPECT_EQ(hang_up_point(7, i, 1, 0.1), 0);  // one token: before the first chunk
+  }
+  EXPECT_GT(picked, 150);  // 10 % of 2,000, give or take
+  EXPECT_LT(picked, 250);
+  int differ = 0;
+  for (int i = 0; i < 64; ++i) differ += hang_up_point(1, i, 8, 0.5) != hang_up_point(2, i, 8, 0.5);
+  EXPECT_GT(differ, 0);  // another seed, other picks
+
+  EXPECT_DOUBLE_EQ(parse_disconnect_fraction("0.1"), 0.1);
+  EXPECT_DOUBLE_EQ(parse_disconnect_fraction("0"), 0);
+  EXPECT_DOUBLE_EQ(parse_disconnect_fraction(".25"), 0.25);
+  for (const char* bad : {"1", "1.0", "1.5", "-0.1", "abc", "", "nan", "inf", "0.1,0.2", "10%"}) {
+    try {
+      parse_disconnect_fraction(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("--disconnect"), std::string::npos) << w;
+      EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+    }
+  }
 }
 
 TEST(BenchServe, OneStreamingRequestIsTimed) {
@@ -303,6 +407,120 @@ TEST(BenchServe, StopRequestEndsAfterTheRequestsInFlight) {
   EXPECT_EQ(db.serve_levels(res.run_id).size(), 1u);
 }
 
+// The soak against kvq serve: half the requests (seeded) hang up mid-stream.
+// Exactly those are counted disconnected, every other one gets its 8 tokens,
+// and after the level the server holds no KV page and runs no sequence.
+TEST(BenchServe, DisconnectsAgainstKvqServeLeaveNoPageHeld) {
+  Served s;
+  TempHome h;
+  ServeBenchConfig c = small(s, h);
+  c.concurrency = {2};
+  c.requests = 8;
+  c.prompt_len = {16, 16};
+  c.disconnect = 0.5;
+  const int planned = planned_hang_ups(c.seed, 8, 8, 0.5);
+  ASSERT_GT(planned, 0);  // the seed must pick some, and leave some
+  ASSERT_LT(planned, 8);
+  std::vector<ServeProgress> seen;
+  const ServeBenchResult res = run_serve_bench(c, [&](const ServeProgress& p) { seen.push_back(p); });
+  ASSERT_EQ(res.levels.size(), 1u);
+  const ServeLevel& l = res.levels[0];
+  EXPECT_EQ(l.requests, 8);
+  EXPECT_EQ(l.disconnected, planned);
+  EXPECT_EQ(l.failed, 0) << l.errors_json;
+  EXPECT_EQ(l.ok, 8 - planned);
+  EXPECT_EQ(l.output_tokens, 8 * (8 - planned));  // held to its length: usage.completion_tokens == gen
+  const auto server = nlohmann::json::parse(l.server_json);
+  EXPECT_EQ(server.value("pages_used_after", -1), 0) << l.server_json;
+  EXPECT_EQ(server.value("sequences_running_after", -1), 0) << l.server_json;
+  EXPECT_GT(server.value("rss_before", int64_t(0)), 0) << l.server_json;
+  EXPECT_GT(server.value("rss_after", int64_t(0)), 0) << l.server_json;
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(seen.back().level_done);
+  EXPECT_EQ(seen.back().disconnected, planned);
+  EXPECT_EQ(seen.back().server.rfind("server idle: 0 KV pages used, RSS ", 0), 0u) << seen.back().server;
+  EXPECT_NE(format_serve_progress(seen.back()).find(std::to_string(planned) + " disconnected"), std::string::npos);
+
+  // runs.db, the CSV and the report carry both.
+  RunsDb db(runs_db_path(h.p.string()));
+  const auto rows = db.serve_levels(res.run_id);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].disconnected, planned);
+  EXPECT_EQ(rows[0].server_json, l.server_json);
+  EXPECT_NE(db.run(res.run_id)->meta.params_json.find("\"disconnect\":0.5"), std::string::npos);
+  const std::string csv = slurp(res.csv_path);
+  const std::string row = csv.substr(csv.find('\n') + 1);
+  EXPECT_NE(row.find(",8," + std::to_string(8 - planned) + ",0," + std::to_string(planned) + ","), std::string::npos)
+      << csv;
+  // The server check's columns close the row: pages used, sequences running, RSS before and after.
+  EXPECT_NE(row.find(",0,0," + std::to_string(server["rss_before"].get<int64_t>()) + "," +
+                     std::to_string(server["rss_after"].get<int64_t>()) + "\n"),
+            std::string::npos)
+      << csv;
+  const std::string report = slurp(res.report_path);
+  EXPECT_NE(report.find("| concurrency 2 | 8 | " + std::to_string(8 - planned) + " | 0 | " +
+                        std::to_string(planned) + " |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("## Server state after each level"), std::string::npos);
+  EXPECT_NE(report.find("| concurrency 2 | 0 | 0 | "), std::string::npos) << report;
+  EXPECT_EQ(report.find("Not checked"), std::string::npos);
+
+  // One token each: the picked requests hang up as the answer's headers arrive.
+  c.gen = {1, 1};
+  c.requests = 6;
+  const int planned1 = planned_hang_ups(c.seed, 6, 1, 0.5);
+  const ServeBenchResult one = run_serve_bench(c);
+  ASSERT_EQ(one.levels.size(), 1u);
+  EXPECT_EQ(one.levels[0].disconnected, planned1);
+  EXPECT_EQ(one.levels[0].failed, 0) << one.levels[0].errors_json;
+  EXPECT_EQ(one.levels[0].output_tokens, 6 - planned1);
+  EXPECT_EQ(nlohmann::json::parse(one.levels[0].server_json).value("pages_used_after", -1), 0);
+}
+
+// A server that is not kvq: answers with fewer tokens than asked for are
+// failures, never ok; the hang-ups still happen (at the finish event when
+// the pick's chunk count is beyond the chunks sent); nothing is said about
+// the server's state beyond "not checked".
+TEST(BenchServe, WrongLengthFailsAndOtherServersAreNotChecked) {
+  TempHome h;
+  FakeServer fake(/*chunks=*/3, /*completion_tokens=*/3);
+  ServeBenchConfig c;
+  c.url = "http://127.0.0.1:" + std::to_string(fake.port);
+  c.concurrency = {2};
+  c.requests = 6;
+  c.prompt_len = {8, 8};
+  c.gen = {5, 5};
+  c.home = h.p.string();
+  c.plots = false;
+  c.timeout_s = 60;
+  const ServeBenchResult wrong = run_serve_bench(c);
+  ASSERT_EQ(wrong.levels.size(), 1u);
+  EXPECT_EQ(wrong.levels[0].ok, 0);
+  EXPECT_EQ(wrong.levels[0].failed, 6);
+  EXPECT_EQ(wrong.levels[0].errors_json, R"({"wrong length: 3 of 5 tokens":6})");
+  EXPECT_EQ(wrong.levels[0].server_json, "{}");
+  const std::string report = slurp(wrong.report_path);
+  EXPECT_NE(report.find("wrong length: 3 of 5 tokens"), std::string::npos) << report;
+  EXPECT_NE(report.find("Not checked: the server's `/metrics` has no `kvq_kv_pages_used`"), std::string::npos);
+
+  // Hang-ups picked at chunk 1..4 of a 3-chunk stream: every pick hangs up,
+  // the rest still fail on their length.
+  c.disconnect = 0.5;
+  const int planned = planned_hang_ups(c.seed, 6, 5, 0.5);
+  const ServeBenchResult gone = run_serve_bench(c);
+  EXPECT_EQ(gone.levels[0].disconnected, planned);
+  EXPECT_EQ(gone.levels[0].failed, 6 - planned);
+  EXPECT_EQ(gone.levels[0].ok, 0);
+
+  // The right length is ok.
+  c.disconnect = 0;
+  c.gen = {3, 3};
+  const ServeBenchResult right = run_serve_bench(c);
+  EXPECT_EQ(right.levels[0].ok, 6) << right.levels[0].errors_json;
+  EXPECT_EQ(right.levels[0].output_tokens, 18);
+}
+
 TEST(BenchServe, WrongUrlAndRefusingServerAreCountedFailures) {
   TempHome h;
   {
@@ -358,12 +576,18 @@ TEST(BenchServeCli, BadOptionsAreClearErrors) {
       {"bench serve --url http://127.0.0.1:9 --rate 0" + home, "--rate"},
       {"bench serve --url http://127.0.0.1:9 --requests 0" + home, "--requests"},
       {"bench serve --url http://127.0.0.1:9 --token-range 5:5" + home, "--token-range"},
+      {"bench serve --url http://127.0.0.1:9 --disconnect 1" + home, "--disconnect"},
+      {"bench serve --url http://127.0.0.1:9 --disconnect 1.5" + home, "--disconnect"},
+      {"bench serve --url http://127.0.0.1:9 --disconnect -0.1" + home, "--disconnect"},
+      {"bench serve --url http://127.0.0.1:9 --disconnect ten" + home, "--disconnect"},
+      {"bench serve --url http://127.0.0.1:9 --disconnect nan" + home, "--disconnect"},
   };
   for (const auto& c : cases) {
     const auto o = kvq::test::kvq_cli(c.args);
     EXPECT_NE(o.rc, 0) << c.args;
     EXPECT_NE(o.rc, -1) << c.args;
     EXPECT_NE(o.err.find(c.says), std::string::npos) << c.args << "\n" << o.err;
+    if (c.says == "--disconnect") EXPECT_EQ(lines(o.err), 1) << c.args << "\n" << o.err;  // one line, no usage dump
   }
   // Nothing was recorded for refused options.
   EXPECT_FALSE(fs::exists(h.p / "runs.db"));
@@ -378,7 +602,8 @@ TEST(BenchServeCli, RunsAgainstAServerAndReportsProgress) {
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("concurrency 2"), std::string::npos) << o.out;
   EXPECT_NE(o.err.find("[1/2] concurrency 1"), std::string::npos) << o.err;
-  EXPECT_NE(o.err.find("[2/2] concurrency 2: 3/3 done, 0 failed"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("[2/2] concurrency 2: 3/3 done, 0 failed, 0 disconnected"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("server idle: 0 KV pages used"), std::string::npos) << o.err;  // the server check
   EXPECT_NE(o.err.find("report "), std::string::npos) << o.err;
   const auto list = kvq::test::kvq_cli("bench list --kind all --home " + h.p.string());
   EXPECT_NE(list.out.find("2 levels"), std::string::npos) << list.out;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -310,6 +311,20 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsCountersAndGauges) {
   EXPECT_TRUE(has("# TYPE kvq_steps_total counter"));
   EXPECT_TRUE(has("kvq_steps_total 17"));
   EXPECT_TRUE(has("kvq_preemptions_total 5"));
+  // The process's resident memory under the standard Prometheus name: what
+  // the kernel's own VmRSS line says (read a moment apart, so near, not equal).
+  EXPECT_TRUE(has("# TYPE process_resident_memory_bytes gauge"));
+  const std::string rss_name = "\nprocess_resident_memory_bytes ";
+  const size_t at = t.find(rss_name);
+  ASSERT_NE(at, std::string::npos) << t;
+  const double rss = std::stod(t.substr(at + rss_name.size()));
+  std::ifstream status("/proc/self/status");
+  double vm_rss_kib = -1;
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) vm_rss_kib = std::stod(line.substr(6));
+  ASSERT_GT(vm_rss_kib, 0);
+  EXPECT_NEAR(rss, vm_rss_kib * 1024, 16.0 * 1024 * 1024);
+  EXPECT_GT(process_resident_bytes(), 0u);
   EXPECT_EQ(t.back(), '\n');
 }
 

@@ -162,6 +162,14 @@ CREATE TABLE serve_levels(
   errors_json TEXT NOT NULL,
   PRIMARY KEY(run_id, level));
 )sql",
+    // 4 -> 5: the soak (kvq bench serve --disconnect). disconnected: requests
+    // that hung up on purpose, neither ok nor failed (0 in rows written
+    // before: nobody hung up); server_json: the server's state after the
+    // level, read from its /metrics ('{}': not checked, as in those rows).
+    R"sql(
+ALTER TABLE serve_levels ADD COLUMN disconnected INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE serve_levels ADD COLUMN server_json TEXT NOT NULL DEFAULT '{}';
+)sql",
 };
 constexpr int kNumMigrations = int(sizeof kMigrations / sizeof kMigrations[0]);
 static_assert(kNumMigrations == RunsDb::kSchemaVersion, "one migration per schema version");
@@ -675,13 +683,15 @@ std::vector<ItlFit> RunsDb::fits(int64_t run_id) const {
 void RunsDb::add_serve_level(int64_t run_id, const ServeLevel& l) {
   require_run(run_id);
   check_json_object(l.errors_json, "errors_json");
+  check_json_object(l.server_json, "server_json");
   const bool m = l.ok > 0;
   in_transaction([&] {
     Stmt q(db_,
            "INSERT INTO serve_levels(run_id, level, mode, concurrency, rate, requests, ok, failed, duration_s, "
            "req_per_s, out_tok_per_s, in_tok_per_s, prompt_tokens, output_tokens, ttft_mean_s, ttft_p50_s, "
            "ttft_p90_s, ttft_p99_s, tpot_p50_ms, tpot_p90_ms, tpot_p99_ms, itl_p50_ms, itl_p90_ms, itl_p99_ms, "
-           "e2e_p50_s, e2e_p99_s, errors_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+           "e2e_p50_s, e2e_p99_s, errors_json, disconnected, server_json) "
+           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     int i = 0;
     auto put = [&](const auto& v) { q.bind(++i, v); };
     auto put_if = [&](bool present, double v) {
@@ -711,6 +721,8 @@ void RunsDb::add_serve_level(int64_t run_id, const ServeLevel& l) {
     put_if(m, l.e2e_s.p50);
     put_if(m, l.e2e_s.p99);
     put(l.errors_json);
+    put(l.disconnected);
+    put(l.server_json);
     q.run();
   });
 }
@@ -720,7 +732,7 @@ std::vector<ServeLevel> RunsDb::serve_levels(int64_t run_id) const {
          "SELECT level, mode, concurrency, rate, requests, ok, failed, duration_s, req_per_s, out_tok_per_s, "
          "in_tok_per_s, prompt_tokens, output_tokens, ttft_mean_s, ttft_p50_s, ttft_p90_s, ttft_p99_s, "
          "tpot_p50_ms, tpot_p90_ms, tpot_p99_ms, itl_p50_ms, itl_p90_ms, itl_p99_ms, e2e_p50_s, e2e_p99_s, "
-         "errors_json FROM serve_levels WHERE run_id = ? ORDER BY level");
+         "errors_json, disconnected, server_json FROM serve_levels WHERE run_id = ? ORDER BY level");
   q.bind(1, run_id);
   std::vector<ServeLevel> out;
   while (q.step()) {
@@ -748,6 +760,8 @@ std::vector<ServeLevel> RunsDb::serve_levels(int64_t run_id) const {
     l.e2e_s.p50 = q.real(i++);
     l.e2e_s.p99 = q.real(i++);
     l.errors_json = q.text(i++);
+    l.disconnected = int(q.integer(i++));
+    l.server_json = q.text(i++);
     out.push_back(std::move(l));
   }
   return out;

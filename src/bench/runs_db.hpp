@@ -20,7 +20,7 @@
 //   bench_fits(run_id, codec, a_ms, b_ms_per_1k, residual_ms, n_points, ctx_min, ctx_max)
 //   eval_results(result_id, run_id, codec, metric, ctx, value, detail_json, created_at)
 //   serve_levels(run_id, level, mode, concurrency, rate, requests, ok, failed, ...)  (since schema 4:
-//                kvq bench serve, one row per load level)
+//                kvq bench serve, one row per load level; disconnected and server_json since schema 5)
 //
 // Typical use (an evaluation):
 //   RunsDb db(runs_db_path(resolve_home(home_flag)));
@@ -97,8 +97,9 @@ struct ServeLevel {
   int concurrency = 0;          // requests in flight at most (rate mode: the cap)
   double rate = 0;              // requests per second (rate mode)
   int requests = 0;             // sent
-  int ok = 0;                   // answered in full
-  int failed = 0;               // requests - ok
+  int ok = 0;                   // answered in full, with the length asked for
+  int disconnected = 0;         // hung up on purpose (--disconnect): neither ok nor failed
+  int failed = 0;               // requests - ok - disconnected
   double duration_s = 0;        // first request sent .. last one finished
   double req_per_s = 0;         // ok / duration
   double out_tok_per_s = 0;     // output tokens of ok requests / duration
@@ -112,6 +113,12 @@ struct ServeLevel {
   Percentiles e2e_s;            // p50 and p99 only
   bool has_tpot = false, has_itl = false;
   std::string errors_json = "{}";  // failure reason -> count
+  // The server's state after the level (kvq serve, from its /metrics):
+  // {"pages_used_after": N, "sequences_running_after": M, "rss_before": B,
+  // "rss_after": B} (the rss keys when it exports process_resident_memory_bytes),
+  // {"error": "..."} when its /metrics stopped answering; {} for a server
+  // without kvq's metrics (nothing checked).
+  std::string server_json = "{}";
 };
 
 class RunsDb {
@@ -120,7 +127,8 @@ class RunsDb {
   // 1: the first schema. 2: bench_cells.prefill_n and prefills_json (the
   // prefill-once protocol, docs/bench.md).
   // 3: bench_cells.batch, kv_pages, capacity. 4: serve_levels (kvq bench serve).
-  static constexpr int kSchemaVersion = 4;
+  // 5: serve_levels.disconnected and server_json (the soak: --disconnect, the server check).
+  static constexpr int kSchemaVersion = 5;
   // The SQL that takes a database from schema `from_version` to the next
   // (tests build databases of earlier versions with it).
   static const char* migration_sql(int from_version);

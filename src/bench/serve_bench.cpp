@@ -51,6 +51,7 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 uint64_t seed_of(uint64_t seed, uint64_t stream, uint64_t index) { return mix(mix(mix(seed) ^ stream) ^ index); }
+constexpr uint64_t kHangUpStream = 0x68616e67;  // "hang"
 
 int sample(const LengthDist& d, std::mt19937_64& rng) {
   if (d.fixed()) return d.lo;
@@ -130,6 +131,25 @@ std::vector<double> parse_rate_list(const std::string& s, const char* what) {
   return out;
 }
 
+double parse_disconnect_fraction(const std::string& s) {
+  static const std::regex re(R"(\s*(\d+\.?\d*|\.\d+)\s*)");
+  const bool number = std::regex_match(s, re);
+  const double f = number ? std::stod(s) : -1;
+  KVQ_CHECK(number && f < 1, Errc::invalid_argument,
+            "--disconnect must be a fraction of the requests, 0 <= F < 1 (e.g. 0.1), got '", s, "'");
+  return f;
+}
+
+int hang_up_point(uint64_t seed, int index, int gen, double fraction) {
+  if (!(fraction > 0)) return -1;
+  // Its own stream, apart from the prefix (1), lengths (2), prompts (3 + level)
+  // and arrivals (1000 + level): adding --disconnect changes nothing else.
+  std::mt19937_64 rng(seed_of(seed, kHangUpStream, uint64_t(index)));
+  if (std::uniform_real_distribution<double>(0, 1)(rng) >= fraction) return -1;
+  if (gen <= 1) return 0;
+  return std::uniform_int_distribution<int>(1, gen - 1)(rng);
+}
+
 Endpoint parse_endpoint(const std::string& url) {
   static const std::regex re(R"((https?)://([^/:?#\s]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?(/[^?#\s]*)?)");
   std::smatch m;
@@ -152,7 +172,7 @@ Endpoint parse_endpoint(const std::string& url) {
 namespace {
 
 RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, const std::string& model,
-                               json prompt, int sent_tokens, int gen, double timeout_s) {
+                               json prompt, int sent_tokens, int gen, double timeout_s, int hang_up_after) {
   RequestResult r;
   r.prompt_tokens = sent_tokens;
   r.gen = gen;
@@ -182,6 +202,8 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
   int status = 0;
   std::string err_body, buf, stream_error;
   bool done = false;
+  bool generation_over = false;  // an event said so: a finish_reason, or the usage
+  bool hung_up = false;          // we closed the connection on purpose (hang_up_after)
   int usage_tokens = -1, usage_prompt = -1;
   std::vector<Clock::time_point> chunk_times;
   Clock::time_point end_time{};
@@ -213,7 +235,9 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
       const json& c = j["choices"][0];
       if (c.contains("text") && c["text"].is_string() && !c["text"].get_ref<const std::string&>().empty())
         chunk_times.push_back(now);
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) generation_over = true;
     }
+    if (j.contains("usage") && j["usage"].is_object()) generation_over = true;
     if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens") &&
         j["usage"]["completion_tokens"].is_number_integer())
       usage_tokens = j["usage"]["completion_tokens"].get<int>();
@@ -223,7 +247,18 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
   };
   req.response_handler = [&](const httplib::Response& res) {
     status = res.status;
+    if (status == 200 && hang_up_after == 0) {  // gen 1: hang up before the first chunk
+      hung_up = true;
+      return false;
+    }
     return true;
+  };
+  // A request picked to hang up does so at its k-th text chunk, or at the
+  // end of the generation when fewer chunks come (a server that sends
+  // several tokens in one), so every pick hangs up (docs/bench.md).
+  auto hang_up_now = [&] {
+    return hang_up_after >= 0 &&
+           (int(chunk_times.size()) >= hang_up_after || generation_over || done || !stream_error.empty());
   };
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     if (status != 200) {
@@ -235,6 +270,10 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
     while ((nl = buf.find('\n', start)) != std::string::npos) {
       on_line(buf.substr(start, nl - start));
       start = nl + 1;
+      if (hang_up_now()) {
+        hung_up = true;
+        return false;  // cpp-httplib closes the connection
+      }
     }
     buf.erase(0, start);
     return true;
@@ -243,12 +282,18 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
   const auto t0 = Clock::now();
   const httplib::Result res = cli.send(req);
   const auto t_end = Clock::now();
-  if (!buf.empty()) on_line(buf);
+  if (!buf.empty() && !hung_up) on_line(buf);
   if (!done) end_time = t_end;
   r.chunks = int(chunk_times.size());
   r.tokens = usage_tokens >= 0 ? usage_tokens : r.chunks;
   if (usage_prompt >= 0) r.prompt_tokens = usage_prompt;
 
+  if (hung_up) {
+    // An error event before the hang-up is still an answer gone wrong.
+    r.disconnected = stream_error.empty();
+    r.error = stream_error;
+    return r;
+  }
   if (!res) {
     r.error = "connection: " + httplib::to_string(res.error());
     if (status == 200 && !chunk_times.empty()) r.error += " (after " + std::to_string(r.chunks) + " chunks)";
@@ -270,6 +315,13 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
     r.error = "no tokens in the stream";
     return r;
   }
+  // Asked for exactly gen (max_tokens = min_tokens, ignore_eos): anything
+  // else is a wrong answer. Without a usage the text chunks are all there is
+  // to count, and they need not be one a token, so no check.
+  if (usage_tokens >= 0 && usage_tokens != gen) {
+    r.error = "wrong length: " + std::to_string(usage_tokens) + " of " + std::to_string(gen) + " tokens";
+    return r;
+  }
   r.ok = true;
   r.ttft_s = secs(chunk_times.front() - t0);
   r.e2e_s = secs(end_time - t0);
@@ -281,13 +333,13 @@ RequestResult send_json_prompt(const Endpoint& ep, const std::string& api_key, c
 }  // namespace
 
 RequestResult send_completion(const Endpoint& ep, const std::string& api_key, const std::string& model,
-                              const std::vector<int32_t>& prompt, int gen, double timeout_s) {
-  return send_json_prompt(ep, api_key, model, json(prompt), int(prompt.size()), gen, timeout_s);
+                              const std::vector<int32_t>& prompt, int gen, double timeout_s, int hang_up_after) {
+  return send_json_prompt(ep, api_key, model, json(prompt), int(prompt.size()), gen, timeout_s, hang_up_after);
 }
 
 RequestResult send_completion_text(const Endpoint& ep, const std::string& api_key, const std::string& model,
-                                   const std::string& prompt, int gen, double timeout_s) {
-  return send_json_prompt(ep, api_key, model, json(prompt), 0, gen, timeout_s);
+                                   const std::string& prompt, int gen, double timeout_s, int hang_up_after) {
+  return send_json_prompt(ep, api_key, model, json(prompt), 0, gen, timeout_s, hang_up_after);
 }
 
 std::string random_words(int n, uint64_t seed) {
@@ -316,6 +368,10 @@ ServeLevel summarize_level(const std::vector<RequestResult>& reqs, double durati
   std::map<std::string, int> errors;
   double ttft_sum = 0;
   for (const auto& r : reqs) {
+    if (r.disconnected) {
+      ++l.disconnected;
+      continue;
+    }
     if (!r.ok) {
       ++errors[r.error.empty() ? "unknown" : r.error];
       continue;
@@ -329,7 +385,7 @@ ServeLevel summarize_level(const std::vector<RequestResult>& reqs, double durati
     if (r.tokens >= 2) tpot.push_back(r.tpot_s);
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
   }
-  l.failed = l.requests - l.ok;
+  l.failed = l.requests - l.ok - l.disconnected;
   if (duration_s > 0) {
     l.req_per_s = l.ok / duration_s;
     l.out_tok_per_s = double(l.output_tokens) / duration_s;
@@ -352,23 +408,63 @@ ServeLevel summarize_level(const std::vector<RequestResult>& reqs, double durati
 
 std::string format_serve_progress(const ServeProgress& p) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "[%d/%d] %s: %d/%d done, %d failed, %d in flight | %.1f s", p.level + 1, p.levels,
-                p.label.c_str(), p.done, p.requests, p.failed, p.in_flight, p.elapsed_s);
-  return buf;
+  std::snprintf(buf, sizeof buf, "[%d/%d] %s: %d/%d done, %d failed, %d disconnected, %d in flight | %.1f s",
+                p.level + 1, p.levels, p.label.c_str(), p.done, p.requests, p.failed, p.disconnected, p.in_flight,
+                p.elapsed_s);
+  return p.server.empty() ? std::string(buf) : std::string(buf) + " | " + p.server;
+}
+
+namespace {
+
+// ServeLevel::server_json, parsed; {} (not checked) for anything unreadable.
+json server_check_json(const std::string& server_json) {
+  try {
+    json j = json::parse(server_json);
+    if (j.is_object()) return j;
+  } catch (const json::exception&) {
+  }
+  return json::object();
+}
+
+int64_t int_of(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<int64_t>() : -1;
+}
+
+std::string mib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", double(bytes) / (1024.0 * 1024.0));
+  return b;
+}
+
+}  // namespace
+
+std::string server_check_text(const std::string& server_json) {
+  const json j = server_check_json(server_json);
+  if (j.contains("error") && j["error"].is_string()) return "server check failed: " + j["error"].get<std::string>();
+  if (!j.contains("pages_used_after")) return "server not checked (no kvq metrics)";
+  const int64_t pages = int_of(j, "pages_used_after"), running = int_of(j, "sequences_running_after");
+  std::string t = pages == 0 && running <= 0 ? "server idle: " : "server NOT idle after 30 s: ";
+  t += std::to_string(pages) + " KV pages used";
+  if (running > 0) t += ", " + std::to_string(running) + " sequences running";
+  const int64_t before = int_of(j, "rss_before"), after = int_of(j, "rss_after");
+  if (after >= 0) t += ", RSS " + (before >= 0 ? mib(before) + " -> " : std::string()) + mib(after) + " MiB";
+  return t;
 }
 
 std::string serve_csv_header() {
-  return "run_id,level,mode,concurrency,rate,requests,ok,failed,duration_s,req_per_s,out_tok_per_s,in_tok_per_s,"
-         "prompt_tokens,output_tokens,ttft_mean_s,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_ms,tpot_p90_ms,"
-         "tpot_p99_ms,itl_p50_ms,itl_p90_ms,itl_p99_ms,e2e_p50_s,e2e_p99_s,errors\n";
+  return "run_id,level,mode,concurrency,rate,requests,ok,failed,disconnected,duration_s,req_per_s,out_tok_per_s,"
+         "in_tok_per_s,prompt_tokens,output_tokens,ttft_mean_s,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_ms,"
+         "tpot_p90_ms,tpot_p99_ms,itl_p50_ms,itl_p90_ms,itl_p99_ms,e2e_p50_s,e2e_p99_s,errors,pages_used_after,"
+         "sequences_running_after,rss_before,rss_after\n";
 }
 
 std::string serve_csv_row(int64_t run_id, const ServeLevel& l) {
   const bool m = l.ok > 0;
   std::vector<std::string> f = {std::to_string(run_id), std::to_string(l.level), l.mode, std::to_string(l.concurrency),
                                 l.mode == "rate" ? num(l.rate, 4) : "", std::to_string(l.requests),
-                                std::to_string(l.ok), std::to_string(l.failed), num(l.duration_s, 4),
-                                num(l.req_per_s, 4), num(l.out_tok_per_s, 3), num(l.in_tok_per_s, 3),
+                                std::to_string(l.ok), std::to_string(l.failed), std::to_string(l.disconnected),
+                                num(l.duration_s, 4), num(l.req_per_s, 4), num(l.out_tok_per_s, 3),
+                                num(l.in_tok_per_s, 3),
                                 std::to_string(l.prompt_tokens), std::to_string(l.output_tokens)};
   auto val = [&](bool present, double v, int d) { f.push_back(present ? num(v, d) : ""); };
   val(m, l.ttft_mean_s, 6);
@@ -378,6 +474,12 @@ std::string serve_csv_row(int64_t run_id, const ServeLevel& l) {
   val(m, l.e2e_s.p50, 6);
   val(m, l.e2e_s.p99, 6);
   f.push_back(csv_field(l.errors_json == "{}" ? "" : l.errors_json));
+  // The server check, empty where it was not made (or is not exported).
+  const json server = server_check_json(l.server_json);
+  for (const char* k : {"pages_used_after", "sequences_running_after", "rss_before", "rss_after"}) {
+    const int64_t v = int_of(server, k);
+    f.push_back(v >= 0 ? std::to_string(v) : "");
+  }
   std::string s;
   for (size_t i = 0; i < f.size(); ++i) s += (i ? "," : "") + f[i];
   return s + "\n";
@@ -401,22 +503,29 @@ std::string serve_report_markdown(const RunRow& run, const std::vector<ServeLeve
     << "| prompt | " << md(param("shared_prefix")) << " shared + " << md(param("prompt_len"))
     << (param("prompt_format") == "text" ? " unique words (random common words, about a token each" : " unique tokens (random ids")
     << ", seed " << md(param("seed")) << ") |\n"
-    << "| output | " << md(param("gen")) << " tokens (max_tokens = min_tokens, ignore_eos) |\n"
+    << "| output | " << md(param("gen")) << " tokens (max_tokens = min_tokens, ignore_eos; any other "
+    << "usage.completion_tokens fails the request) |\n"
     << "| requests per level | " << md(param("requests")) << " |\n"
+    << "| disconnects | "
+    << (p.contains("disconnect") && p["disconnect"].is_number() && p["disconnect"].get<double>() > 0
+            ? "a fraction " + md(param("disconnect")) +
+                  " of the requests (seeded) hang up on purpose after a random number of text chunks"
+            : std::string("none"))
+    << " |\n"
     << "| kvq | " << run.meta.kvq_version << " (" << run.meta.git_sha << ", " << run.meta.build_type << ") on "
     << md(run.meta.host) << " |\n"
     << "| command | `" << md(param("command_line")) << "` |\n\n";
 
   r << "## Levels\n\n"
-    << "| level | requests | ok | failed | req/s | output tok/s | TTFT mean s | TTFT p50 / p90 / p99 s | "
-       "TPOT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | E2E p50 / p99 s |\n"
-    << "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n";
+    << "| level | requests | ok | failed | disconnected | req/s | output tok/s | TTFT mean s | "
+       "TTFT p50 / p90 / p99 s | TPOT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | E2E p50 / p99 s |\n"
+    << "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|\n";
   for (const auto& l : levels) {
     const bool m = l.ok > 0;
     auto three = [](const Percentiles& q) { return sig(q.p50) + " / " + sig(q.p90) + " / " + sig(q.p99); };
     r << "| " << level_label(l) << " | " << l.requests << " | " << l.ok << " | " << (l.failed ? "**" : "") << l.failed
-      << (l.failed ? "**" : "") << " | " << sig(l.req_per_s) << " | " << sig(l.out_tok_per_s) << " | "
-      << (m ? sig(l.ttft_mean_s) : "-") << " | " << (m ? three(l.ttft_s) : "-") << " | "
+      << (l.failed ? "**" : "") << " | " << l.disconnected << " | " << sig(l.req_per_s) << " | "
+      << sig(l.out_tok_per_s) << " | " << (m ? sig(l.ttft_mean_s) : "-") << " | " << (m ? three(l.ttft_s) : "-") << " | "
       << (m && l.has_tpot ? three(l.tpot_ms) : "-") << " | " << (m && l.has_itl ? three(l.itl_ms) : "-") << " | "
       << (m ? sig(l.e2e_s.p50) + " / " + sig(l.e2e_s.p99) : "-") << " |\n";
   }
@@ -438,19 +547,122 @@ std::string serve_report_markdown(const RunRow& run, const std::vector<ServeLeve
     r << "\n";
   }
 
+  r << "## Server state after each level\n\n";
+  bool checked = false;
+  for (const auto& l : levels) checked = checked || server_check_json(l.server_json) != json::object();
+  if (!checked) {
+    r << "Not checked: the server's `/metrics` has no `kvq_kv_pages_used` (it is not kvq serve, or does not "
+         "export its metrics), so whether it let go of every request's KV pages, and its memory, are unknown.\n\n";
+  } else {
+    r << "| level | KV pages used after | sequences running after | RSS before -> after MiB | RSS change MiB |\n"
+      << "|---|---:|---:|---|---:|\n";
+    for (const auto& l : levels) {
+      const json j = server_check_json(l.server_json);
+      if (j.contains("error")) {
+        r << "| " << level_label(l) << " | **" << md(server_check_text(l.server_json)) << "** | | | |\n";
+        continue;
+      }
+      const int64_t pages = int_of(j, "pages_used_after"), running = int_of(j, "sequences_running_after");
+      const int64_t before = int_of(j, "rss_before"), after = int_of(j, "rss_after");
+      auto flag = [](int64_t v) { return v > 0 ? "**" + std::to_string(v) + "**" : v == 0 ? "0" : "-"; };
+      r << "| " << level_label(l) << " | " << flag(pages) << " | " << flag(running) << " | "
+        << (before >= 0 && after >= 0 ? mib(before) + " -> " + mib(after) : after >= 0 ? mib(after) : "-") << " | "
+        << (before >= 0 && after >= 0 ? (after >= before ? "+" : "") + mib(after - before) : "-") << " |\n";
+    }
+    r << "\nAfter each level the client polled the server's `/metrics` (every 100 ms, at most 30 s) until no "
+         "sequence ran and no KV page was held (`kvq_kv_pages_used`; pages only the prefix cache keeps are not "
+         "held), then read its resident memory (`process_resident_memory_bytes`); RSS before is read as the level "
+         "starts. A level that leaves pages held, or memory that keeps growing level after level, is a leak.\n\n";
+  }
+
   r << "## Plot\n\n";
   for (const auto& f : plot_files)
     if (f.size() > 4 && f.compare(f.size() - 4, 4, ".svg") == 0) r << "![" << f << "](" << f << ")\n\n";
   if (!plot_note.empty()) r << plot_note << "\n\n";
   r << "TTFT: request sent until the first text chunk. ITL: every gap between text chunks. TPOT: (end - first "
        "chunk) / (tokens - 1) per request. Throughput counts the requests answered in full, over the level's wall "
-       "time (first request sent to last answer). How to read this: docs/bench.md, \"kvq bench serve\". The numbers "
-       "are also in `serve_levels.csv` and in runs.db (table serve_levels, run_id "
+       "time (first request sent to last answer); requests that hung up on purpose (`--disconnect`) are counted "
+       "apart and left out of every latency and throughput number. How to read this: docs/bench.md, \"kvq bench "
+       "serve\". The numbers are also in `serve_levels.csv` and in runs.db (table serve_levels, run_id "
     << run.run_id << ").\n";
   return r.str();
 }
 
 namespace {
+
+// The value of an unlabelled Prometheus sample "name value"; -1 when absent.
+double prom_value(const std::string& text, const std::string& name) {
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    if ((at > 0 && text[at - 1] != '\n') || at + name.size() >= text.size() || text[at + name.size()] != ' ')
+      continue;
+    try {
+      return std::stod(text.substr(at + name.size() + 1));
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+// What a kvq server's /metrics says about its state (the server check).
+struct ServerState {
+  bool kvq = false;  // the text has kvq_kv_pages_used
+  std::string error;  // why it could not be read
+  double pages_used = -1, sequences_running = -1, rss = -1;  // -1: not exported
+  bool idle() const { return kvq && pages_used == 0 && sequences_running <= 0; }
+};
+
+ServerState read_server_state(const Endpoint& ep, const std::string& api_key) {
+  ServerState s;
+  httplib::Client cli(ep.scheme_host_port);
+  cli.set_connection_timeout(5, 0);
+  cli.set_read_timeout(10, 0);
+  httplib::Headers h;
+  if (!api_key.empty()) h.emplace("Authorization", "Bearer " + api_key);
+  // /metrics sits beside /v1 (under the URL's path prefix, if any).
+  const std::string path = ep.path.substr(0, ep.path.size() - std::string("/v1/completions").size()) + "/metrics";
+  const auto res = cli.Get(path.c_str(), h);
+  if (!res) {
+    s.error = "GET " + path + ": " + httplib::to_string(res.error());
+    return s;
+  }
+  if (res->status != 200) {
+    s.error = "GET " + path + ": HTTP " + std::to_string(res->status);
+    return s;
+  }
+  s.pages_used = prom_value(res->body, "kvq_kv_pages_used");
+  s.kvq = s.pages_used >= 0;
+  if (!s.kvq) s.error = "GET " + path + ": no kvq_kv_pages_used";
+  s.sequences_running = prom_value(res->body, "kvq_sequences_running");
+  s.rss = prom_value(res->body, "process_resident_memory_bytes");
+  return s;
+}
+
+// After a level: polls until the server holds no KV page and runs no
+// sequence (it may still be cancelling the requests that hung up), at most
+// kSettle, then records its state with `before`'s RSS.
+json settle_server(const Endpoint& ep, const std::string& api_key, const ServerState& before,
+                   const std::function<void(const std::string&)>& waiting) {
+  constexpr auto kSettle = std::chrono::seconds(30);
+  const auto deadline = Clock::now() + kSettle;
+  ServerState s;
+  for (;;) {
+    s = read_server_state(ep, api_key);
+    if (s.idle() || Clock::now() >= deadline) break;
+    if (waiting)
+      waiting(s.kvq ? "waiting for the server to go idle: " + std::to_string(int64_t(s.pages_used)) +
+                          " KV pages used, " + std::to_string(int64_t(std::max(0.0, s.sequences_running))) +
+                          " sequences running"
+                    : "waiting for the server's /metrics: " + s.error);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!s.kvq) return json{{"error", s.error}};
+  json j = {{"pages_used_after", int64_t(s.pages_used)},
+            {"sequences_running_after", int64_t(std::max(0.0, s.sequences_running))}};
+  if (before.rss >= 0) j["rss_before"] = int64_t(before.rss);
+  if (s.rss >= 0) j["rss_after"] = int64_t(s.rss);
+  return j;
+}
 
 // Output tok/s (left axis) and TTFT p99 (right axis) against concurrency or rate.
 std::vector<std::string> write_serve_plot(const std::string& dir, const std::vector<ServeLevel>& levels,
@@ -551,6 +763,8 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
   KVQ_CHECK(cfg.token_lo >= 0 && cfg.token_lo < cfg.token_hi, Errc::invalid_argument,
             "--token-range needs 0 <= LO < HI (got ", cfg.token_lo, ":", cfg.token_hi, ")");
   KVQ_CHECK(cfg.timeout_s > 0, Errc::invalid_argument, "--timeout must be above 0");
+  KVQ_CHECK(cfg.disconnect >= 0 && cfg.disconnect < 1, Errc::invalid_argument,
+            "--disconnect must be a fraction of the requests, 0 <= F < 1 (got ", cfg.disconnect, ")");
   const std::string home = resolve_home(cfg.home);
 
   // The model name: given, else the server's first (vLLM needs one; kvq and llama-server take any).
@@ -612,6 +826,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
                           {"token_range", std::to_string(cfg.token_lo) + ":" + std::to_string(cfg.token_hi)},
                           {"prompt_format", cfg.text_prompts ? "text" : "ids"},
                           {"seed", cfg.seed},
+                          {"disconnect", cfg.disconnect},
                           {"timeout_s", cfg.timeout_s},
                           {"api_key", !cfg.api_key.empty()},
                           {"command_line", cfg.command_line}}
@@ -631,6 +846,10 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     for (auto& t : prefix) t = tok(rng);
   }
   const std::string prefix_text = cfg.text_prompts ? random_words(cfg.shared_prefix, seed_of(cfg.seed, 1, 0)) : "";
+  // The server check (kvq serve only: its /metrics has kvq_kv_pages_used);
+  // any other server is measured without one, and the report says so.
+  ServerState server_before = read_server_state(ep, cfg.api_key);
+  const bool check_server = server_before.kvq;
   const auto run_start = Clock::now();
   bool stopped = false;
   for (size_t li = 0; li < plan.size() && !stopped; ++li) {
@@ -641,11 +860,12 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     // an earlier one; only the shared prefix is common).
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
     std::vector<std::string> texts(cfg.text_prompts ? static_cast<size_t>(n) : 0);
-    std::vector<int> gens(static_cast<size_t>(n));
+    std::vector<int> gens(static_cast<size_t>(n)), hang_up(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       std::mt19937_64 len_rng(seed_of(cfg.seed, 2, uint64_t(i)));
       const int p = sample(cfg.prompt_len, len_rng);
       gens[size_t(i)] = sample(cfg.gen, len_rng);
+      hang_up[size_t(i)] = hang_up_point(cfg.seed, i, gens[size_t(i)], cfg.disconnect);
       std::mt19937_64 rng(seed_of(cfg.seed, 3 + li, uint64_t(i)));
       std::uniform_int_distribution<int32_t> tok(cfg.token_lo, cfg.token_hi - 1);
       if (cfg.text_prompts) {
@@ -670,7 +890,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
 
     std::vector<RequestResult> results(static_cast<size_t>(n));
     std::vector<char> sent(static_cast<size_t>(n), 0);
-    std::atomic<int> next{0}, finished{0}, done{0}, failed{0}, in_flight{0};
+    std::atomic<int> next{0}, finished{0}, done{0}, failed{0}, disconnected{0}, in_flight{0};
     std::atomic<bool> stop{false};
     const auto t0 = Clock::now();
     std::atomic<int64_t> last_end_ns{0};
@@ -688,17 +908,20 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
           continue;
         }
         in_flight.fetch_add(1);
-        results[size_t(i)] =
-            cfg.text_prompts
-                ? send_completion_text(ep, cfg.api_key, model, texts[size_t(i)], gens[size_t(i)], cfg.timeout_s)
-                : send_completion(ep, cfg.api_key, model, prompts[size_t(i)], gens[size_t(i)], cfg.timeout_s);
+        results[size_t(i)] = cfg.text_prompts ? send_completion_text(ep, cfg.api_key, model, texts[size_t(i)],
+                                                                     gens[size_t(i)], cfg.timeout_s, hang_up[size_t(i)])
+                                              : send_completion(ep, cfg.api_key, model, prompts[size_t(i)],
+                                                                gens[size_t(i)], cfg.timeout_s, hang_up[size_t(i)]);
         sent[size_t(i)] = 1;
         const int64_t end_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
         int64_t prev = last_end_ns.load();
         while (end_ns > prev && !last_end_ns.compare_exchange_weak(prev, end_ns)) {
         }
         in_flight.fetch_sub(1);
-        if (!results[size_t(i)].ok) failed.fetch_add(1);
+        if (results[size_t(i)].disconnected)
+          disconnected.fetch_add(1);
+        else if (!results[size_t(i)].ok)
+          failed.fetch_add(1);
         done.fetch_add(1);
         finished.fetch_add(1);
       }
@@ -720,6 +943,7 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
       if (cfg.should_stop && cfg.should_stop()) stop.store(true);
       pg.done = done.load();
       pg.failed = failed.load();
+      pg.disconnected = disconnected.load();
       pg.in_flight = in_flight.load();
       pg.elapsed_s = secs(Clock::now() - t0);
       if (progress) progress(pg);
@@ -728,9 +952,22 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     for (auto& t : threads) t.join();
     pg.done = done.load();
     pg.failed = failed.load();
+    pg.disconnected = disconnected.load();
     pg.in_flight = 0;
-    pg.level_done = true;
     pg.elapsed_s = secs(Clock::now() - t0);
+    // The server check waits for the server to let go of every request (the
+    // ones that hung up included) before the next level starts.
+    std::string server_json = "{}";
+    if (check_server && done.load() > 0) {
+      server_json = settle_server(ep, cfg.api_key, server_before, [&](const std::string& what) {
+                      pg.server = what;
+                      if (progress) progress(pg);
+                    }).dump();
+      pg.server = server_check_text(server_json);
+    } else {
+      pg.server = check_server ? "" : server_check_text("{}");
+    }
+    pg.level_done = true;
     if (progress) progress(pg);
 
     std::vector<RequestResult> got;
@@ -741,24 +978,28 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& cfg, const std::functio
     l.mode = lv.mode;
     l.concurrency = lv.concurrency;
     l.rate = lv.rate;
+    l.server_json = server_json;
     if (stop.load()) stopped = true;
     if (l.requests == 0) break;  // stopped before this level sent anything
     db.add_serve_level(out.run_id, l);
     out.levels.push_back(l);
     write_csv(out.csv_path, out.run_id, out.levels);
+    if (check_server && li + 1 < plan.size() && !stopped) server_before = read_server_state(ep, cfg.api_key);
   }
 
   out.status = stopped ? "interrupted" : "ok";
-  int ok = 0, failed = 0;
+  int ok = 0, failed = 0, disconnected = 0;
   for (const auto& l : out.levels) {
     ok += l.ok;
     failed += l.failed;
+    disconnected += l.disconnected;
   }
   db.end_run(out.run_id, out.status,
              json{{"levels", out.levels.size()},
                   {"levels_planned", plan.size()},
                   {"requests_ok", ok},
                   {"requests_failed", failed},
+                  {"requests_disconnected", disconnected},
                   {"seconds", secs(Clock::now() - run_start)},
                   {"out_dir", dir}}
                  .dump());

@@ -44,6 +44,7 @@ struct BenchArgs {
   bool fail_on_regression = false;
   // serve
   std::string url, api_key, serve_model, concurrency, rate, prompt_len = "512", gen_len = "128", token_range = "100:1000", prompt_format = "ids";
+  std::string disconnect = "0";
   int requests = 64;
   int shared_prefix = 0;
   double timeout = 600;
@@ -172,6 +173,7 @@ int run_serve(const BenchArgs& a) {
   cfg.token_hi = tr.hi;
   cfg.text_prompts = a.prompt_format == "text";
   cfg.seed = a.seed;
+  cfg.disconnect = bench::parse_disconnect_fraction(a.disconnect);
   cfg.timeout_s = a.timeout;
   cfg.home = a.home;
   cfg.out_dir = a.out;
@@ -184,6 +186,9 @@ int run_serve(const BenchArgs& a) {
                cfg.rates.empty() ? str(cfg.concurrency.size(), " concurrency level(s)").c_str()
                                  : str(cfg.rates.size(), " request rate(s), at most ", cfg.concurrency.back(), " in flight").c_str(),
                cfg.requests, cfg.shared_prefix, cfg.prompt_len.str().c_str(), cfg.gen.str().c_str());
+  if (cfg.disconnect > 0)
+    std::fprintf(stderr, "kvq bench serve: a fraction %g of the requests (seeded) hang up on purpose mid-stream\n",
+                 cfg.disconnect);
   const bool tty = ::isatty(2);
   Timer since_print;
   int last_level = -1, last_done = -1;
@@ -206,15 +211,20 @@ int run_serve(const BenchArgs& a) {
     last_done = p.done;
   });
 
-  std::printf("%-22s %8s %6s %6s %8s %11s %10s %10s %10s %10s %10s %10s\n", "level", "requests", "ok", "failed",
-              "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99");
+  std::printf("%-22s %8s %6s %6s %6s %8s %11s %10s %10s %10s %10s %10s %10s\n", "level", "requests", "ok", "failed",
+              "disc.", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99");
+  bool server_checked = false;
+  for (const auto& l : res.levels) server_checked = server_checked || l.server_json != "{}";
   for (const auto& l : res.levels) {
     const std::string label = l.mode == "rate" ? str("rate ", l.rate, " req/s") : str("concurrency ", l.concurrency);
-    std::printf("%-22s %8d %6d %6d %8.3f %11.2f %9.4fs %9.4fs %8.2fms %8.2fms %8.2fms %8.2fms\n", label.c_str(),
-                l.requests, l.ok, l.failed, l.req_per_s, l.out_tok_per_s, l.ttft_s.p50, l.ttft_s.p99, l.tpot_ms.p50,
-                l.tpot_ms.p99, l.itl_ms.p50, l.itl_ms.p99);
+    std::printf("%-22s %8d %6d %6d %6d %8.3f %11.2f %9.4fs %9.4fs %8.2fms %8.2fms %8.2fms %8.2fms\n", label.c_str(),
+                l.requests, l.ok, l.failed, l.disconnected, l.req_per_s, l.out_tok_per_s, l.ttft_s.p50, l.ttft_s.p99,
+                l.tpot_ms.p50, l.tpot_ms.p99, l.itl_ms.p50, l.itl_ms.p99);
     if (l.errors_json != "{}") std::printf("  failures: %s\n", l.errors_json.c_str());
+    if (server_checked) std::printf("  %s\n", bench::server_check_text(l.server_json).c_str());
   }
+  if (!server_checked && !res.levels.empty())
+    std::printf("%s: the server's /metrics has no kvq_kv_pages_used\n", bench::server_check_text("{}").c_str());
   std::fprintf(stderr, "kvq bench serve: run %lld %s\nkvq bench serve: report %s\nkvq bench serve: csv    %s\n",
                (long long)res.run_id, res.status.c_str(), res.report_path.c_str(), res.csv_path.c_str());
   if (!res.plot_note.empty()) std::fprintf(stderr, "kvq bench serve: %s\n", res.plot_note.c_str());
@@ -376,7 +386,11 @@ KVQ_REGISTER_COMMAND(
       serve->add_option("--api-key", a->api_key, "Sent as Authorization: Bearer KEY");
       serve->add_option("--model", a->serve_model,
                         "The requests' \"model\" (default: the first of GET /v1/models, if the server lists one)");
-      serve->add_option("--seed", a->seed, "Seed of prompts, lengths and arrivals")->capture_default_str();
+      serve->add_option("--seed", a->seed, "Seed of prompts, lengths, arrivals and disconnects")->capture_default_str();
+      serve->add_option("--disconnect", a->disconnect,
+                        "Fraction F (0 <= F < 1) of the requests, seeded, that hang up on purpose after a random "
+                        "number of text chunks (a soak: counted as disconnected, not in the latencies)")
+          ->capture_default_str();
       serve->add_option("--timeout", a->timeout, "Seconds a request may take")
           ->check(in_range(0.001, 1e6, false, ""))
           ->capture_default_str();

@@ -1,7 +1,8 @@
 // Server metrics in the Prometheus text exposition format (version 0.0.4):
 // request counts by route and status, token counts, time-to-first-token and
 // inter-token-latency histograms, and gauges read at scrape time (the
-// scheduler's sequences, pages and steps among them).
+// scheduler's sequences, pages and steps among them, and the process's
+// resident memory under its standard Prometheus name).
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,10 @@ class Histogram {
   double sum_ = 0;
   uint64_t n_ = 0;
 };
+
+// This process's resident set size in bytes (/proc/self/statm's resident
+// pages x the page size); 0 where it cannot be read (no /proc).
+uint64_t process_resident_bytes();
 
 // Gauges read from the engine when scraped.
 struct Gauges {
