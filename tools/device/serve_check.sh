@@ -9,8 +9,8 @@
 #           default "none"), beside `kvq bench --batch 64` for the same codec
 #   prefix  the same load with a shared 2,048-token prefix, prefix cache on and off
 #   rate    a request-rate sweep (RATES, default 1,2,4,8,16,32,64) per codec
-#   soak    SOAK_REQUESTS (10000) requests at concurrency 64 with 10 %
-#           random disconnects (needs `kvq bench serve --disconnect`)
+#   soak    SOAK_REQUESTS (10000) requests at concurrency 64 in two levels
+#           with 10 % random disconnects (the server's pages and RSS after each)
 # SMOKE=1 runs the same steps on the CPU with the embedded model and tiny
 # loads (a check of the script, not a measurement; BUILD=build-cpu to reuse a
 # CPU build).
@@ -113,7 +113,8 @@ for CODEC in ${SERVE_CODECS:-none}; do
   if want soak; then
     echo "== $CODEC: soak, ${SOAK_REQUESTS:-10000} requests, 10 % disconnects"
     start_server "$OUT/server-$CODEC-soak.log" --kv "$CODEC" && STEP_TIMEOUT=580 bench_serve "soak-$CODEC" \
-      --concurrency "$C" --requests "${SOAK_REQUESTS:-10000}" --prompt-len "$P" --gen "$G" --disconnect 0.1
+      --concurrency "$C,$C" --requests "$(( ${SOAK_REQUESTS:-10000} / 2 ))" --prompt-len "$P" --gen "$G" \
+      --disconnect 0.1  # two levels: the first touches the pool, the second shows whether memory stays flat
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader
     stop_server
   fi
