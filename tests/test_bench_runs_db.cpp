@@ -1,6 +1,8 @@
 // runs.db (bench/runs_db.hpp): schema and migrations, append-only triggers,
 // round trips of runs, cells, fits and eval results, transactions, home folder.
 #include <gtest/gtest.h>
+
+#include <initializer_list>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -86,6 +88,31 @@ std::string query_text(sqlite3* db, const char* sql) {
     out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   return out;
+}
+
+void exec_sql(sqlite3* h, const std::string& q) {
+  char* err = nullptr;
+  const int rc = sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "") << "\n" << q;
+  sqlite3_free(err);
+}
+
+// A runs.db file as a kvq of schema `version` left it: the migrations up to
+// that version, each recorded, and the append-only triggers it made on
+// `append_only`. The caller closes the handle.
+sqlite3* open_old_db(const std::string& path, int version, std::initializer_list<const char*> append_only) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &h), SQLITE_OK);
+  exec_sql(h, "PRAGMA journal_mode=WAL");
+  for (int v = 0; v < version; ++v) {
+    exec_sql(h, RunsDb::migration_sql(v));
+    exec_sql(h, "INSERT INTO schema_version VALUES (" + std::to_string(v + 1) + ", '2025-01-01T00:00:00Z')");
+  }
+  for (const char* t : append_only)
+    for (const char* op : {"UPDATE", "DELETE"})
+      exec_sql(h, std::string("CREATE TRIGGER ") + t + "_no_" + op + " BEFORE " + op + " ON " + t +
+                      " BEGIN SELECT RAISE(ABORT, 'runs.db is append-only'); END");
+  return h;
 }
 
 }  // namespace
@@ -304,20 +331,10 @@ TEST(BenchRunsDb, ReopenKeepsDataAndRefusesNewerOrForeignFiles) {
 TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
   TempDir d;
   {
-    sqlite3* h = nullptr;
-    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
-    auto exec = [&](const std::string& q) {
-      char* err = nullptr;
-      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
-    };
-    exec("PRAGMA journal_mode=WAL");
-    exec(RunsDb::migration_sql(0));
-    exec("INSERT INTO schema_version VALUES (1, '2025-01-01T00:00:00Z')");
-    // The append-only triggers version 1 created.
-    for (const char* t : {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits", "eval_results"})
-      for (const char* op : {"UPDATE", "DELETE"})
-        exec(std::string("CREATE TRIGGER ") + t + "_no_" + op + " BEFORE " + op + " ON " + t +
-             " BEGIN SELECT RAISE(ABORT, 'runs.db is append-only'); END");
+    // With the append-only triggers version 1 created.
+    sqlite3* h = open_old_db(d.db(), 1, {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits",
+                                         "eval_results"});
+    auto exec = [&](const std::string& q) { exec_sql(h, q); };
     exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
          "driver, clocks, copy_bw_gbs, params_json) VALUES ('bench', '2025-01-01T00:00:00Z', 'synthetic:tiny', "
          "'cpu', 'old', 'Release', '0.1.0', 'h', 'cpu', '', '', 1.0, '{\"reps\":3}')");
@@ -370,17 +387,8 @@ TEST(BenchRunsDb, SchemaVersion1DatabaseMigrates) {
 TEST(BenchRunsDb, SchemaVersion3DatabaseGainsServeLevels) {
   TempDir d;
   {
-    sqlite3* h = nullptr;
-    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
-    auto exec = [&](const std::string& q) {
-      char* err = nullptr;
-      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
-    };
-    exec("PRAGMA journal_mode=WAL");
-    for (int v = 0; v < 3; ++v) {
-      exec(RunsDb::migration_sql(v));
-      exec("INSERT INTO schema_version VALUES (" + std::to_string(v + 1) + ", '2025-01-01T00:00:00Z')");
-    }
+    sqlite3* h = open_old_db(d.db(), 3, {});
+    auto exec = [&](const std::string& q) { exec_sql(h, q); };
     exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
          "driver, clocks, copy_bw_gbs, params_json) VALUES ('bench', '2025-01-01T00:00:00Z', 'synthetic:tiny', "
          "'cpu', 'old', 'Release', '0.1.0', 'h', 'cpu', '', '', 1.0, '{}')");
@@ -455,22 +463,9 @@ TEST(BenchRunsDb, SchemaVersion3DatabaseGainsServeLevels) {
 TEST(BenchRunsDb, SchemaVersion4DatabaseGainsDisconnectsAndServerState) {
   TempDir d;
   {
-    sqlite3* h = nullptr;
-    ASSERT_EQ(sqlite3_open(d.db().c_str(), &h), SQLITE_OK);
-    auto exec = [&](const std::string& q) {
-      char* err = nullptr;
-      ASSERT_EQ(sqlite3_exec(h, q.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << "\n" << q;
-    };
-    exec("PRAGMA journal_mode=WAL");
-    for (int v = 0; v < 4; ++v) {
-      exec(RunsDb::migration_sql(v));
-      exec("INSERT INTO schema_version VALUES (" + std::to_string(v + 1) + ", '2025-01-01T00:00:00Z')");
-    }
-    for (const char* t : {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits", "eval_results",
-                          "serve_levels"})
-      for (const char* op : {"UPDATE", "DELETE"})
-        exec(std::string("CREATE TRIGGER ") + t + "_no_" + op + " BEFORE " + op + " ON " + t +
-             " BEGIN SELECT RAISE(ABORT, 'runs.db is append-only'); END");
+    sqlite3* h = open_old_db(d.db(), 4, {"schema_version", "runs", "run_ends", "bench_cells", "bench_fits",
+                                         "eval_results", "serve_levels"});
+    auto exec = [&](const std::string& q) { exec_sql(h, q); };
     exec("INSERT INTO runs(kind, started_at, model, device, git_sha, build_type, kvq_version, host, gpu_name, "
          "driver, clocks, copy_bw_gbs, params_json) VALUES ('serve', '2025-01-01T00:00:00Z', 'tiny @ http://h:1', "
          "'http', 'old', 'Release', '0.1.0', 'h', '', '', '', 0, '{}')");
