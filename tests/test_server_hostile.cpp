@@ -454,8 +454,10 @@ TEST(ServerHostile, ShutdownDrainsInFlightRequestsThenCancels) {
     send_all(probe, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
     ASSERT_EQ(read_until(probe, "}\n").rfind("HTTP/1.1 200", 0), 0u);
     const int runner = connect_to(s->port, 60);
-    // 60 tokens finish within the drain; 3000 do not finish within 0.3 s.
-    const json b = {{"prompt", "x = 1\nx = 1\nx = 1\n"}, {"max_tokens", drain > 1 ? 60 : 3000}, {"temperature", 0}};
+    // 400 tokens outlast the probes below (60 did not always: ~150 ms on the
+    // 2-core CI machine) and finish within the 30 s drain; 3000 do not
+    // finish within 0.3 s.
+    const json b = {{"prompt", "x = 1\nx = 1\nx = 1\n"}, {"max_tokens", drain > 1 ? 400 : 3000}, {"temperature", 0}};
     send_all(runner, post("/v1/completions", b.dump()));
     ASSERT_TRUE(s->metrics_until([](const std::string& t) { return metric(t, "kvq_requests_running") == 1; }));
     const auto t0 = WallClock::now();
@@ -474,7 +476,7 @@ TEST(ServerHostile, ShutdownDrainsInFlightRequestsThenCancels) {
                 drain, ms_since(t0), r.substr(0, r.find("\r\n")).c_str());
     if (drain > 1) {
       EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
-      EXPECT_NE(r.find("\"completion_tokens\":60"), std::string::npos) << r;
+      EXPECT_NE(r.find("\"completion_tokens\":400"), std::string::npos) << r;
     } else {
       EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
       EXPECT_NE(r.find("shutting_down"), std::string::npos) << r;
