@@ -167,3 +167,26 @@ TEST(PrefixCache, AnIdlePageAboveAHeldOneIsNotEvictable) {
   EXPECT_EQ(c.evict(2), 2);
   EXPECT_EQ(pool.used_pages(), 0);
 }
+
+// The pool counts the pages only a cache holds as references come and go
+// (what the scheduler's metrics read every step), and a marked page cannot
+// be let go by its last holder without being unmarked first.
+TEST(PrefixCache, ThePoolCountsIdleCachedPages) {
+  kv::PagePool pool(4);
+  const int32_t p = pool.alloc();
+  pool.retain(p);  // a sequence and the cache
+  pool.set_cached(p, true);
+  EXPECT_EQ(pool.idle_cached(), 0);
+  pool.release(p);  // the sequence ends
+  EXPECT_EQ(pool.idle_cached(), 1);
+  pool.retain(p);  // another adopts it
+  EXPECT_EQ(pool.idle_cached(), 0);
+  pool.release(p);
+  EXPECT_EQ(pool.idle_cached(), 1);
+  EXPECT_THROW(pool.release(p), Error);  // still marked
+  EXPECT_EQ(pool.refs(p), 1);
+  pool.set_cached(p, false);
+  EXPECT_EQ(pool.idle_cached(), 0);
+  pool.release(p);
+  EXPECT_EQ(pool.used_pages(), 0);
+}

@@ -52,6 +52,7 @@ PrefixCache::NodeId PrefixCache::insert(NodeId parent, const TokenId* tokens, in
     return id;
   }
   pool_->retain(page);
+  pool_->set_cached(page, true);
   const NodeId id = next_id_++;
   Node& n = nodes_[id];
   n.parent = parent;
@@ -69,11 +70,7 @@ int32_t PrefixCache::page(NodeId id) const {
   return it->second.page;
 }
 
-int PrefixCache::idle_pages() const {
-  int n = 0;
-  for (const auto& [id, node] : nodes_) n += pool_->refs(node.page) == 1;
-  return n;
-}
+int PrefixCache::idle_pages() const { return pool_->idle_cached(); }
 
 int PrefixCache::evictable_pages() const {
   std::unordered_set<NodeId> blocked;  // ancestors of a held page
@@ -93,6 +90,7 @@ void PrefixCache::drop(NodeId id) {
     auto p = nodes_.find(n.parent);
     if (p != nodes_.end()) --p->second.children;
   }
+  pool_->set_cached(n.page, false);
   pool_->release(n.page);
   nodes_.erase(it);
 }
@@ -122,7 +120,10 @@ int PrefixCache::evict(int pages) {
 }
 
 void PrefixCache::clear() {
-  for (auto& [id, node] : nodes_) pool_->release(node.page);
+  for (auto& [id, node] : nodes_) {
+    pool_->set_cached(node.page, false);
+    pool_->release(node.page);
+  }
   nodes_.clear();
   index_.clear();
 }

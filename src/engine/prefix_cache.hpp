@@ -58,7 +58,8 @@ class PrefixCache {
   // The page a node holds.
   int32_t page(NodeId id) const;
 
-  // Pages only the cache holds.
+  // Pages only the cache holds (counted by the pool as references change:
+  // read every step for the metrics, so never a walk over the cache).
   int idle_pages() const;
   // Idle pages that evict() can take: those with no page below them in the
   // tree that a sequence holds. (A sequence that prefilled a page the cache

@@ -10,6 +10,7 @@ namespace kvq::kv {
 PagePool::PagePool(int n_pages) {
   KVQ_CHECK(n_pages > 0, Errc::invalid_argument, "a KV page pool needs at least one page, not ", n_pages);
   refs_.assign(size_t(n_pages), 0);
+  cached_.assign(size_t(n_pages), 0);
   free_.reserve(size_t(n_pages));
   for (int p = n_pages - 1; p >= 0; --p) free_.push_back(p);
 }
@@ -30,12 +31,23 @@ int32_t PagePool::alloc() {
 
 void PagePool::retain(int32_t page) {
   KVQ_CHECK(refs(page) > 0, Errc::internal, "retain of free KV page ", page);
+  if (cached_[size_t(page)] && refs_[size_t(page)] == 1) --idle_cached_;
   ++refs_[size_t(page)];
 }
 
 void PagePool::release(int32_t page) {
   KVQ_CHECK(refs(page) > 0, Errc::internal, "release of free KV page ", page, " (double free)");
+  KVQ_CHECK(!cached_[size_t(page)] || refs_[size_t(page)] > 1, Errc::internal, "KV page ", page,
+            " released by its last holder while marked cached");
   if (--refs_[size_t(page)] == 0) free_.push_back(page);
+  if (cached_[size_t(page)] && refs_[size_t(page)] == 1) ++idle_cached_;
+}
+
+void PagePool::set_cached(int32_t page, bool cached) {
+  KVQ_CHECK(refs(page) > 0, Errc::internal, "cache mark on free KV page ", page);
+  if (bool(cached_[size_t(page)]) == cached) return;
+  cached_[size_t(page)] = cached;
+  if (refs_[size_t(page)] == 1) idle_cached_ += cached ? 1 : -1;
 }
 
 BlockTable::BlockTable(PagePool& pool, int page_tokens) : pool_(&pool), page_tokens_(page_tokens) {

@@ -30,9 +30,18 @@ class PagePool {
   // page is an Errc::internal error (a double free), never silent.
   void release(int32_t page);
 
+  // Marks an allocated page as one a cache holds (engine/prefix_cache.hpp),
+  // so that the pool can count, as references come and go, the pages only
+  // such a holder keeps (idle_cached()), without anyone walking the pages.
+  void set_cached(int32_t page, bool cached);
+  // Pages marked cached whose one reference is the cache's.
+  int idle_cached() const { return idle_cached_; }
+
  private:
   std::vector<int32_t> free_;  // a stack: the lowest pages are handed out first
   std::vector<int32_t> refs_;
+  std::vector<uint8_t> cached_;  // set_cached
+  int idle_cached_ = 0;
 };
 
 // A sequence's pages in token order: token t lives in page pages()[t / page_tokens].
