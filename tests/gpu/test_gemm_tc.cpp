@@ -9,10 +9,12 @@
 //
 // Bounds: against the CPU, test_gemv_batch.cpp's (fp32 summation over sum
 // |w u| plus sum |w| * step / 2 for the int8 rounding of u, scaled by 1/rms,
-// plus the rounding of 1/rms). Against gemv_batch(): both kernels round u to
-// the same int8 values and compute the same exact integer block sums, so
-// only the fp32 summation orders differ: twice the fp32 part of that bound,
-// without the int8 term. Identical input rows give bit-identical outputs.
+// plus the rounding of 1/rms); the int8 step is amax / 127 over 32 values,
+// over 128 for gemm_tc's Q1_0 path (one x scale per weight group). Against
+// gemv_batch(): Q8_0 and Q4_0 round u to the same int8 values in both
+// kernels and compute the same exact integer block sums, so only the fp32
+// summation orders differ: twice the fp32 part of that bound; Q1_0 adds
+// both kernels' int8 terms. Identical input rows give bit-identical outputs.
 // gemm_tc runs twice, with x quantized once per launch into a workspace and
 // with every CTA staging its own K slice (no workspace): the two must agree
 // bit for bit.
@@ -85,44 +87,54 @@ TestMatrix random_matrix(Rng& rng, TensorType t, int rows, int cols) {
   return m;
 }
 
-// Reference W u_b with two bounds: against the CPU (`bound`) and the fp32
-// summation part alone (`order`, for kernel vs kernel).
+// Reference W u_b with bounds: gemm_tc against the CPU (`bound`, x rounded
+// in steps over tc_span values) and gemm_tc against gemv_batch (`pair`,
+// half of what the two may differ by: their fp32 summation orders, plus the
+// int8 rounding terms when their steps differ).
 struct Reference {
-  std::vector<double> value, bound, order;  // [batch][rows]
+  std::vector<double> value, bound, pair;  // [batch][rows]
 };
 
+int tc_span(TensorType t) { return t == TensorType::Q1_0 ? 128 : 32; }
+
 Reference reference(const TestMatrix& m, int rows, int cols, const std::vector<float>& x,
-                    const std::vector<float>* norm, float eps, int batch) {
+                    const std::vector<float>* norm, float eps, int batch, int span) {
   Reference ref;
   ref.value.resize(size_t(batch) * rows);
   ref.bound.resize(size_t(batch) * rows);
-  ref.order.resize(size_t(batch) * rows);
-  std::vector<float> u(cols), step(cols);
+  ref.pair.resize(size_t(batch) * rows);
+  std::vector<float> u(cols), step(cols), step32(cols);
   for (int b = 0; b < batch; ++b) {
     const float* xb = x.data() + size_t(b) * cols;
     double ss = 0;
     for (int j = 0; j < cols; ++j) ss += double(xb[j]) * xb[j];
     const double inv = norm ? 1.0 / std::sqrt(ss / cols + eps) : 1.0;
     for (int j = 0; j < cols; ++j) u[j] = norm ? xb[j] * (*norm)[j] : xb[j];
-    for (int g0 = 0; g0 < cols; g0 += 32) {  // the kernels' int8 step of each element
-      float amax = 0;
-      for (int j = g0; j < g0 + 32; ++j) amax = std::max(amax, std::fabs(u[j]));
-      for (int j = g0; j < g0 + 32; ++j) step[j] = amax / 127.0f;
-    }
+    auto steps = [&](int n, std::vector<float>& out) {  // the kernels' int8 step of each element
+      for (int g0 = 0; g0 < cols; g0 += n) {
+        float amax = 0;
+        for (int j = g0; j < g0 + n; ++j) amax = std::max(amax, std::fabs(u[j]));
+        for (int j = g0; j < g0 + n; ++j) out[j] = amax / 127.0f;
+      }
+    };
+    steps(span, step);
+    steps(32, step32);
     for (int r = 0; r < rows; ++r) {
       const float* w = m.w.data() + size_t(r) * cols;
-      double s = 0, mag = 0, qerr = 0;
+      double s = 0, mag = 0, qerr = 0, qerr32 = 0;
       for (int j = 0; j < cols; ++j) {
         s += double(w[j]) * u[j];
         mag += std::fabs(double(w[j]) * u[j]);
         qerr += std::fabs(double(w[j])) * 0.5 * step[j];
+        qerr32 += std::fabs(double(w[j])) * 0.5 * step32[j];
       }
       const double fp = 1.2e-7 * (cols / 32 + 16 + 16) * mag;
       const double inv_rel = norm ? 0.6e-7 * (cols / 128 + 16) + 4e-7 : 0.0;
       const size_t i = size_t(b) * rows + r;
       ref.value[i] = s * inv;
-      ref.order[i] = inv * fp + std::max(2e-6, inv_rel) * std::fabs(s * inv) + 1e-6;
-      ref.bound[i] = ref.order[i] + inv * qerr * 1.0001;
+      const double order = inv * fp + std::max(2e-6, inv_rel) * std::fabs(s * inv) + 1e-6;
+      ref.bound[i] = order + inv * qerr * 1.0001;
+      ref.pair[i] = order + (span == 32 ? 0.0 : 0.5 * inv * (qerr + qerr32) * 1.0001);
     }
   }
   return ref;
@@ -145,7 +157,7 @@ class GemmTcTest : public ::testing::TestWithParam<TcCase> {
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 // Expected value and tolerance of output element i of matrix m, given each
-// matrix's value and error bound (`bounds`: bound or order).
+// matrix's value and error bound (`bounds`: bound or pair).
 void expect_of(const TcCase& c, int m, size_t i, const std::vector<Reference>& refs,
                const std::vector<std::vector<double>*>& bounds, const std::vector<std::vector<float>>& y0,
                double& want, double& tol) {
@@ -175,7 +187,7 @@ TEST_P(GemmTcTest, MatchesCpuReferenceAndGemvBatch) {
   std::vector<Reference> refs;
   for (int m = 0; m < n_out; ++m) {
     mats.push_back(random_matrix(rng, c.type, c.rows[m], c.cols));
-    refs.push_back(reference(mats.back(), c.rows[m], c.cols, x, c.norm ? &g : nullptr, eps, c.batch));
+    refs.push_back(reference(mats.back(), c.rows[m], c.cols, x, c.norm ? &g : nullptr, eps, c.batch, tc_span(c.type)));
   }
   cuda::DeviceBuffer<float> dx(x.size()), dg(g.size());
   dx.upload(x);
@@ -210,10 +222,10 @@ TEST_P(GemmTcTest, MatchesCpuReferenceAndGemvBatch) {
                                         ygb = run(Path::gemv_batch);
   for (int m = 0; m < n_out; ++m) expect_same_bits(ytc[m], ycta[m], "output");
 
-  std::vector<std::vector<double>*> bounds, orders;
+  std::vector<std::vector<double>*> bounds, pairs;
   for (auto& r : refs) {
     bounds.push_back(&r.bound);
-    orders.push_back(&r.order);
+    pairs.push_back(&r.pair);
   }
   for (int m = 0; m < n_out; ++m) {
     const int rows = c.rows[m];
@@ -230,9 +242,9 @@ TEST_P(GemmTcTest, MatchesCpuReferenceAndGemvBatch) {
         expect_of(c, m, i, refs, bounds, y0, want, tol);
         ASSERT_LE(std::fabs(y - want), tol)
             << "output " << m << " input " << b << " row " << r << " gpu " << y << " ref " << want;
-        // Against gemv_batch: summation order only (twice the fp32 bound).
+        // Against gemv_batch: summation orders (and for Q1_0 both int8 roundings).
         double want2, tol2;
-        expect_of(c, m, i, refs, orders, y0, want2, tol2);
+        expect_of(c, m, i, refs, pairs, y0, want2, tol2);
         ASSERT_LE(std::fabs(double(y) - ygb[m][i]), 2 * tol2)
             << "output " << m << " input " << b << " row " << r << " gemm_tc " << y << " gemv_batch " << ygb[m][i];
       }
@@ -293,7 +305,7 @@ TEST_P(GemmTcCopiesTest, IdenticalRowsGiveIdenticalOutputs) {
   std::vector<float> x;
   for (int b = 0; b < c.batch; ++b) x.insert(x.end(), x1.begin(), x1.end());
   const TestMatrix m = random_matrix(rng, c.type, c.rows, c.cols);
-  const Reference ref = reference(m, c.rows, c.cols, x1, &g, eps, 1);
+  const Reference ref = reference(m, c.rows, c.cols, x1, &g, eps, 1, tc_span(c.type));
   cuda::DeviceBuffer<float> dx(x.size()), dg(g.size());
   dx.upload(x);
   dg.upload(g);

@@ -17,6 +17,8 @@
 //   bit-identical; the in-CTA path (no workspace) stays for A/B measurements.
 //   The staging kernel waits for its predecessor (x, and the previous
 //   launch's reads of the workspace); the GEMM waits for the staging kernel.
+//   Q1_0 gets one x scale per 128 columns, the others one per 32
+//   (x_scale_span; the sx layout keeps four entries per group either way).
 //   Workspace (ws_layout, NT8 token slots, slots past the batch zero):
 //   codes [NT8][cols] (a token row in xq order: block pair P at 64 P),
 //   scales [cols/64][NT8/2][4] (sx order), x^2 sums [NT8][cols/128].
@@ -70,10 +72,14 @@
 //   Q1_0: 64*32*127), so the mma starts from the bits of 1.5*2^23 (0x4B400000)
 //   and its result read as fp32 is exactly 1.5*2^23 + dot: one FADD converts
 //   (no I2F, a slow pipe on sm_90).
-//   Per k-step j: Q8_0/Q4_0: acc += ((dot * dx_j) * dw_j); Q1_0 (one weight
-//   scale per 4 blocks): s = sum over its 4 blocks of dot * dx_j, then acc +=
-//   s * dw. Identical tokens run identical instructions on identical data:
-//   identical outputs.
+//   Per k-step j: Q8_0/Q4_0: acc += ((dot * dx_j) * dw_j). Q1_0 has one
+//   weight scale per 4 blocks, and x is staged with one scale per 128
+//   columns for it (x_scale_span; gemv_batch keeps one per 32): the 4
+//   k-steps chain in the mma's integer accumulator (|sum| <= 64*127*128 <
+//   2^22), then acc += ((sum * dx) * dw), 3 fp32 ops per element per 4 mma
+//   (session 12's per-block scaling took 8, and ncu counted 19 instructions
+//   per mma). Identical tokens run identical instructions on identical
+//   data: identical outputs.
 //   Weights go straight from global memory to registers (ld.global.nc, no L1
 //   allocation), one 128-column group ahead of the one being multiplied
 //   (the first before waiting for the kernel that writes x). At small B
@@ -120,8 +126,13 @@
 // 8 LDS.128 of scales every two k-steps, the decode (Q1_0: 8 ops) and 2-3
 // fp32 ops per accumulator element (32 elements): ~100 issue slots for 8
 // mma, so the kernel is issue-bound on the per-block scaling, not on the
-// tensor pipe. Staging costs ~14 instructions per x value (the IEEE division
-// of the rounding): once per launch with a workspace, else once per m-tile.
+// tensor pipe. Q1_0 with one x scale per group (session 13): per warp and
+// group at B = 64, 32 mma, 16 LDS.128 of x, 8 LDS.64 of scales, 16 decode
+// ops and 3 fp32 ops per element and n-tile (96): ~170 slots for 32 mma
+// (~5 per mma, ~12 before), so the layer should fall from ~190 us towards
+// ~100 us at B = 64 if it stays issue-bound. Staging costs ~14 instructions
+// per x value (the IEEE division of the rounding): once per launch with a
+// workspace, else once per m-tile.
 #include "backend/cuda/gemm_tc.hpp"
 
 #include <cooperative_groups.h>
@@ -181,6 +192,7 @@ struct TcArgs {
   const unsigned char* ws_codes;
   const float* ws_sx;
   const float* ws_ss;
+  int x_span;  // lanes sharing an x scale: 8 (32 values) or 32 (128 values, Q1_0)
 };
 
 // Where stage_x_int8 puts x for one launch of NT8 token slots (tokens past
@@ -197,6 +209,11 @@ constexpr WsLayout ws_layout(int nt8, int64_t cols) {
   return l;
 }
 // n-tiles of 8 tokens for a launch of `batch` rows (launch_bucket's choice).
+// Lanes of a staging warp (4 values each) that share one x scale: Q1_0 has
+// one weight scale per 128 columns, so x gets one per 128 too and a group's
+// four k-steps accumulate as integers in the mma; Q8_0 and Q4_0 have a
+// weight scale per 32 columns anyway.
+constexpr int x_scale_span(TensorType t) { return t == TensorType::Q1_0 ? 32 : 8; }
 constexpr int n_tiles(int batch) { return batch <= 8 ? 1 : batch <= 16 ? 2 : batch <= 32 ? 4 : 8; }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -233,6 +250,17 @@ __device__ __forceinline__ void mma_s8(float (&d)[4], uint32_t a0, uint32_t a1, 
   d[1] = __int_as_float(r1) - kBias;
   d[2] = __int_as_float(r2) - kBias;
   d[3] = __int_as_float(r3) - kBias;
+}
+
+// C += A B on the integer bits (Q1_0: a group's four k-steps in one chain
+// that starts from the bits of 1.5 * 2^23).
+__device__ __forceinline__ void mma_s8_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                           uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // One 128-column group of a lane's two rows (g, g + 8): raw codes and the
@@ -318,7 +346,7 @@ __device__ __forceinline__ int sx_index(int j, int b, int half_tokens) {
 // v): its x^2 sum (with a norm, g128 = the norm weights of the segment; else
 // 0), u = x * g, and u as int8 codes and a scale per 32 values. Both staging
 // paths (stage_tile, stage_x_int8) call this, so they stage the same bits.
-__device__ __forceinline__ void stage_segment(float4 u, const float* g128, int lane, float& ss, float& scale,
+__device__ __forceinline__ void stage_segment(float4 u, const float* g128, int lane, int span, float& ss, float& scale,
                                               int (&q)[4]) {
   ss = 0.0f;
   if (g128) {
@@ -326,7 +354,7 @@ __device__ __forceinline__ void stage_segment(float4 u, const float* g128, int l
     const float4 g = __ldg(reinterpret_cast<const float4*>(g128 + 4 * lane));
     u = make_float4(u.x * g.x, u.y * g.y, u.z * g.z, u.w * g.w);
   }
-  quantize4_int8(u, scale, q);
+  quantize4_int8(u, scale, q, span);
 }
 
 // Stages groups [tg0, tg0 + ng) of the batch's x rows (layout at the top).
@@ -355,7 +383,7 @@ __device__ void stage_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng
       const int b = item / ng, seg = item - b * ng;
       float ss, scale;
       int q[4];
-      stage_segment(v[k], a.norm ? a.norm + size_t(tg0 + seg) * kGroupCols : nullptr, lane, ss, scale, q);
+      stage_segment(v[k], a.norm ? a.norm + size_t(tg0 + seg) * kGroupCols : nullptr, lane, a.x_span, ss, scale, q);
       if (a.norm && lane == 0) ss_seg[b * a.tg + seg] = ss;
       // Word w = lane & 7 (positions 4w..4w+3) of block j of the tile.
       const int j = 4 * seg + (lane >> 3), w = lane & 7;
@@ -372,6 +400,7 @@ struct PrestageArgs {
   const float* x;
   const float* norm;
   int cols, groups, batch, nt8;
+  int span;  // lanes sharing an x scale (x_scale_span)
   unsigned char* codes;
   float* sx;
   float* ss;
@@ -391,7 +420,7 @@ __global__ void __launch_bounds__(kPrestageWarps * 32) stage_x_int8(PrestageArgs
   if (b < a.batch) {  // warp-uniform
     const float4 v = *reinterpret_cast<const float4*>(a.x + size_t(b) * a.cols + size_t(seg) * kGroupCols + 4 * lane);
     float ss;
-    stage_segment(v, a.norm ? a.norm + size_t(seg) * kGroupCols : nullptr, lane, ss, scale, q);
+    stage_segment(v, a.norm ? a.norm + size_t(seg) * kGroupCols : nullptr, lane, a.span, ss, scale, q);
     if (a.norm && lane == 0) a.ss[size_t(b) * a.groups + seg] = ss;
   }
   const int j = 4 * seg + (lane >> 3), w = lane & 7;  // block j of the row, word w of the block
@@ -516,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
       const int gg = tg0 + gl;
       if (gg + 1 < g_hi) next.load(codes, scales, gg + 1, t);
       // The group's four k-steps of A (both row halves) decoded once, then
-      // n-tile by n-tile: Q1_0's per-group sum s lives for one n-tile only
+      // n-tile by n-tile: Q1_0's integer group sums live for one n-tile only
       // (4 registers instead of 4 NT), which keeps NT = 8 out of local memory.
       uint32_t af[4][4];
 #pragma unroll
@@ -526,44 +555,43 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
       }
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        float s[4];
+        const unsigned char* xrow = xq + size_t(n * 8 + g) * a.row_stride + t * 16;
+        if constexpr (kQ1) {
+          // One x scale per group (x_scale_span): the four k-steps sum as
+          // integers in the mma (|dot| <= 64 * 127 * 128 < 2^22), then one
+          // conversion and two scalings per element.
+          int c[4] = {kBiasBits, kBiasBits, kBiasBits, kBiasBits};
 #pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {
-          // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
-          const int p = 2 * gl + kp;
-          const uint4 bx = *reinterpret_cast<const uint4*>(xq + size_t(n * 8 + g) * a.row_stride + p * 64 + t * 16);
-          const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
+          for (int kp = 0; kp < 2; ++kp) {
+            const uint4 bx = *reinterpret_cast<const uint4*>(xrow + (2 * gl + kp) * 64);
+            mma_s8_acc(c, af[2 * kp][0], af[2 * kp][1], af[2 * kp][2], af[2 * kp][3], bx.x, bx.y);
+            mma_s8_acc(c, af[2 * kp + 1][0], af[2 * kp + 1][1], af[2 * kp + 1][2], af[2 * kp + 1][3], bx.z, bx.w);
+          }
+          // Tokens 2t, 2t + 1 of the n-tile (the group's four block scales are equal).
+          const float2 dx = *reinterpret_cast<const float2*>(sx + (size_t(2 * gl) * kHalfTokens + n * 4 + t) * 4);
+          acc[n][0] = fmaf((__int_as_float(c[0]) - kBias) * dx.x, cur.d[0], acc[n][0]);
+          acc[n][1] = fmaf((__int_as_float(c[1]) - kBias) * dx.y, cur.d[0], acc[n][1]);
+          acc[n][2] = fmaf((__int_as_float(c[2]) - kBias) * dx.x, cur.d[1], acc[n][2]);
+          acc[n][3] = fmaf((__int_as_float(c[3]) - kBias) * dx.y, cur.d[1], acc[n][3]);
+        } else {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int kb = 2 * kp + h;
-            float d[4];
-            mma_s8(d, af[kb][0], af[kb][1], af[kb][2], af[kb][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
-            const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
-            if constexpr (kQ1) {
-              if (kb == 0) {
-                s[0] = d[0] * dx0;
-                s[1] = d[1] * dx1;
-                s[2] = d[2] * dx0;
-                s[3] = d[3] * dx1;
-              } else {
-                s[0] = fmaf(d[0], dx0, s[0]);
-                s[1] = fmaf(d[1], dx1, s[1]);
-                s[2] = fmaf(d[2], dx0, s[2]);
-                s[3] = fmaf(d[3], dx1, s[3]);
-              }
-            } else {
+          for (int kp = 0; kp < 2; ++kp) {
+            // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
+            const int p = 2 * gl + kp;
+            const uint4 bx = *reinterpret_cast<const uint4*>(xrow + p * 64);
+            const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int kb = 2 * kp + h;
+              float d[4];
+              mma_s8(d, af[kb][0], af[kb][1], af[kb][2], af[kb][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
+              const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
               acc[n][0] = fmaf(d[0] * dx0, cur.d[0][kb], acc[n][0]);
               acc[n][1] = fmaf(d[1] * dx1, cur.d[0][kb], acc[n][1]);
               acc[n][2] = fmaf(d[2] * dx0, cur.d[1][kb], acc[n][2]);
               acc[n][3] = fmaf(d[3] * dx1, cur.d[1][kb], acc[n][3]);
             }
           }
-        }
-        if constexpr (kQ1) {
-          acc[n][0] = fmaf(s[0], cur.d[0], acc[n][0]);
-          acc[n][1] = fmaf(s[1], cur.d[0], acc[n][1]);
-          acc[n][2] = fmaf(s[2], cur.d[1], acc[n][2]);
-          acc[n][3] = fmaf(s[3], cur.d[1], acc[n][3]);
         }
       }
       cur = next;
@@ -640,6 +668,7 @@ void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   const int out_rows = kPair ? kTileRows / 2 : kTileRows;
   const int mtiles = (a.total_rows + out_rows - 1) / out_rows;
   a.groups = a.cols / kGroupCols;
+  a.x_span = x_scale_span(T);
   int c = 1;
   while (c * 2 <= kMaxCluster && c * 2 <= a.groups && mtiles * c * 2 <= ctx.sm_count()) c *= 2;
   a.cluster = c;
@@ -668,6 +697,7 @@ void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
     p.groups = a.groups;
     p.batch = a.batch;
     p.nt8 = NT8;
+    p.span = a.x_span;
     p.codes = static_cast<unsigned char*>(ws) + l.codes;
     p.sx = reinterpret_cast<float*>(static_cast<unsigned char*>(ws) + l.sx);
     p.ss = reinterpret_cast<float*>(static_cast<unsigned char*>(ws) + l.ss);

@@ -3,7 +3,8 @@
 // every input value the same way: each group of 32 consecutive values is
 // held by 8 consecutive lanes (4 values each, lane & 7 = position in the
 // group), scale = amax / 127 of the group, q = round-to-nearest(u / scale)
-// (0 for an all-zero group). The division is an IEEE division, as in gemv.cu;
+// (0 for an all-zero group). The tensor-core GEMM's Q1_0 path takes one
+// scale per 128 values instead (span 32: the whole warp). The division is an IEEE division, as in gemv.cu;
 // a cheaper reciprocal would change which values round up.
 #pragma once
 
@@ -11,11 +12,12 @@
 
 namespace kvq::cuda {
 
-// Every lane of the warp must call it (shuffles over lanes xor 4, 2, 1).
-__device__ __forceinline__ void quantize4_int8(const float4& u, float& scale, int (&q)[4]) {
+// Every lane of the warp must call it (shuffles over lanes xor 4, 2, 1; with
+// span 32 also xor 16, 8: one scale for the warp's 128 values, the grain of
+// the tensor-core GEMM's Q1_0 path, whose weights have one scale per 128).
+__device__ __forceinline__ void quantize4_int8(const float4& u, float& scale, int (&q)[4], int span = 8) {
   float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
-#pragma unroll
-  for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = span / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   scale = amax / 127.0f;
   q[0] = q[1] = q[2] = q[3] = 0;
   if (scale > 0.0f) {
