@@ -10,19 +10,21 @@
 #   prefix  the same load with a shared 2,048-token prefix, prefix cache on and off
 #   rate    a request-rate sweep (RATES, default 1,2,4,8,16,32,64) per codec
 #   soak    SOAK_REQUESTS (10000) requests at concurrency 64 in two levels
-#           with 10 % random disconnects (the server's pages and RSS after each)
+#           with 10 % random disconnects (the server's pages and RSS after each),
+#           SOAK_PROMPT / SOAK_GEN tokens each (default: the batch load's)
+# SERVER_ARGS adds options to every `kvq serve` (e.g. --prefill-chunk 4096).
 # SMOKE=1 runs the same steps on the CPU with the embedded model and tiny
 # loads (a check of the script, not a measurement; BUILD=build-cpu to reuse a
 # CPU build).
 # Every step writes its output to $OUT as it runs (log.txt, one file per
-# step, serve.tgz with the reports and runs.db), so a call cut by the time
-# limit still returns what ran. Each server's stderr is kept beside it.
+# step, serve.tgz with the reports, runs.db and each server's log), so a call
+# cut by the time limit still returns what ran.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kvq-out}
 W=/tmp/kvq-serve-check
 H=$W/home
-mkdir -p "$OUT" "$W" "$H"
+mkdir -p "$OUT" "$W" "$H" "$H/logs"
 exec > >(tee "$OUT/log.txt") 2>&1
 SECTIONS=${*:-batch prefix}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -58,7 +60,10 @@ SERVER_PID=
 start_server() {
   local log=$1
   shift
-  "$K" serve "${MODEL_ARGS[@]}" --port "$PORT" --ctx "$CTX" --max-seqs "$C" --max-queue 256 "$@" >"$log" 2>&1 &
+  # SERVER_ARGS: more options for every server (e.g. --prefill-chunk 4096)
+  # shellcheck disable=SC2086
+  "$K" serve "${MODEL_ARGS[@]}" --port "$PORT" --ctx "$CTX" --max-seqs "$C" --max-queue 256 ${SERVER_ARGS:-} "$@" \
+    >"$log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 300); do
     if healthy; then return 0; fi
@@ -90,7 +95,7 @@ for CODEC in ${SERVE_CODECS:-none}; do
       --gen "$G" --reps 1 --home "$H" --out "$H/batch-$CODEC" >"$OUT/batch-$CODEC.txt" 2>&1
     grep -E "^$CODEC " "$OUT/batch-$CODEC.txt" | tail -2
     echo "== $CODEC: $C clients, prompt $P, gen $G"
-    start_server "$OUT/server-$CODEC.log" --kv "$CODEC" && bench_serve "serve64-$CODEC" --concurrency "$C" \
+    start_server "$H/logs/server-$CODEC.log" --kv "$CODEC" && bench_serve "serve64-$CODEC" --concurrency "$C" \
       --requests "$N" --prompt-len "$P" --gen "$G"
     stop_server
   fi
@@ -99,21 +104,22 @@ for CODEC in ${SERVE_CODECS:-none}; do
       echo "== $CODEC: $C clients, shared prefix $SP, prefix cache $PC"
       flag=--prefix-cache
       [ $PC = off ] && flag=--no-prefix-cache
-      start_server "$OUT/server-$CODEC-prefix-$PC.log" --kv "$CODEC" $flag && bench_serve "prefix-$PC-$CODEC" \
+      start_server "$H/logs/server-$CODEC-prefix-$PC.log" --kv "$CODEC" $flag && bench_serve "prefix-$PC-$CODEC" \
         --concurrency "$C" --requests "$N" --prompt-len "$P" --gen "$G" --shared-prefix "$SP"
       stop_server
     done
   fi
   if want rate; then
     echo "== $CODEC: request-rate sweep"
-    start_server "$OUT/server-$CODEC-rate.log" --kv "$CODEC" && bench_serve "rate-$CODEC" \
+    start_server "$H/logs/server-$CODEC-rate.log" --kv "$CODEC" && bench_serve "rate-$CODEC" \
       --rate "${RATES:-1,2,4,8,16,32,64}" --requests "${RATE_REQUESTS:-$N}" --prompt-len "$P" --gen "$G"
     stop_server
   fi
   if want soak; then
     echo "== $CODEC: soak, ${SOAK_REQUESTS:-10000} requests, 10 % disconnects"
-    start_server "$OUT/server-$CODEC-soak.log" --kv "$CODEC" && STEP_TIMEOUT=580 bench_serve "soak-$CODEC" \
-      --concurrency "$C,$C" --requests "$(( ${SOAK_REQUESTS:-10000} / 2 ))" --prompt-len "$P" --gen "$G" \
+    start_server "$H/logs/server-$CODEC-soak.log" --kv "$CODEC" && STEP_TIMEOUT=580 bench_serve "soak-$CODEC" \
+      --concurrency "$C,$C" --requests "$(( ${SOAK_REQUESTS:-10000} / 2 ))" --prompt-len "${SOAK_PROMPT:-$P}" \
+      --gen "${SOAK_GEN:-$G}" \
       --disconnect 0.1  # two levels: the first touches the pool, the second shows whether memory stays flat
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader
     stop_server
