@@ -7,7 +7,8 @@
 // For a profiler run, environment variables narrow the work (so that the
 // first gemm_tc launch is the one wanted): KVQ_LAB_BATCHES=8,64 (the B values),
 // KVQ_LAB_LAUNCHES=gate (launches whose name contains the text),
-// KVQ_LAB_PATHS=tc,cta,gb (which paths run; the others print 0).
+// KVQ_LAB_PATHS=tc,cta,gb (which paths run; the others print 0),
+// KVQ_LAB_MAX_CLUSTER=4 (gemm_tc's largest thread-block cluster, 1..8).
 // Per type, launch kind and B:
 //   tc us     time of one gemm_tc request with x quantized once per launch
 //             into a workspace (the backend's path; CUDA events around a loop
@@ -163,6 +164,9 @@ int main(int argc, char** argv) {
   constexpr int kMaxB = 64;
   const char* launch_filter = std::getenv("KVQ_LAB_LAUNCHES");
   const std::string paths = std::getenv("KVQ_LAB_PATHS") ? std::getenv("KVQ_LAB_PATHS") : "tc,cta,gb";
+  cuda::KernelSettings settings;
+  if (const char* e = std::getenv("KVQ_LAB_MAX_CLUSTER")) settings.gemm_tc_max_cluster = std::atoi(e);
+  const cuda::DeviceContext ctx(cuda::current_device(), settings);
   auto path_on = [&](const char* name) { return ("," + paths + ",").find("," + std::string(name) + ",") != std::string::npos; };
 
   const double copy_gbs = lab::copy_bandwidth_gbs(size_t(2) << 30);
@@ -213,9 +217,9 @@ int main(int argc, char** argv) {
           req.n_out = int(set.size());
           req.epilogue = l.epilogue;
           for (size_t m = 0; m < set.size(); ++m) req.out[m] = {&set[m], y[m].data()};
-          if (path == prestaged) cuda::gemm_tc(req, {ws.data(), ws.bytes()}, nullptr);
-          else if (path == in_cta) cuda::gemm_tc(req, {}, nullptr);
-          else cuda::gemv_batch(req, nullptr);
+          if (path == prestaged) cuda::gemm_tc(req, {ws.data(), ws.bytes()}, nullptr, ctx);
+          else if (path == in_cta) cuda::gemm_tc(req, {}, nullptr, ctx);
+          else cuda::gemv_batch(req, nullptr, ctx);
         }
       };
       const double floor_us = double(l.weight_bytes) / (copy_gbs * 1e9) * 1e6;

@@ -266,6 +266,10 @@ std::vector<TcCase> tc_cases() {
     out.push_back({t, 4096, {131, 131}, 64, false, E::swiglu});   // two SwiGLU m-tiles
     out.push_back({t, 2048, {517, 129, 3}, 33, false, E::add});   // outputs straddling warps and m-tiles
     out.push_back({t, 24576, {19}, 64, true, E::store});          // several K tiles per CTA
+    // Several K tiles at a small batch (NT = 1: Q1_0's 4-deep prefetch ring
+    // crosses a tile boundary); 1602 groups over 8 slices, a slice's groups
+    // not a multiple of the ring's depth.
+    out.push_back({t, 205056, {19}, 5, true, E::store});
     out.push_back({t, 1024, {13}, 65, false, E::store});          // 64 + 1: two launches
     out.push_back({t, 512, {21, 21}, 130, true, E::swiglu});      // 64 + 64 + 2
   }

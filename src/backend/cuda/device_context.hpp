@@ -43,6 +43,12 @@ struct KernelSettings {
   // store's encode running beside a fused-q launch (flash_decode_splits).
   // Kernel lab knob (an A/B of the split count).
   int decode_split_reserve = 8;
+  // Largest thread-block cluster (K slices per m-tile) the tensor-core
+  // batched GEMM may use, 1..8. 4 by measurement (H200 lab, bonsai-8b
+  // layer, session 13): the O and down launches, which took clusters of 8,
+  // ran 3.5-3.8 us faster with 4 at every B; 2 and 1 were slower. Kernel
+  // lab knob (KVQ_LAB_MAX_CLUSTER).
+  int gemm_tc_max_cluster = 4;
   // Kernel lab timelines (lab_trace.cuh), null: none. decode_trace: 12 device
   // uint64 the decode attention folds its CTAs' global-timer readings into
   // (min/max pairs: CTA start, wait returned, Q fragments built, key loop

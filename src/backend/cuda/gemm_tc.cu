@@ -27,8 +27,9 @@
 //   A CTA (16 warps, 512 threads, one per SM: up to 128 registers) owns an
 //   m-tile of 256 rows — the fused outputs' rows concatenated (Q, then K,
 //   then V), or for SwiGLU 128 gate rows (warps 0-7) and the same 128 up rows
-//   (warps 8-15) — and one of C slices of K (C = 1, 2, 4 or 8, chosen so that
-//   m-tiles x C fills the SMs). The C CTAs of an m-tile form a thread-block
+//   (warps 8-15) — and one of C slices of K (C = 1, 2 or 4, at most
+//   KernelSettings::gemm_tc_max_cluster: 8 is allowed but measured slower,
+//   chosen so that m-tiles x C fills the SMs). The C CTAs of an m-tile form a thread-block
 //   cluster: each computes the partial products of its K slice, writes them
 //   to its own shared memory, and after a cluster barrier CTA r sums rows
 //   [r 256/C, (r+1) 256/C) of all C partials in rank order (distributed
@@ -81,16 +82,16 @@
 //   per mma). Identical tokens run identical instructions on identical
 //   data: identical outputs.
 //   Weights go straight from global memory to registers (ld.global.nc, no L1
-//   allocation), one 128-column group ahead of the one being multiplied
-//   (the first before waiting for the kernel that writes x). At small B
-//   this is latency-bound (H200, B = 8: 0.5 TB/s with 16 warps per SM and
-//   one group in flight each). Session 12 tried an L2 bulk prefetch of each
-//   row's next 512 bytes together with the loop order below: the layer got
-//   4-9 us slower at B <= 32 and 13 us faster at B = 64. The prefetch (about
-//   1,000 small bulk requests per SM at the start) is the likelier cause of
-//   a cost that is the same at every B, and the loop order removed B = 64's
-//   spills, so the prefetch was dropped (this combination has not been
-//   timed); a deeper pipeline (cp.async weight tiles) is the next step.
+//   allocation), prefetch_depth - 1 groups ahead of the one being
+//   multiplied (the first ones before waiting for the kernel that writes
+//   x): 3 for Q1_0 at NT <= 2, else 1. At small B the loop is latency-bound
+//   (H200, B = 8: 0.5 TB/s); the 4-deep ring took the Q1_0 layer from 67
+//   to 65 us at B = 1 and 70 to 68 at B = 8 (gate/up 24 -> 21 us), less
+//   than hoped: ncu finds the warps waiting ~7 cycles per instruction with
+//   4 warps per scheduler, not on memory (docs/perf.md, session 13).
+//   Session 12 tried an L2 bulk prefetch of each row's next 512 bytes: 4-9
+//   us slower at B <= 32 (about 1,000 small bulk requests per SM at the
+//   start), dropped.
 //   Per group a warp decodes the four k-steps' A fragments, then walks its
 //   n-tiles, so Q1_0's per-group sums s live for one n-tile (NT = 8 spilled
 //   to local memory when they lived for all).
@@ -214,6 +215,10 @@ constexpr WsLayout ws_layout(int nt8, int64_t cols) {
 // four k-steps accumulate as integers in the mma; Q8_0 and Q4_0 have a
 // weight scale per 32 columns anyway.
 constexpr int x_scale_span(TensorType t) { return t == TensorType::Q1_0 ? 32 : 8; }
+// Weight groups a warp keeps in flight (registers: a Q1_0 group is 10, a
+// Q8_0 / Q4_0 group 24; NT = 4 and 8 have none to spare). 4 for Q1_0 at
+// NT <= 2: gate/up 24 -> 21 us at B <= 8 on the H200 (session 13).
+constexpr int prefetch_depth(TensorType t, int nt) { return t == TensorType::Q1_0 && nt <= 2 ? 4 : 2; }
 constexpr int n_tiles(int batch) { return batch <= 8 ? 1 : batch <= 16 ? 2 : batch <= 32 ? 4 : 8; }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -451,11 +456,69 @@ __device__ void copy_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng)
   cp_async_wait_all();
 }
 
+// One staged group (gl: its index in the tile) times the warp's rows for
+// all NT n-tiles, into acc.
+template <TensorType T, int NT>
+__device__ __forceinline__ void multiply_group(const Group<T>& grp, int gl, const unsigned char* xq, const float* sx,
+                                               int row_stride, int g, int t, float (&acc)[NT][4]) {
+  constexpr bool kQ1 = T == TensorType::Q1_0;
+  constexpr int kHalfTokens = NT * 4;
+  // The group's four k-steps of A (both row halves) decoded once, then
+  // n-tile by n-tile: Q1_0's integer group sums live for one n-tile only
+  // (4 registers instead of 4 NT), which keeps NT = 8 out of local memory.
+  uint32_t af[4][4];
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    grp.frag(0, kb, t, af[kb][0], af[kb][2]);
+    grp.frag(1, kb, t, af[kb][1], af[kb][3]);
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const unsigned char* xrow = xq + size_t(n * 8 + g) * row_stride + t * 16;
+    if constexpr (kQ1) {
+      // One x scale per group (x_scale_span): the four k-steps sum as
+      // integers in the mma (|dot| <= 64 * 127 * 128 < 2^22), then one
+      // conversion and two scalings per element.
+      int c[4] = {kBiasBits, kBiasBits, kBiasBits, kBiasBits};
+#pragma unroll
+      for (int kp = 0; kp < 2; ++kp) {
+        const uint4 bx = *reinterpret_cast<const uint4*>(xrow + (2 * gl + kp) * 64);
+        mma_s8_acc(c, af[2 * kp][0], af[2 * kp][1], af[2 * kp][2], af[2 * kp][3], bx.x, bx.y);
+        mma_s8_acc(c, af[2 * kp + 1][0], af[2 * kp + 1][1], af[2 * kp + 1][2], af[2 * kp + 1][3], bx.z, bx.w);
+      }
+      // Tokens 2t, 2t + 1 of the n-tile (the group's four block scales are equal).
+      const float2 dx = *reinterpret_cast<const float2*>(sx + (size_t(2 * gl) * kHalfTokens + n * 4 + t) * 4);
+      acc[n][0] = fmaf((__int_as_float(c[0]) - kBias) * dx.x, grp.d[0], acc[n][0]);
+      acc[n][1] = fmaf((__int_as_float(c[1]) - kBias) * dx.y, grp.d[0], acc[n][1]);
+      acc[n][2] = fmaf((__int_as_float(c[2]) - kBias) * dx.x, grp.d[1], acc[n][2]);
+      acc[n][3] = fmaf((__int_as_float(c[3]) - kBias) * dx.y, grp.d[1], acc[n][3]);
+    } else {
+#pragma unroll
+      for (int kp = 0; kp < 2; ++kp) {
+        // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
+        const int p = 2 * gl + kp;
+        const uint4 bx = *reinterpret_cast<const uint4*>(xrow + p * 64);
+        const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int kb = 2 * kp + h;
+          float d[4];
+          mma_s8(d, af[kb][0], af[kb][1], af[kb][2], af[kb][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
+          const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
+          acc[n][0] = fmaf(d[0] * dx0, grp.d[0][kb], acc[n][0]);
+          acc[n][1] = fmaf(d[1] * dx1, grp.d[0][kb], acc[n][1]);
+          acc[n][2] = fmaf(d[2] * dx0, grp.d[1][kb], acc[n][2]);
+          acc[n][3] = fmaf(d[3] * dx1, grp.d[1][kb], acc[n][3]);
+        }
+      }
+    }
+  }
+}
+
 template <TensorType T, int NT, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int NT8 = NT * 8, kHalfTokens = NT * 4;
-  constexpr bool kQ1 = T == TensorType::Q1_0;
+  constexpr int NT8 = NT * 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int rank = a.cluster > 1 ? int(cg::this_cluster().block_rank()) : 0;
@@ -504,8 +567,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   }
 
   using G = Group<T>;
-  G cur, next;
-  if (active && g_lo < g_hi) cur.load(codes, scales, g_lo, t);
+  // Weight groups in flight per warp: a ring of kDepth groups in registers,
+  // group g in slot (g - g_lo) % kDepth; the first kDepth - 1 are loaded
+  // before waiting for the kernel that writes x.
+  constexpr int kDepth = prefetch_depth(T, NT);
+  G ring[kDepth];
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kDepth - 1; ++i)
+      if (g_lo + i < g_hi) ring[i].load(codes, scales, g_lo + i, t);
+  }
   allow_dependents();
   wait_for_predecessor();  // x or the prestaged x (and y for add) are written by earlier kernels
 
@@ -528,8 +599,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
 
   const unsigned char* xq = smem;
   const float* sx = reinterpret_cast<const float*>(smem + a.sx_offset);
-  for (int tg0 = g_lo; tg0 < g_hi; tg0 += a.tg) {
+  // Stages the tile that starts at group gg (all threads of the CTA).
+  int tg0 = g_lo, tile_end = g_lo;
+  auto start_tile = [&](int gg) {
+    tg0 = gg;
     const int ng = min(a.tg, g_hi - tg0);
+    tile_end = tg0 + ng;
     __syncthreads();  // the previous tile has been multiplied (and the zeroing is done)
     if (a.ws_codes) copy_tile<NT>(a, smem, tg0, ng);
     else stage_tile<NT>(a, smem, tg0, ng);
@@ -540,61 +615,37 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
       for (int seg = 0; seg < ng; ++seg) s += ss_seg[seg];
       ss_part[threadIdx.x] = s;
     }
-    if (!active) continue;
-    for (int gl = 0; gl < ng; ++gl) {
-      const int gg = tg0 + gl;
-      if (gg + 1 < g_hi) next.load(codes, scales, gg + 1, t);
-      // The group's four k-steps of A (both row halves) decoded once, then
-      // n-tile by n-tile: Q1_0's integer group sums live for one n-tile only
-      // (4 registers instead of 4 NT), which keeps NT = 8 out of local memory.
-      uint32_t af[4][4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        cur.frag(0, kb, t, af[kb][0], af[kb][2]);
-        cur.frag(1, kb, t, af[kb][1], af[kb][3]);
+  };
+  if constexpr (kDepth == 2) {
+    // Tiles, then their groups with one group ahead (the current one in
+    // ring[0], the next in ring[1]): session 12's loop. A flat loop over the
+    // groups with a tile check per group measured 5-7 % slower at B = 32 and
+    // 64 (H200 lab, session 13), and the unrolled ring below with kDepth = 2
+    // made ptxas spill more for Q8_0 / Q4_0 at NT = 8.
+    for (int t0 = g_lo; t0 < g_hi; t0 += a.tg) {
+      start_tile(t0);
+      if (!active) continue;
+      for (int gg = t0; gg < tile_end; ++gg) {
+        if (gg + 1 < g_hi) ring[1].load(codes, scales, gg + 1, t);
+        multiply_group<T, NT>(ring[0], gg - t0, xq, sx, a.row_stride, g, t, acc);
+        ring[0] = ring[1];
       }
+    }
+  } else {
+    // Groups in steps of kDepth, unrolled, so that every ring slot is a
+    // compile-time register set. A tile holds a multiple of kDepth groups
+    // (or the whole slice: launch), so tiles start only at i = 0.
+    for (int base = g_lo; base < g_hi; base += kDepth) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const unsigned char* xrow = xq + size_t(n * 8 + g) * a.row_stride + t * 16;
-        if constexpr (kQ1) {
-          // One x scale per group (x_scale_span): the four k-steps sum as
-          // integers in the mma (|dot| <= 64 * 127 * 128 < 2^22), then one
-          // conversion and two scalings per element.
-          int c[4] = {kBiasBits, kBiasBits, kBiasBits, kBiasBits};
-#pragma unroll
-          for (int kp = 0; kp < 2; ++kp) {
-            const uint4 bx = *reinterpret_cast<const uint4*>(xrow + (2 * gl + kp) * 64);
-            mma_s8_acc(c, af[2 * kp][0], af[2 * kp][1], af[2 * kp][2], af[2 * kp][3], bx.x, bx.y);
-            mma_s8_acc(c, af[2 * kp + 1][0], af[2 * kp + 1][1], af[2 * kp + 1][2], af[2 * kp + 1][3], bx.z, bx.w);
-          }
-          // Tokens 2t, 2t + 1 of the n-tile (the group's four block scales are equal).
-          const float2 dx = *reinterpret_cast<const float2*>(sx + (size_t(2 * gl) * kHalfTokens + n * 4 + t) * 4);
-          acc[n][0] = fmaf((__int_as_float(c[0]) - kBias) * dx.x, cur.d[0], acc[n][0]);
-          acc[n][1] = fmaf((__int_as_float(c[1]) - kBias) * dx.y, cur.d[0], acc[n][1]);
-          acc[n][2] = fmaf((__int_as_float(c[2]) - kBias) * dx.x, cur.d[1], acc[n][2]);
-          acc[n][3] = fmaf((__int_as_float(c[3]) - kBias) * dx.y, cur.d[1], acc[n][3]);
-        } else {
-#pragma unroll
-          for (int kp = 0; kp < 2; ++kp) {
-            // Blocks 2 kp and 2 kp + 1 of the group: block pair p of the tile.
-            const int p = 2 * gl + kp;
-            const uint4 bx = *reinterpret_cast<const uint4*>(xrow + p * 64);
-            const float4 dx = *reinterpret_cast<const float4*>(sx + (size_t(p) * kHalfTokens + n * 4 + t) * 4);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int kb = 2 * kp + h;
-              float d[4];
-              mma_s8(d, af[kb][0], af[kb][1], af[kb][2], af[kb][3], h ? bx.z : bx.x, h ? bx.w : bx.y);
-              const float dx0 = h ? dx.z : dx.x, dx1 = h ? dx.w : dx.y;
-              acc[n][0] = fmaf(d[0] * dx0, cur.d[0][kb], acc[n][0]);
-              acc[n][1] = fmaf(d[1] * dx1, cur.d[0][kb], acc[n][1]);
-              acc[n][2] = fmaf(d[2] * dx0, cur.d[1][kb], acc[n][2]);
-              acc[n][3] = fmaf(d[3] * dx1, cur.d[1][kb], acc[n][3]);
-            }
-          }
-        }
+      for (int i = 0; i < kDepth; ++i) {
+        const int gg = base + i;
+        if (gg >= g_hi) break;  // CTA-uniform
+        if (i == 0 && gg == tile_end) start_tile(gg);
+        if (!active) continue;
+        // The slot of the group multiplied last is free: the group kDepth - 1 ahead goes there.
+        if (gg + kDepth - 1 < g_hi) ring[(i + kDepth - 1) % kDepth].load(codes, scales, gg + kDepth - 1, t);
+        multiply_group<T, NT>(ring[i], gg - tg0, xq, sx, a.row_stride, g, t, acc);
       }
-      cur = next;
     }
   }
 
@@ -670,13 +721,18 @@ void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   a.groups = a.cols / kGroupCols;
   a.x_span = x_scale_span(T);
   int c = 1;
-  while (c * 2 <= kMaxCluster && c * 2 <= a.groups && mtiles * c * 2 <= ctx.sm_count()) c *= 2;
+  const int max_cluster = std::clamp(ctx.settings.gemm_tc_max_cluster, 1, kMaxCluster);
+  while (c * 2 <= max_cluster && c * 2 <= a.groups && mtiles * c * 2 <= ctx.sm_count()) c *= 2;
   a.cluster = c;
   a.gpr = (a.groups + c - 1) / c;
   // Groups per tile: as many as fit the budget (the whole slice when it fits).
   const size_t per_group = size_t(NT8) * (kGroupCols + 4 * 4 + 4);  // xq, sx (4 blocks), ss_seg
   const size_t fixed = size_t(NT8) * 64;
   a.tg = int(std::clamp<size_t>((kSmemBudget - fixed) / per_group, 1, size_t(a.gpr)));
+  // Several tiles per slice with the ring (kDepth > 2): a multiple of the
+  // depth (the ring loop starts a tile only at the first group of a step).
+  constexpr int kDepth = prefetch_depth(T, NT);
+  if (kDepth > 2 && a.tg < a.gpr) a.tg = std::max(kDepth, a.tg / kDepth * kDepth);
   a.row_stride = a.tg * kGroupCols + 64;
   a.sx_offset = NT8 * a.row_stride;
   a.ss_seg_offset = a.sx_offset + a.tg * 4 * NT8 * 4;
