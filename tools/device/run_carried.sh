@@ -7,14 +7,18 @@
 #     for b in build/kvq build/tests/kvq_gpu_tests; do strip -o /tmp/$(basename $b) $b &&
 #       xz -9 -T1 -c /tmp/$(basename $b) > carry/$(basename $b).xz; done
 #   (binaries travel stripped and packed: with every codec's kernel instances
-#   they are ~28 MB each, ~18 MB packed; strip cannot write to a pipe; unpacked below)
+#   they are ~36 MB each, ~22-23 MB packed in session 13; strip cannot write
+#   to a pipe; unpacked below)
 #   mkdir -p .deps-run && cp .deps/debs.sh .deps/libicu72_*.deb .deps/libpcre2-8-0_*.deb .deps/libsqlite3-0_*.deb \
-#     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps-run/
+#     .deps/libcpp-httplib0.11_*.deb .deps/libbrotli1_*.deb .deps/libmicrohttpd12_*.deb .deps-run/
 #   (carry .deps-run and carry; untrack tests/data and models/tokenizers for the call if the tree is too large)
 #   (the GPU tests need models/kvq-tiny-code.gguf, 31 MB and barely
 #   compressible: a tests call has room for kvq_gpu_tests alone; the lab and
-#   kvq travel together in a call that leaves the model out too)
-# On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [lab] [bench] [eval]
+#   kvq travel together in a call that leaves the model out too: two packed
+#   binaries, .deps-run (11 MB) and the tree without the model (6 MB) made
+#   ~62 MB in session 13, and such a call took 10-17 s of device time)
+# On the device:  bash tools/device/run_carried.sh [tests] [sanitize] [kquant] [lab] [bench] [serve] [eval]
+#   (serve: tools/device/serve_check.sh with carry/kvq, SERVE_SECTIONS="batch prefix rate soak", SERVE_CODECS)
 # Results: $OUT (gpu_tests_*.txt, bench.tgz, ...); a summary on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,6 +70,11 @@ if want bench; then
   timeout 400 $B/kvq bench -m synthetic:bonsai-8b --device cuda --codecs "${BENCH_CODECS:-none,k8v8}" \
     --contexts "${BENCH_CONTEXTS:-4k,16k,65408}" --gen 128 --reps 3 --home "$H" --out "$H/report" 2>&1 | tail -25
   (cd "$H" && tar czf "$OUT/bench.tgz" .)
+fi
+if want serve; then
+  echo "== serving (tools/device/serve_check.sh ${SERVE_SECTIONS:-batch prefix}) with carry/kvq"
+  PREBUILT=1 BUILD=carry OUT="$OUT/serve" bash tools/device/serve_check.sh ${SERVE_SECTIONS:-batch prefix} |
+    grep -E "^==|^concurrency|^rate|failures|server idle"
 fi
 if want eval; then
   echo "== kvq eval on the GPU"
