@@ -241,22 +241,6 @@ __device__ __forceinline__ uint2 ldg_stream8(const void* p) {
 }
 __device__ __forceinline__ float half_bits(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
 
-// D = A B + 1.5 * 2^23 (bits), returned as the exact fp32 dot products.
-__device__ __forceinline__ void mma_s8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-  int r0, r1, r2, r3;
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %11, %12, %13};"
-      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(kBiasBits), "r"(kBiasBits), "r"(kBiasBits),
-        "r"(kBiasBits));
-  d[0] = __int_as_float(r0) - kBias;
-  d[1] = __int_as_float(r1) - kBias;
-  d[2] = __int_as_float(r2) - kBias;
-  d[3] = __int_as_float(r3) - kBias;
-}
-
 // C += A B on the integer bits (Q1_0: a group's four k-steps in one chain
 // that starts from the bits of 1.5 * 2^23).
 __device__ __forceinline__ void mma_s8_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -266,6 +250,15 @@ __device__ __forceinline__ void mma_s8_acc(int (&c)[4], uint32_t a0, uint32_t a1
       "{%0, %1, %2, %3};"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// D = A B + 1.5 * 2^23 (bits), returned as the exact fp32 dot products.
+__device__ __forceinline__ void mma_s8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  int c[4] = {kBiasBits, kBiasBits, kBiasBits, kBiasBits};
+  mma_s8_acc(c, a0, a1, a2, a3, b0, b1);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) d[e] = __int_as_float(c[e]) - kBias;
 }
 
 // One 128-column group of a lane's two rows (g, g + 8): raw codes and the
