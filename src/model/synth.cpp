@@ -216,7 +216,7 @@ const BuiltinVocab& builtin_vocab() {
   return vocab;
 }
 
-constexpr int32_t kTokenNormal = 1, kTokenControl = 3, kTokenUnused = 5;
+constexpr int32_t kTokenNormal = 1, kTokenControl = 3;
 constexpr int kQwenVocab = 151936, kQwenEndOfText = 151643;
 
 // A minimal ChatML template (the format Qwen models are trained on).
@@ -236,11 +236,8 @@ int add_builtin_vocab(gguf::Writer& w, int pad_to) {
     fail(Errc::invalid_argument, "built-in vocabulary has ", natural, " tokens; cannot pad to ", pad_to);
   const int n = pad_to ? pad_to : natural;
   std::vector<std::string> tokens(static_cast<size_t>(n));
-  std::vector<int32_t> types(size_t(n), kTokenUnused);
-  for (size_t i = 0; i < bv.tokens.size(); ++i) {
-    tokens[i] = bv.tokens[i];
-    types[i] = kTokenNormal;
-  }
+  std::vector<int32_t> types(size_t(n), kTokenNormal);  // all but the three control tokens
+  for (size_t i = 0; i < bv.tokens.size(); ++i) tokens[i] = bv.tokens[i];
   // Control tokens at Qwen's ids when the vocabulary has Qwen's size, else right after the merges.
   const int special = (n == kQwenVocab) ? kQwenEndOfText : int(bv.tokens.size());
   const char* specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -253,11 +250,9 @@ int add_builtin_vocab(gguf::Writer& w, int pad_to) {
   // real ones; as unused entries ("[PADn]", no text) a whole streamed answer
   // was empty and a serving benchmark could time no token (H200, session 13:
   // 109 of 128 streams carried no text).
-  for (int i = 0; i < n; ++i) {
-    if (!tokens[size_t(i)].empty()) continue;
-    tokens[size_t(i)] = "[SYN" + std::to_string(i) + "]";  // printable ASCII: the byte-level form is the text
-    types[size_t(i)] = kTokenNormal;
-  }
+  // Printable ASCII: a filler token's byte-level form is its text.
+  for (int i = 0; i < n; ++i)
+    if (tokens[size_t(i)].empty()) tokens[size_t(i)] = "[SYN" + std::to_string(i) + "]";
   w.set("tokenizer.ggml.model", Value::string("gpt2"));
   w.set("tokenizer.ggml.pre", Value::string("qwen2"));
   w.set("tokenizer.ggml.tokens", Value::string_array(tokens));
