@@ -17,6 +17,7 @@
 #include "model/config.hpp"
 #include "model/synth.hpp"
 #include "model/tensor_names.hpp"
+#include "tokenizer/tokenizer.hpp"
 
 using namespace kvq;
 using namespace kvq::gguf;
@@ -187,6 +188,13 @@ TEST(Synth, BuiltinVocabularyIsConsistent) {
   EXPECT_EQ(pt[151644].as_string(), "<|im_start|>");
   EXPECT_EQ(pt[1000].as_string(), "[SYN1000]");  // filler: a normal token with visible text
   EXPECT_EQ(ptypes[1000].as_i64(), 1);
+  // What a served stream shows: filler decodes to its text, control tokens to
+  // nothing unless asked for.
+  const auto bytes = padded.to_bytes();
+  const Tokenizer tok = Tokenizer::from_gguf(File::parse(bytes.data(), bytes.size()));
+  EXPECT_EQ(tok.decode({1000, 151000}), "[SYN1000][SYN151000]");
+  EXPECT_EQ(tok.decode({151645}), "");
+  EXPECT_EQ(tok.decode({151645}, true), "<|im_end|>");
   Writer small;
   EXPECT_THROW(add_builtin_vocab(small, 10), Error);
 }
