@@ -611,10 +611,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   };
   if constexpr (kDepth == 2) {
     // Tiles, then their groups with one group ahead (the current one in
-    // ring[0], the next in ring[1]): session 12's loop. A flat loop over the
-    // groups with a tile check per group measured 5-7 % slower at B = 32 and
-    // 64 (H200 lab, session 13), and the unrolled ring below with kDepth = 2
-    // made ptxas spill more for Q8_0 / Q4_0 at NT = 8.
+    // ring[0], the next in ring[1]): session 12's loop. B = 32 and 64 got
+    // 5-7 % slower in the H200 lab while a flat loop over the groups (a tile
+    // check per group) stood here (session 13; not isolated as the cause),
+    // and the unrolled ring below with kDepth = 2 made ptxas spill more for
+    // Q8_0 / Q4_0 at NT = 8.
     for (int t0 = g_lo; t0 < g_hi; t0 += a.tg) {
       start_tile(t0);
       if (!active) continue;
