@@ -81,14 +81,27 @@
 //   (session 12's per-block scaling took 8, and ncu counted 19 instructions
 //   per mma). Identical tokens run identical instructions on identical
 //   data: identical outputs.
-//   Weights go straight from global memory to registers (ld.global.nc, no L1
-//   allocation), prefetch_depth - 1 groups ahead of the one being
-//   multiplied (the first ones before waiting for the kernel that writes
-//   x): 3 for Q1_0 at NT <= 2, else 1. At small B the loop is latency-bound
-//   (H200, B = 8: 0.5 TB/s); the 4-deep ring took the Q1_0 layer from 67
-//   to 65 us at B = 1 and 70 to 68 at B = 8 (gate/up 24 -> 21 us), less
-//   than hoped: ncu finds the warps waiting ~7 cycles per instruction with
-//   4 warps per scheduler, not on memory (docs/perf.md, session 13).
+//   Q8_0 / Q4_0 weights go straight from global memory to registers
+//   (ld.global.nc, no L1 allocation), one group ahead of the one being
+//   multiplied (the first before waiting for the kernel that writes x).
+//   Q1_0 weights (288 bytes per warp and group) pass through a warp-private
+//   ring in shared memory instead at NT <= 2 (smem_weights): 8 stages of
+//   two groups, copied by cp.async, so up to 14 groups per warp are in
+//   flight where registers held 1-3. Stage s sits in slot s % 8: [group
+//   h][row r][16 bytes] of codes at 256 h + 16 r (a quarter warp reads 8
+//   consecutive rows: conflict-free), then [row r][2] fp16 scales at 512 +
+//   4 r; lanes 0-15 copy group 0 of the stage (16 bytes of row lane & 15),
+//   lanes 16-31 group 1, lanes 0-15 the scales (4 bytes per row). At the
+//   first group of a stage the slot of the previous stage is refilled
+//   (after a warp barrier) and the wait leaves the stages ahead in flight;
+//   the stage's two groups are multiplied together so that their mma chains
+//   interleave. x tiles are then copied through registers (a cp.async wait
+//   would also wait for the weights). Measured (H200, session 14): the Q1_0
+//   layer 57 -> 54 us at B = 1 and 59 -> 57 at B = 8, replacing session
+//   13's 4-deep register ring (which had taken gate/up only from 24 to 21
+//   us). Most of a launch at B <= 8 is not the loop: ncu of O at B = 8 puts
+//   ~25 % of the warps' stall samples in the group loop, ~33 % before it
+//   (setup, the x copy) and ~27 % in the cluster reduction after it.
 //   Session 12 tried an L2 bulk prefetch of each row's next 512 bytes: 4-9
 //   us slower at B <= 32 (about 1,000 small bulk requests per SM at the
 //   start), dropped.
@@ -112,7 +125,8 @@
 //     float part[NT8][260]: the CTA's partial sums, token-major (row stride
 //       256 + 4: the fragment stores of a warp hit 32 distinct banks)
 //   then (never aliased): float ss_part[NT8] (the CTA's x^2 sums, read by
-//   the cluster), float inv_rms[NT8].
+//   the cluster), float inv_rms[NT8], and for Q1_0 the 16 warps' weight
+//   rings at NT <= 2 (16-byte aligned, 8 x 576 bytes each).
 //   Tokens batch..NT8-1 are zero in xq and sx (prestaged: zero in the
 //   workspace; in-CTA: set once per launch): they contribute nothing and
 //   are never stored. ss_seg is used by the in-CTA path only.
@@ -194,6 +208,7 @@ struct TcArgs {
   const float* ws_sx;
   const float* ws_ss;
   int x_span;  // lanes sharing an x scale: 8 (32 values) or 32 (128 values, Q1_0)
+  int w_offset;  // Q1_0: the warps' weight rings in shared memory (smem_weights)
 };
 
 // Where stage_x_int8 puts x for one launch of NT8 token slots (tokens past
@@ -215,10 +230,17 @@ constexpr WsLayout ws_layout(int nt8, int64_t cols) {
 // four k-steps accumulate as integers in the mma; Q8_0 and Q4_0 have a
 // weight scale per 32 columns anyway.
 constexpr int x_scale_span(TensorType t) { return t == TensorType::Q1_0 ? 32 : 8; }
-// Weight groups a warp keeps in flight (registers: a Q1_0 group is 10, a
-// Q8_0 / Q4_0 group 24; NT = 4 and 8 have none to spare). 4 for Q1_0 at
-// NT <= 2: gate/up 24 -> 21 us at B <= 8 on the H200 (session 13).
-constexpr int prefetch_depth(TensorType t, int nt) { return t == TensorType::Q1_0 && nt <= 2 ? 4 : 2; }
+// Q1_0 weights at NT <= 2 go to registers through a ring in shared memory
+// (cp.async, warp-private; layout at the top): a Q1_0 group is 288 bytes per
+// warp, so many groups fit in flight, where registers held 1-3 (a Q1_0
+// group is 10 registers, a Q8_0 / Q4_0 group 24). Larger NT keep one group
+// ahead in registers: with the ring (4 stages) B = 32 was 9 % slower and
+// B = 64 no faster on the H200 (session 14).
+constexpr bool smem_weights(TensorType t, int nt) { return t == TensorType::Q1_0 && nt <= 2; }
+constexpr int kRingGroups = 2;                                          // groups per ring stage
+constexpr int kRingCodeBytes = 16 * 16;                                 // one group of a warp's 16 rows
+constexpr int kRingStageBytes = kRingGroups * kRingCodeBytes + 16 * 4;  // codes [2][16][16 B], scales [16][2]
+constexpr int kRingStages = 8;                                          // stages per warp ring
 constexpr int n_tiles(int batch) { return batch <= 8 ? 1 : batch <= 16 ? 2 : batch <= 32 ? 4 : 8; }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -276,6 +298,15 @@ struct Group<TensorType::Q1_0> {
     for (int r = 0; r < 2; ++r) {
       w[r] = ldg_stream16(codes[r] + size_t(gg) * 16);
       d[r] = half_bits(__ldg(scales[r] + gg)) * 0.015625f;
+    }
+  }
+  // Group h of a ring stage (layout at the top) for rows g and g + 8.
+  __device__ __forceinline__ void load_ring(const unsigned char* stage, int h, int g) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[r] = *reinterpret_cast<const uint4*>(stage + h * kRingCodeBytes + (g + 8 * r) * 16);
+      d[r] = half_bits(*reinterpret_cast<const uint16_t*>(stage + kRingGroups * kRingCodeBytes + (g + 8 * r) * 4 + h * 2)) *
+             0.015625f;
     }
   }
   // a0/a2 (or a1/a3) of block kb for lane t.
@@ -431,22 +462,44 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
 
 // Copies groups [tg0, tg0 + ng) of the prestaged x (all NT8 token slots)
-// into xq and sx; the caller's barrier publishes them.
-template <int NT>
+// into xq and sx; the caller's barrier publishes them. kDirect: through
+// registers instead of cp.async, whose wait would also wait for the weight
+// rings' copies in flight (smem_weights).
+template <int NT, bool kDirect>
 __device__ void copy_tile(const TcArgs& a, unsigned char* smem, int tg0, int ng) {
   constexpr int NT8 = NT * 8;
   const int row_chunks = ng * (kGroupCols / 16);
-  for (int i = threadIdx.x; i < NT8 * row_chunks; i += kThreads) {
-    const int b = i / row_chunks, c = i - b * row_chunks;
-    cp_async16(smem + size_t(b) * a.row_stride + 16 * c,
-               a.ws_codes + size_t(b) * a.cols + size_t(tg0) * kGroupCols + 16 * c);
-  }
   // The scales of groups tg0.. are contiguous: 4 blocks x NT8 tokens per group.
   const float* sx = a.ws_sx + size_t(tg0) * 4 * NT8;
-  for (int i = threadIdx.x; i < ng * NT8; i += kThreads) cp_async16(smem + a.sx_offset + 16 * i, sx + 4 * i);
-  cp_async_wait_all();
+  if constexpr (kDirect) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < NT8 * row_chunks; i += kThreads) {
+      const int b = i / row_chunks, c = i - b * row_chunks;
+      *reinterpret_cast<uint4*>(smem + size_t(b) * a.row_stride + 16 * c) = *reinterpret_cast<const uint4*>(
+          a.ws_codes + size_t(b) * a.cols + size_t(tg0) * kGroupCols + 16 * c);
+    }
+    for (int i = threadIdx.x; i < ng * NT8; i += kThreads)
+      *reinterpret_cast<float4*>(smem + a.sx_offset + 16 * i) = *reinterpret_cast<const float4*>(sx + 4 * i);
+  } else {
+    for (int i = threadIdx.x; i < NT8 * row_chunks; i += kThreads) {
+      const int b = i / row_chunks, c = i - b * row_chunks;
+      cp_async16(smem + size_t(b) * a.row_stride + 16 * c,
+                 a.ws_codes + size_t(b) * a.cols + size_t(tg0) * kGroupCols + 16 * c);
+    }
+    for (int i = threadIdx.x; i < ng * NT8; i += kThreads) cp_async16(smem + a.sx_offset + 16 * i, sx + 4 * i);
+    cp_async_wait_all();
+  }
 }
 
 // One staged group (gl: its index in the tile) times the warp's rows for
@@ -518,37 +571,36 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   const int mtile = blockIdx.x / a.cluster;
   const int g_lo = min(a.groups, rank * a.gpr), g_hi = min(a.groups, g_lo + a.gpr);
 
-  // This lane's two weight rows (g and g + 8 of the warp's 16); rows past the
-  // matrix re-read its last row (their sums are never stored).
+  constexpr bool kRing = smem_weights(T, NT);
+  // Weight row i (0..15) of this warp; rows past the matrix re-read its
+  // last row (their sums are never stored).
+  const int64_t code_bytes = row_code_bytes(T, a.cols), n_scales = row_scales(T, a.cols);
+  int row0;
+  if constexpr (kPair) row0 = mtile * (kTileRows / 2) + 16 * (warp % (kWarps / 2));
+  else row0 = mtile * kTileRows + 16 * warp;
+  const bool active = row0 < a.total_rows;  // the warp has at least one real row
+  auto weight_row = [&](int i, const uint8_t*& c, const uint16_t*& sc) {
+    if constexpr (kPair) {
+      const int m = warp >= kWarps / 2 ? 1 : 0;  // gate, then up
+      const int row = min(row0 + i, a.total_rows - 1);
+      c = a.codes[m] + size_t(row) * code_bytes;
+      sc = a.scales[m] + size_t(row) * n_scales;
+    } else {
+      const int gr = min(row0 + i, a.total_rows - 1);
+      int seg = 0;
+      while (seg + 1 < a.n_out && gr >= a.row_end[seg]) ++seg;
+      const int row = gr - (seg ? a.row_end[seg - 1] : 0);
+      c = a.codes[seg] + size_t(row) * code_bytes;
+      sc = a.scales[seg] + size_t(row) * n_scales;
+    }
+  };
+  // This lane's two rows (g and g + 8) for the register path; for the ring,
+  // the row it copies (lane & 15: lanes 0-15 copy group 0 of a stage, 16-31
+  // group 1, and lanes 0-15 the stage's scales).
   const uint8_t* codes[2];
   const uint16_t* scales[2];
-  bool active;  // the warp has at least one real row
-  {
-    const int64_t cb = row_code_bytes(T, a.cols), ns = row_scales(T, a.cols);
-    if constexpr (kPair) {
-      const int m = warp >= kWarps / 2 ? 1 : 0;
-      const int row0 = mtile * (kTileRows / 2) + 16 * (warp - m * (kWarps / 2));
-      active = row0 < a.total_rows;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = min(row0 + g + 8 * r, a.total_rows - 1);
-        codes[r] = a.codes[m] + size_t(row) * cb;
-        scales[r] = a.scales[m] + size_t(row) * ns;
-      }
-    } else {
-      const int row0 = mtile * kTileRows + 16 * warp;
-      active = row0 < a.total_rows;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int gr = min(row0 + g + 8 * r, a.total_rows - 1);
-        int seg = 0;
-        while (seg + 1 < a.n_out && gr >= a.row_end[seg]) ++seg;
-        const int row = gr - (seg ? a.row_end[seg - 1] : 0);
-        codes[r] = a.codes[seg] + size_t(row) * cb;
-        scales[r] = a.scales[seg] + size_t(row) * ns;
-      }
-    }
-  }
+  weight_row(kRing ? (lane & 15) : g, codes[0], scales[0]);
+  weight_row(g + 8, codes[1], scales[1]);
 
   // In-CTA staging: zero the staging area (tokens past the batch stay zero)
   // and the x^2 sums. (Prestaged: every tile copies all NT8 token slots.)
@@ -560,15 +612,33 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
   }
 
   using G = Group<T>;
-  // Weight groups in flight per warp: a ring of kDepth groups in registers,
-  // group g in slot (g - g_lo) % kDepth; the first kDepth - 1 are loaded
-  // before waiting for the kernel that writes x.
-  constexpr int kDepth = prefetch_depth(T, NT);
-  G ring[kDepth];
+  // Register path: the group being multiplied (ring[0]) and the next one
+  // (ring[1]); the first is loaded before waiting for the kernel that
+  // writes x.
+  G ring[2];
+  // Shared-memory path (Q1_0): the warp's ring of kStages stages of two
+  // groups, stage s in slot s % kStages; the first kStages - 1 are in flight
+  // before the wait for the kernel that writes x. One cp.async group per
+  // stage (empty past the slice), so wait_group counts stages.
+  constexpr int kStages = kRingStages;
+  unsigned char* wring = smem + a.w_offset + size_t(warp) * kStages * kRingStageBytes;
+  auto issue_stage = [&](int s) {
+    const int gg0 = g_lo + kRingGroups * s;
+    if (gg0 < g_hi) {  // a slice holds an even number of groups (launch)
+      unsigned char* slot = wring + (s % kStages) * kRingStageBytes;
+      const int h = lane >> 4, r = lane & 15;
+      cp_async16(slot + h * kRingCodeBytes + r * 16, codes[0] + size_t(gg0 + h) * 16);
+      if (lane < 16) cp_async4(slot + kRingGroups * kRingCodeBytes + r * 4, scales[0] + gg0);
+    }
+    cp_async_commit();
+  };
   if (active) {
+    if constexpr (kRing) {
 #pragma unroll
-    for (int i = 0; i < kDepth - 1; ++i)
-      if (g_lo + i < g_hi) ring[i].load(codes, scales, g_lo + i, t);
+      for (int s = 0; s < kStages - 1; ++s) issue_stage(s);
+    } else {
+      if (g_lo < g_hi) ring[0].load(codes, scales, g_lo, t);
+    }
   }
   allow_dependents();
   wait_for_predecessor();  // x or the prestaged x (and y for add) are written by earlier kernels
@@ -599,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
     const int ng = min(a.tg, g_hi - tg0);
     tile_end = tg0 + ng;
     __syncthreads();  // the previous tile has been multiplied (and the zeroing is done)
-    if (a.ws_codes) copy_tile<NT>(a, smem, tg0, ng);
+    if (a.ws_codes) copy_tile<NT, kRing>(a, smem, tg0, ng);
     else stage_tile<NT>(a, smem, tg0, ng);
     __syncthreads();
     if (!a.ws_codes && a.norm && threadIdx.x < a.batch) {
@@ -609,13 +679,45 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
       ss_part[threadIdx.x] = s;
     }
   };
-  if constexpr (kDepth == 2) {
+  if constexpr (kRing) {
+    // Tiles, then their groups; at the first group of a stage the slot of
+    // the previous stage (read by every lane: the warp barrier) is refilled
+    // with the stage kStages - 1 ahead, and the wait leaves that many in
+    // flight. Both groups of a stage in one tile are multiplied together,
+    // so their mma chains interleave.
+    for (int t0 = g_lo; t0 < g_hi; t0 += a.tg) {
+      start_tile(t0);
+      if (!active) continue;
+      for (int gg = t0; gg < tile_end;) {
+        const int i = gg - g_lo;
+        const unsigned char* stage = wring + ((i / kRingGroups) % kStages) * kRingStageBytes;
+        if (i % kRingGroups == 0) {
+          __syncwarp();
+          issue_stage(i / kRingGroups + kStages - 1);
+          cp_async_wait<kStages - 1>();
+          __syncwarp();
+          if (NT <= 2 && gg + 1 < tile_end) {  // larger NT: no registers to spare
+            G g0, g1;
+            g0.load_ring(stage, 0, g);
+            g1.load_ring(stage, 1, g);
+            multiply_group<T, NT>(g0, gg - tg0, xq, sx, a.row_stride, g, t, acc);
+            multiply_group<T, NT>(g1, gg + 1 - tg0, xq, sx, a.row_stride, g, t, acc);
+            gg += 2;
+            continue;
+          }
+        }
+        G g1;
+        g1.load_ring(stage, i % kRingGroups, g);
+        multiply_group<T, NT>(g1, gg - tg0, xq, sx, a.row_stride, g, t, acc);
+        ++gg;
+      }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the empty tail stages)
+  } else {
     // Tiles, then their groups with one group ahead (the current one in
     // ring[0], the next in ring[1]): session 12's loop. B = 32 and 64 got
     // 5-7 % slower in the H200 lab while a flat loop over the groups (a tile
-    // check per group) stood here (session 13; not isolated as the cause),
-    // and the unrolled ring below with kDepth = 2 made ptxas spill more for
-    // Q8_0 / Q4_0 at NT = 8.
+    // check per group) stood here (session 13; not isolated as the cause).
     for (int t0 = g_lo; t0 < g_hi; t0 += a.tg) {
       start_tile(t0);
       if (!active) continue;
@@ -623,22 +725,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tc_kernel(TcArgs a) {
         if (gg + 1 < g_hi) ring[1].load(codes, scales, gg + 1, t);
         multiply_group<T, NT>(ring[0], gg - t0, xq, sx, a.row_stride, g, t, acc);
         ring[0] = ring[1];
-      }
-    }
-  } else {
-    // Groups in steps of kDepth, unrolled, so that every ring slot is a
-    // compile-time register set. A tile holds a multiple of kDepth groups
-    // (or the whole slice: launch), so tiles start only at i = 0.
-    for (int base = g_lo; base < g_hi; base += kDepth) {
-#pragma unroll
-      for (int i = 0; i < kDepth; ++i) {
-        const int gg = base + i;
-        if (gg >= g_hi) break;  // CTA-uniform
-        if (i == 0 && gg == tile_end) start_tile(gg);
-        if (!active) continue;
-        // The slot of the group multiplied last is free: the group kDepth - 1 ahead goes there.
-        if (gg + kDepth - 1 < g_hi) ring[(i + kDepth - 1) % kDepth].load(codes, scales, gg + kDepth - 1, t);
-        multiply_group<T, NT>(ring[i], gg - tg0, xq, sx, a.row_stride, g, t, acc);
       }
     }
   }
@@ -719,14 +805,15 @@ void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   while (c * 2 <= max_cluster && c * 2 <= a.groups && mtiles * c * 2 <= ctx.sm_count()) c *= 2;
   a.cluster = c;
   a.gpr = (a.groups + c - 1) / c;
+  // The weight rings copy two groups per stage: every slice starts at an
+  // even group and holds an even number (groups is even: cols % 256 == 0).
+  constexpr bool kRing = smem_weights(T, NT);
+  if (kRing) a.gpr += a.gpr % 2;
+  const size_t ring_bytes = kRing ? size_t(kWarps) * kRingStages * kRingStageBytes : 0;
   // Groups per tile: as many as fit the budget (the whole slice when it fits).
   const size_t per_group = size_t(NT8) * (kGroupCols + 4 * 4 + 4);  // xq, sx (4 blocks), ss_seg
   const size_t fixed = size_t(NT8) * 64;
-  a.tg = int(std::clamp<size_t>((kSmemBudget - fixed) / per_group, 1, size_t(a.gpr)));
-  // Several tiles per slice with the ring (kDepth > 2): a multiple of the
-  // depth (the ring loop starts a tile only at the first group of a step).
-  constexpr int kDepth = prefetch_depth(T, NT);
-  if (kDepth > 2 && a.tg < a.gpr) a.tg = std::max(kDepth, a.tg / kDepth * kDepth);
+  a.tg = int(std::clamp<size_t>((kSmemBudget - ring_bytes - fixed) / per_group, 1, size_t(a.gpr)));
   a.row_stride = a.tg * kGroupCols + 64;
   a.sx_offset = NT8 * a.row_stride;
   a.ss_seg_offset = a.sx_offset + a.tg * 4 * NT8 * 4;
@@ -735,7 +822,8 @@ void launch(TcArgs a, void* ws, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t region = std::max(staging, partials);
   a.ss_part_offset = int(region);
   a.inv_offset = int(region + NT8 * 4);
-  const size_t smem = region + 2 * NT8 * 4;
+  a.w_offset = int(align16(region + 2 * NT8 * 4));
+  const size_t smem = a.w_offset + ring_bytes;
   KVQ_CHECK(smem <= 220 * 1024, Errc::out_of_range, "GPU tensor-core GEMM: ", smem, " bytes of shared memory");
 
   if (ws) {  // quantize x once for all CTAs
@@ -858,6 +946,9 @@ void gemm_tc(const GemvBatchRequest& req, const GemmTcWorkspace& ws, cudaStream_
               " x ", w.cols, " vs ", gguf::tensor_type_name(w0.type), " x ", w0.cols, ")");
     KVQ_CHECK(w.rows >= 1 && w.cols <= (int64_t(1) << 24), Errc::out_of_range, "GPU tensor-core GEMM: matrix of ",
               w.rows, " x ", w.cols, " is out of range");
+    KVQ_CHECK(reinterpret_cast<uintptr_t>(w.codes.data()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(w.scales.data()) % 4 == 0,
+              Errc::internal, "GPU tensor-core GEMM: weight codes must be 16-byte and scales 4-byte aligned");
     total_rows += w.rows;
     if (needs_y) {
       const float* y = req.out[i].y;
