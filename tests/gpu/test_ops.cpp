@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/kernels.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/device_buffer.hpp"
 #include "backend/cuda/ops.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
@@ -305,5 +306,92 @@ std::string matmul_name(const ::testing::TestParamInfo<MatmulCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, CudaMatmul, ::testing::ValuesIn(matmul_cases()), matmul_name);
+
+// The prefill forms of the fused ops (n > 1): the norm writes the GEMMs'
+// bf16 input once (rms_norm_bf16) and matmul_add accumulates in the GEMM
+// (beta = 1). Against the plain ops on the same backend: norm_matmul and
+// norm_swiglu bit for bit (the same bf16 input bits, the same GEMM calls);
+// matmul_add within the GEMM's own accumulation error (cuBLAS may choose
+// another algorithm when it accumulates into C).
+TEST_F(CudaOps, FusedPrefillFormsMatchPlainOps) {
+  for (TensorType t : {TensorType::Q8_0, TensorType::Q4_0, TensorType::BF16, TensorType::Q6_K}) {
+    const int n = 17, dim = 256, rows = 131;
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<Matrix> dev;
+    for (int i = 0; i < 3; ++i) {
+      bytes.push_back(random_matrix(rng, t, rows, dim));
+      dev.push_back(gpu->upload(host_matrix(t, rows, dim, bytes.back())));
+    }
+    const auto x = normal(rng, size_t(n) * dim, 2.0f), nw = normal(rng, dim);
+    Guarded dx(x.size(), &x), dnw(nw.size(), &nw), dh(x.size());
+    const size_t ny = size_t(n) * rows;
+    std::vector<Guarded> fused, plain;
+    fused.reserve(3);
+    plain.reserve(3);
+    for (int i = 0; i < 3; ++i) {
+      fused.emplace_back(ny);
+      plain.emplace_back(ny);
+    }
+    const Matrix* ws[3] = {&dev[0], &dev[1], &dev[2]};
+    float* ys[3] = {fused[0].data(), fused[1].data(), fused[2].data()};
+    gpu->norm_matmul(dx.data(), dnw.data(), n, dim, 1e-6f, dh.data(), ws, ys, 3);
+    gpu->rms_norm(dx.data(), dnw.data(), n, dim, 1e-6f, dh.data());
+    for (int i = 0; i < 3; ++i) gpu->matmul(dev[i], dh.data(), n, plain[i].data());
+    for (int i = 0; i < 3; ++i) {
+      const auto f = fused[i].result(), p = plain[i].result();
+      for (size_t j = 0; j < ny; ++j)
+        ASSERT_EQ(f[j], p[j]) << gguf::tensor_type_name(t) << " norm_matmul output " << i << " at " << j;
+    }
+
+    // norm_swiglu: gate = fused[0], up scratch = fused[1]; plain: matmuls and swiglu.
+    gpu->norm_swiglu(dx.data(), dnw.data(), n, dim, 1e-6f, dh.data(), dev[0], dev[1], fused[1].data(),
+                     fused[0].data());
+    gpu->rms_norm(dx.data(), dnw.data(), n, dim, 1e-6f, dh.data());
+    gpu->matmul(dev[0], dh.data(), n, plain[0].data());
+    gpu->matmul(dev[1], dh.data(), n, plain[1].data());
+    gpu->swiglu(plain[0].data(), plain[1].data(), plain[0].data(), ny);
+    {
+      const auto f = fused[0].result(), p = plain[0].result();
+      for (size_t j = 0; j < ny; ++j) ASSERT_EQ(f[j], p[j]) << gguf::tensor_type_name(t) << " norm_swiglu at " << j;
+    }
+
+    // matmul_add: x2 (n x rows) += W a with a = n x dim.
+    const auto x2 = normal(rng, ny);
+    Guarded acc(ny, &x2), tmp(ny);
+    gpu->matmul_add(dev[2], dx.data(), n, acc.data(), tmp.data());
+    gpu->matmul(dev[2], dx.data(), n, plain[2].data());
+    const auto got = acc.result(), prod = plain[2].result();
+    std::vector<float> wrow(dim);
+    const uint64_t rb = gguf::tensor_row_bytes(t, dim);
+    for (int r = 0; r < rows; ++r) {
+      gguf::dequantize_row(t, bytes[2].data() + r * rb, wrow.data(), dim);
+      for (int k = 0; k < n; ++k) {
+        double mag = 0;
+        for (int j = 0; j < dim; ++j) mag += std::fabs(double(wrow[j]) * x[size_t(k) * dim + j]);
+        const size_t j = size_t(k) * rows + r;
+        const double ref = double(x2[j]) + double(prod[j]);
+        // Two fp32 accumulation orders of the same bf16 products, then one add.
+        const double bound = 1e-6 + 1e-6 * std::fabs(ref) + 2.0 * dim * 6e-8 * mag;
+        ASSERT_LE(std::fabs(double(got[j]) - ref), bound)
+            << gguf::tensor_type_name(t) << " matmul_add row " << r << " token " << k;
+      }
+    }
+  }
+}
+
+// rms_norm_bf16 writes exactly the bf16 rounding of rms_norm's output.
+TEST_F(CudaOps, RmsNormBf16IsTheRoundedRmsNorm) {
+  for (auto [rows, dim] : {std::pair{1, 256}, {3, 33}, {17, 4096}}) {
+    const auto x = normal(rng, size_t(rows) * dim, 3.0f), w = normal(rng, dim);
+    Guarded dx(x.size(), &x), dw(w.size(), &w), dy(x.size());
+    gpu->rms_norm(dx.data(), dw.data(), rows, dim, 1e-6f, dy.data());
+    const auto y = dy.result();
+    cuda::DeviceBuffer<uint16_t> bf(x.size());
+    cuda::rms_norm_bf16(dx.data(), dw.data(), rows, dim, 1e-6f, bf.data(), nullptr);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = bf.download();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(y[i])) << rows << "x" << dim << " at " << i;
+  }
+}
 
 }  // namespace

@@ -200,13 +200,21 @@ class CudaBackend final : public Backend {
       batch_product(req);
       return;
     }
-    // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T, with W read
-    // as the column-major cols x rows matrix it is in memory (op T).
-    const size_t xn = size_t(n) * m.cols;
-    if (xbf_.size() < xn) xbf_.resize(xn);
-    f32_to_bf16(x, xbf_.data(), xn, stream_);
+    f32_to_bf16(x, prefill_input(size_t(n) * m.cols), size_t(n) * m.cols, stream_);
+    prefill_gemm(m, n, y, false);
+  }
+
+  // The bf16 input of prefill GEMMs (n x cols), grown as needed.
+  uint16_t* prefill_input(size_t elems) {
+    if (xbf_.size() < elems) xbf_.resize(elems);
+    return xbf_.data();
+  }
+  // Prefill: y^T (rows x n, column-major) = W (rows x cols) * x^T (+ y^T when
+  // accumulate) from the bf16 x in xbf_, with W read as the column-major
+  // cols x rows matrix it is in memory (op T), dequantized to bf16 in tiles.
+  void prefill_gemm(const GpuMatrix& m, int n, float* y, bool accumulate) {
     const int64_t block_rows = std::max<int64_t>(1, int64_t(kTileElems / size_t(m.cols)));
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < m.rows; r0 += block_rows) {
       const int64_t rows = std::min(block_rows, m.rows - r0);
       const void* a = nullptr;
@@ -250,6 +258,14 @@ class CudaBackend final : public Backend {
   void norm_matmul(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix* const* ws,
                    float* const* ys, int count) override {
     ctx_.make_current();
+    if (n > 1 && !batched_decode(n)) {
+      // Prefill: the norm writes the GEMMs' bf16 input once for all of them
+      // (the same bits as rms_norm, then f32_to_bf16 per matrix).
+      for (int i = 0; i < count; ++i) check_width(*ws[i], dim, "norm_matmul");
+      rms_norm_bf16(x, norm_w, n, dim, eps, prefill_input(size_t(n) * dim), stream_);
+      for (int i = 0; i < count; ++i) prefill_gemm(find(*ws[i]), n, ys[i], false);
+      return;
+    }
     if (count >= 1 && count <= 3 && same_kind(ws, count) && batched_decode(n)) {
       check_width(*ws[0], dim, "norm_matmul");
       GemvBatchRequest req = batch_gemv(x, n, norm_w, eps);
@@ -270,6 +286,14 @@ class CudaBackend final : public Backend {
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
     ctx_.make_current();
+    if (n > 1 && !batched_decode(n)) {
+      // Prefill: the GEMM adds into x (beta = 1): no product to scratch, no
+      // add kernel.
+      const GpuMatrix& m = find(w);
+      f32_to_bf16(a, prefill_input(size_t(n) * m.cols), size_t(n) * m.cols, stream_);
+      prefill_gemm(m, n, x, true);
+      return;
+    }
     if (batched_decode(n)) {
       GemvBatchRequest req = batch_gemv(a, n);
       req.out[0] = {&find(w), x};
@@ -298,6 +322,16 @@ class CudaBackend final : public Backend {
       req.out[1] = {&find(w_up), nullptr};
       req.epilogue = GemvEpilogue::swiglu;
       batch_product(req);
+      return;
+    }
+    if (n > 1 && !batched_decode(n)) {
+      // Prefill: one bf16 input for both GEMMs (norm_matmul).
+      check_width(w_gate, dim, "norm_swiglu");
+      check_width(w_up, dim, "norm_swiglu");
+      rms_norm_bf16(x, norm_w, n, dim, eps, prefill_input(size_t(n) * dim), stream_);
+      prefill_gemm(find(w_gate), n, out, false);
+      prefill_gemm(find(w_up), n, up, false);
+      swiglu(out, up, out, size_t(n) * size_t(w_gate.rows));
       return;
     }
     if (n != 1 || !same_kind(pair, 2) || w_gate.rows != w_up.rows) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kv_codec_hooks.cuh"
@@ -175,10 +176,13 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __rest
 }
 
 // One block per row; sum of squares in double as the CPU reference does.
-__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int dim, float eps, float* y) {
+// Out: float, or uint16_t for bf16 bits (the fp32 value rounded to nearest
+// even: what f32_to_bf16 of the float output gives).
+template <typename Out>
+__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int dim, float eps, Out* y) {
   __shared__ double partial[kThreads];
   const float* xr = x + size_t(blockIdx.x) * dim;
-  float* yr = y + size_t(blockIdx.x) * dim;
+  Out* yr = y + size_t(blockIdx.x) * dim;
   double ss = 0.0;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
   partial[threadIdx.x] = ss;
@@ -190,7 +194,11 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
   const float inv = float(1.0 / sqrt(partial[0] / dim + double(eps)));
   // Every thread has read its x values above (the reduction synchronised), so
   // writing y in place is safe.
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = xr[i] * inv * w[i];
+    if constexpr (std::is_same_v<Out, float>) yr[i] = v;
+    else yr[i] = ::kvq::f32_to_bf16(v);
+  }
 }
 
 // One thread per (token, head, pair).
@@ -386,6 +394,13 @@ void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream) {
 }
 
 void rms_norm(const float* x, const float* weight, int n_rows, int dim, float eps, float* y, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  rms_norm_kernel<<<n_rows, kThreads, 0, stream>>>(x, weight, dim, eps, y);
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_bf16(const float* x, const float* weight, int n_rows, int dim, float eps, uint16_t* y,
+                   cudaStream_t stream) {
   if (n_rows <= 0) return;
   rms_norm_kernel<<<n_rows, kThreads, 0, stream>>>(x, weight, dim, eps, y);
   KVQ_CUDA_CHECK_LAUNCH();

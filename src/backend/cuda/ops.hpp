@@ -27,6 +27,10 @@ void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream);
 
 // Same arithmetic as cpu::rms_norm (sum of squares in double). In place allowed.
 void rms_norm(const float* x, const float* weight, int n_rows, int dim, float eps, float* y, cudaStream_t stream);
+// The same, written as bf16 bits (each value rounded to nearest even, as
+// f32_to_bf16 of rms_norm's output): the input of a prefill GEMM. Not in place.
+void rms_norm_bf16(const float* x, const float* weight, int n_rows, int dim, float eps, uint16_t* y,
+                   cudaStream_t stream);
 
 // Same arithmetic as cpu::rope: angle (pos+t)*pos_scale*inv_freq[i] in double.
 // inv_freq: device, head_dim/2 floats. neox: pairs (i, i+d/2), else (2i, 2i+1).
