@@ -68,6 +68,12 @@ void Backend::norm_swiglu(const float* x, const float* norm_w, int n, int dim, f
   swiglu(out, up, out, size_t(n) * size_t(w_gate.rows));
 }
 
+void Backend::mlp_residual(float* x, const float* norm_w, int n, int dim, float eps, float* h,
+                           const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* up, float* gate) {
+  norm_swiglu(x, norm_w, n, dim, eps, h, w_gate, w_up, up, gate);
+  matmul_add(w_down, gate, n, x, h);
+}
+
 void Backend::qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                                int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                                const float* k_norm, float eps, const Rope& r) {

@@ -152,6 +152,11 @@ class Backend {
   // and up: [n][w_up.rows] scratch.
   virtual void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h,
                            const Matrix& w_gate, const Matrix& w_up, float* up, float* out);
+  // The MLP block: x += W_down (silu(W_gate u) * (W_up u)), u = RMSNorm(x) *
+  // norm_w, for n rows; h: [n][dim], up and gate: [n][w_up.rows] scratch.
+  // Default: norm_swiglu, then matmul_add.
+  virtual void mlp_residual(float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
+                            const Matrix& w_up, const Matrix& w_down, float* up, float* gate);
   // Per-head RMSNorm of q and k (each only when its weight is non-null), RoPE
   // of both at each token's position (in place), then write_kv(layer, batch, k, v).
   virtual void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,

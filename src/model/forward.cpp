@@ -275,8 +275,7 @@ void Model::run_layers(RunState& r, const StepBatch& b, kv::Cache& cache) {
     be.attention(lc, b, q, nh, scale, attn);
     be.matmul_add(L.wo, attn, n, x, h);
     // MLP block
-    be.norm_swiglu(x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, up, gate);
-    be.matmul_add(L.w_down, gate, n, x, h);
+    be.mlp_residual(x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, L.w_down, up, gate);
   }
 }
 

@@ -379,6 +379,30 @@ TEST_F(CudaOps, FusedPrefillFormsMatchPlainOps) {
   }
 }
 
+// mlp_residual's prefill form (norm -> bf16 once, SwiGLU -> bf16, the down
+// GEMM adding into x) against norm_swiglu + matmul_add on the same backend:
+// the same bf16 GEMM inputs and the same accumulating GEMM, so bit for bit.
+TEST_F(CudaOps, MlpResidualPrefillMatchesItsParts) {
+  for (TensorType t : {TensorType::Q8_0, TensorType::Q1_0, TensorType::BF16, TensorType::Q4_K}) {
+    const int n = 23, dim = 256, ff = 512;
+    const auto bg = random_matrix(rng, t, ff, dim), bu = random_matrix(rng, t, ff, dim),
+               bd = random_matrix(rng, t, dim, ff);
+    const Matrix g = gpu->upload(host_matrix(t, ff, dim, bg)), u = gpu->upload(host_matrix(t, ff, dim, bu)),
+                 d = gpu->upload(host_matrix(t, dim, ff, bd));
+    const auto x = normal(rng, size_t(n) * dim, 2.0f), nw = normal(rng, dim);
+    Guarded x1(x.size(), &x), x2(x.size(), &x), dnw(nw.size(), &nw), h(x.size()), up(size_t(n) * ff),
+        gate(size_t(n) * ff);
+    gpu->mlp_residual(x1.data(), dnw.data(), n, dim, 1e-6f, h.data(), g, u, d, up.data(), gate.data());
+    gpu->norm_swiglu(x2.data(), dnw.data(), n, dim, 1e-6f, h.data(), g, u, up.data(), gate.data());
+    gpu->matmul_add(d, gate.data(), n, x2.data(), h.data());
+    const auto a = x1.result(), b = x2.result();
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(a[i])) << gguf::tensor_type_name(t) << " at " << i;
+      ASSERT_EQ(a[i], b[i]) << gguf::tensor_type_name(t) << " at " << i;
+    }
+  }
+}
+
 // rms_norm_bf16 writes exactly the bf16 rounding of rms_norm's output.
 TEST_F(CudaOps, RmsNormBf16IsTheRoundedRmsNorm) {
   for (auto [rows, dim] : {std::pair{1, 256}, {3, 33}, {17, 4096}}) {

@@ -78,6 +78,8 @@ void qk_rope_store(float* q, float* k, const float* v, int n_heads, int n_kv_hea
 
 // out = silu(gate) * up; in place (out == gate) allowed.
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
+// The same, written as bf16 bits (rounded to nearest even): a prefill GEMM's input.
+void swiglu_bf16(const float* gate, const float* up, uint16_t* out, size_t n, cudaStream_t stream);
 
 // x += y.
 void add(float* x, const float* y, size_t n, cudaStream_t stream);
