@@ -325,12 +325,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (n > 1 && !batched_decode(n)) {
-      // Prefill: one bf16 input for both GEMMs (norm_matmul).
-      check_width(w_gate, dim, "norm_swiglu");
-      check_width(w_up, dim, "norm_swiglu");
-      rms_norm_bf16(x, norm_w, n, dim, eps, prefill_input(size_t(n) * dim), stream_);
-      prefill_gemm(find(w_gate), n, out, false);
-      prefill_gemm(find(w_up), n, up, false);
+      prefill_gate_up(x, norm_w, n, dim, eps, w_gate, w_up, out, up);
       swiglu(out, up, out, size_t(n) * size_t(w_gate.rows));
       return;
     }
@@ -353,22 +348,27 @@ class CudaBackend final : public Backend {
       Backend::mlp_residual(x, norm_w, n, dim, eps, h, w_gate, w_up, w_down, up, gate);
       return;
     }
-    // Prefill: the norm writes the bf16 input of gate and up once, SwiGLU
-    // writes the down GEMM's bf16 input, and the down GEMM adds into x
-    // (the same bits as norm_swiglu + matmul_add up to the order of that
-    // last GEMM's fp32 sums).
-    const GpuMatrix& g = find(w_gate);
-    const GpuMatrix& u = find(w_up);
+    // Prefill: SwiGLU writes the down GEMM's bf16 input, and the down GEMM
+    // adds into x (the same bits as norm_swiglu + matmul_add: test).
     const GpuMatrix& down = find(w_down);
-    KVQ_CHECK(g.cols == dim && u.cols == dim && u.rows == g.rows && down.cols == g.rows, Errc::internal,
-              "mlp_residual: gate ", g.rows, " x ", g.cols, ", up ", u.rows, " x ", u.cols, ", down ", down.rows, " x ",
-              down.cols, " for ", dim, " inputs");
-    rms_norm_bf16(x, norm_w, n, dim, eps, prefill_input(size_t(n) * dim), stream_);
-    prefill_gemm(g, n, gate, false);
-    prefill_gemm(u, n, up, false);
+    KVQ_CHECK(down.cols == w_gate.rows, Errc::internal, "mlp_residual: down has ", down.cols, " columns for ",
+              w_gate.rows, " gate rows");
+    prefill_gate_up(x, norm_w, n, dim, eps, w_gate, w_up, gate, up);
     // The GEMMs above are queued before SwiGLU overwrites their input.
-    swiglu_bf16(gate, up, prefill_input(size_t(n) * size_t(g.rows)), size_t(n) * size_t(g.rows), stream_);
+    const size_t ff = size_t(n) * size_t(w_gate.rows);
+    swiglu_bf16(gate, up, prefill_input(ff), ff, stream_);
     prefill_gemm(down, n, x, true);
+  }
+  // Prefill of gate and up (n rows): the norm writes their bf16 input once.
+  void prefill_gate_up(const float* x, const float* norm_w, int n, int dim, float eps, const Matrix& w_gate,
+                       const Matrix& w_up, float* gate, float* up) {
+    check_width(w_gate, dim, "gate/up");
+    check_width(w_up, dim, "gate/up");
+    KVQ_CHECK(w_up.rows == w_gate.rows, Errc::internal, "gate/up: ", w_gate.rows, " gate rows and ", w_up.rows,
+              " up rows");
+    rms_norm_bf16(x, norm_w, n, dim, eps, prefill_input(size_t(n) * dim), stream_);
+    prefill_gemm(find(w_gate), n, gate, false);
+    prefill_gemm(find(w_up), n, up, false);
   }
   void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                         int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
