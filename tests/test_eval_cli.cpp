@@ -95,6 +95,24 @@ TEST(EvalCli, TurboKQualityRegression) {
   EXPECT_GE(r["turbo3/bf16"].top1, 90.0);
 }
 
+// --kv-window: each codec row becomes NAME+winW and the exact newest page
+// lowers its KL (session 14, 4 windows of 1024 tokens: tsym3 0.030 -> 0.011,
+// k8vturbo2 0.029 -> 0.008 with W = 1; at 256 tokens the page covers more).
+TEST(EvalCli, ExactWindowLowersKl) {
+  if (!have_model()) GTEST_SKIP() << "no " << kModel;
+  auto plain = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2");
+  auto win = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2 --kv-window 1");
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(win.size(), 2u);
+  for (const char* c : {"tsym3", "k8vturbo2"}) {
+    const std::string w = std::string(c) + "+win1";
+    ASSERT_TRUE(win.count(w)) << w;
+    EXPECT_GT(plain[c].kl, 0.0) << c;
+    EXPECT_LT(win[w].kl, 0.6 * plain[c].kl) << c;
+    EXPECT_GE(win[w].top1, plain[c].top1) << c;
+  }
+}
+
 TEST(EvalCli, KlTextTable) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   int st = -1;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "core/rng.hpp"
 #include "kv/block.hpp"
 #include "kv/cache.hpp"
@@ -75,6 +76,68 @@ void check_attention(const CodecOptions& o, int D) {
 }
 
 }  // namespace
+
+// The exact recent window (CodecOptions::exact_window_pages): a query at
+// position p reads its newest W 64-token pages as bf16 rows, older tokens
+// through the codec. Against fp64 attention over, per query, the decoded
+// rows before the window and the bf16-rounded rows in it; several pages,
+// prefill and token-by-token writes, W = 1 and 2.
+TEST(KvAttention, ExactWindowReadsTheNewestPagesExactly) {
+  EXPECT_EQ(exact_window_start(0, 1), 0);
+  EXPECT_EQ(exact_window_start(63, 1), 0);
+  EXPECT_EQ(exact_window_start(64, 1), 64);
+  EXPECT_EQ(exact_window_start(127, 2), 0);
+  EXPECT_EQ(exact_window_start(130, 2), 64);
+  EXPECT_EQ(exact_window_start(200, 3), 64);
+  const int L = 1, H = 2, n_heads = 4, D = 64, T = 200;
+  for (const char* name : {"k8v8", "tsym3", "k8vturbo2"})
+    for (int W : {1, 2}) {
+      CodecOptions o;
+      o.kv = name;
+      o.exact_window_pages = W;
+      auto cache = make_cpu_cache(o, CacheShape{L, H, D, 256});
+      EXPECT_EQ(cache->codec_name(), resolve_codec(o).name + "+win" + std::to_string(W));
+      const ResolvedCodec rc = resolve_codec(o);
+      Rng rng(77 + W);
+      const float scale = 1.0f / std::sqrt(float(D));
+      auto k = gaussian(rng, size_t(T) * H * D, 1.5f), v = gaussian(rng, size_t(T) * H * D);
+      cache->layer(0).write(0, 150, k.data(), v.data());
+      for (int t = 150; t < T; ++t) cache->layer(0).write(t, 1, &k[size_t(t) * H * D], &v[size_t(t) * H * D]);
+      auto q = gaussian(rng, size_t(T) * n_heads * D);
+      std::vector<float> out(q.size());
+      cache->layer(0).attend(0, T, q.data(), n_heads, scale, out.data());
+      const auto kd = decoded(rc.k, k, T, H, D, o.seed, 0, Side::k), vd = decoded(rc.v, v, T, H, D, o.seed, 0, Side::v);
+      auto exact = [](const std::vector<float>& x) {
+        std::vector<float> r(x.size());
+        for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
+        return r;
+      };
+      const auto ke = exact(k), ve = exact(v);
+      double worst = 0;
+      for (int p : {0, 5, 63, 64, 100, 127, 128, 150, 191, 192, 199}) {
+        const size_t w0 = size_t(exact_window_start(p, W)) * H * D;
+        std::vector<float> km(kd.begin(), kd.begin() + ptrdiff_t(w0)), vm(vd.begin(), vd.begin() + ptrdiff_t(w0));
+        km.insert(km.end(), ke.begin() + ptrdiff_t(w0), ke.end());
+        vm.insert(vm.end(), ve.begin() + ptrdiff_t(w0), ve.end());
+        std::vector<double> ref;
+        naive_attention(km, vm, H, D, p, 1, &q[size_t(p) * n_heads * D], n_heads, scale, ref);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const float got = out[size_t(p) * n_heads * D + i];
+          ASSERT_TRUE(std::isfinite(got)) << name << " W=" << W << " position " << p;
+          worst = std::max(worst, std::fabs(got - ref[i]) / (1e-4 + 1e-4 * std::fabs(ref[i])));
+        }
+      }
+      EXPECT_LE(worst, 1.0) << name << " W=" << W;
+      // The window changes what is read: the same queries without it differ.
+      o.exact_window_pages = 0;
+      auto plain = make_cpu_cache(o, CacheShape{L, H, D, 256});
+      plain->layer(0).write(0, T, k.data(), v.data());
+      std::vector<float> out0(q.size());
+      plain->layer(0).attend(0, T, q.data(), n_heads, scale, out0.data());
+      EXPECT_NE(out0, out) << name << " W=" << W;
+      EXPECT_GT(cache->bytes_for_tokens(T), plain->bytes_for_tokens(T)) << "the bf16 rows are counted";
+    }
+}
 
 TEST(KvAttention, EveryNamedCodecEqualsNaiveOverDecodedRows) {
   for (const auto& c : codec_table())

@@ -35,6 +35,7 @@ struct EvalArgs {
   int stride = 0;
   int max_windows = 0;
   std::string ref = "none";
+  int kv_window = 0;  // --kv-window: exact window pages for every codec entry
   bool json = false;
   std::string home;        // runs.db location (--home)
   bool no_record = false;  // --no-record
@@ -46,6 +47,14 @@ struct EvalArgs {
 };
 
 constexpr double kIntMaxD = 2147483647.0;
+
+// --codecs, each entry but f32 with --kv-window's exact window.
+std::vector<eval::EvalCodec> eval_codecs(const EvalArgs& a) {
+  std::vector<eval::EvalCodec> codecs = eval::parse_eval_codecs(a.codecs);
+  for (eval::EvalCodec& c : codecs)
+    if (!c.f32) c.codec.exact_window_pages = a.kv_window;
+  return codecs;
+}
 
 // Bounded like every text input (64 MiB; /dev/zero is a clear error, a
 // directory too).
@@ -170,7 +179,7 @@ int run_text(EvalArgs& a, bool kl) {
       std::fprintf(stderr, "\rkvq eval: window %d/%d: %-24s", w + 1, nw, label.c_str());
       std::fflush(stderr);
     };
-  const auto codecs = eval::parse_eval_codecs(a.codecs);
+  const auto codecs = eval_codecs(a);
   const auto rep = eval::evaluate_text(m, tokens, codecs, o);
   if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
 
@@ -276,7 +285,7 @@ int run_needle(EvalArgs& a) {
       std::fprintf(stderr, "\rkvq eval needle: %-24s case %d/%d", label.c_str(), i + 1, n);
       std::fflush(stderr);
     };
-  const auto codecs = eval::parse_eval_codecs(a.codecs);
+  const auto codecs = eval_codecs(a);
   const auto rep = eval::run_needle(m, *l.tokenizer, codecs, o);
   if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
 
@@ -360,6 +369,12 @@ void add_common(CLI::App& s, EvalArgs& a) {
       ->capture_default_str();
   s.add_option("--ctx", a.ctx, "Context (window) length in tokens (default: the model's trained context)")
       ->check(in_range(1, kIntMaxD, false, " tokens"));
+  s.add_option("--kv-window", a.kv_window,
+               "Exact recent window for every codec entry but f32: a query reads its newest W 64-token pages as "
+               "exact bf16 rows, older tokens through the codec (rows labelled NAME+winW; CPU backend only; it "
+               "measures quality and saves no memory)")
+      ->check(in_range(0, 1 << 20, false, " pages"))
+      ->capture_default_str();
   s.add_flag("--json", a.json, "Machine-readable output");
   s.add_flag("-q,--quiet", a.quiet, "No progress on standard error (default when it is not a terminal)");
   s.add_option("--home", a.home, "kvq home folder holding runs.db (default: $KVQ_HOME or ~/.kvq)");

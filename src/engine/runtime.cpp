@@ -65,8 +65,9 @@ std::optional<kv::ResolvedCodec> CodecRequest::resolve() const {
 std::string CodecRequest::label() const {
   if (f32) return "f32";
   const kv::ResolvedCodec r = kv::resolve_codec(codec);
-  if (!codec.ctk.empty() || !codec.ctv.empty()) return r.k.name() + "/" + r.v.name();
-  return r.name;
+  const std::string window = codec.exact_window_pages > 0 ? "+win" + std::to_string(codec.exact_window_pages) : "";
+  if (!codec.ctk.empty() || !codec.ctv.empty()) return r.k.name() + "/" + r.v.name() + window;
+  return r.name + window;
 }
 
 kv::CacheShape session_shape(const Model& m, int ctx) { return m.cache_shape(ctx); }

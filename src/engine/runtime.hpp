@@ -51,7 +51,8 @@ struct CodecRequest {
   // The codec's blocks; nullopt for f32. Throws for an unknown codec or block.
   std::optional<kv::ResolvedCodec> resolve() const;
   // Canonical: "k8v4", "rotor3_sym+qjl", "turbo3/bf16" (a request with
-  // per-side blocks), "f32".
+  // per-side blocks), "f32"; "+winW" after it with an exact window of W
+  // pages (kv::CodecOptions::exact_window_pages).
   std::string label() const;
   bool operator==(const CodecRequest& o) const { return label() == o.label(); }
 };

@@ -56,7 +56,21 @@ struct CodecOptions {
   std::string ctv;          // empty: from `kv`
   bool rotor_qjl = false;
   uint64_t seed = 0x6b7671;  // rotation / sketch seed; per layer and head derived from it
+  // The exact recent window (issue 28 item 1), quality form: a query at
+  // position p reads tokens from 64 * max(0, p / 64 - W + 1) on as exact
+  // bf16 rows (its newest W 64-token pages, what a page-granular window
+  // holds at decode time) and older tokens from the codec. CPU store only,
+  // and it keeps the bf16 rows of every token (no memory saved): it
+  // measures quality (`kvq eval kl --kv-window`), it is not the serving
+  // window of docs/architecture.md. 0: off.
+  int exact_window_pages = 0;
 };
+
+// Tokens of the exact window of a query at position pos (see above).
+inline int exact_window_start(int pos, int window_pages) {
+  const int page = pos / kDefaultPageTokens - window_pages + 1;
+  return page > 0 ? page * kDefaultPageTokens : 0;
+}
 
 // The query tokens of one sequence in a step: rows [first, first + n) of q
 // and out, at positions pos .. pos + n - 1, over the sequence's pages.

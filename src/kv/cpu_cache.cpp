@@ -13,7 +13,15 @@
 //   o_rot = sum_t p_t v_hat_t     from the packed V rows (rotated basis)
 //   out   = R_v^T o_rot           once
 // This is the algorithm the GPU decode kernels run; the CPU version is the
-// oracle they are tested against. A sequence's rows are first gathered
+// oracle they are tested against.
+//
+// With an exact window (CodecOptions::exact_window_pages = W > 0) the store
+// also keeps every row as bf16 (exact_k / exact_v, by the same row index),
+// and a query at position p scores tokens [exact_window_start(p, W), p] from
+// those rows (<q, k> in the original basis, equal to <R q, R k>), the older
+// ones from the packed rows; one softmax over both; the packed rows'
+// probabilities are accumulated in the rotated basis and un-rotated, the
+// window's added to the output in the original basis. A sequence's rows are first gathered
 // through its block table into one run, so its result does not depend on
 // where its pages are or on what else is in the step.
 #include <algorithm>
@@ -23,6 +31,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "kv/block.hpp"
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
@@ -69,8 +78,11 @@ struct SideStore {
 
 class CpuLayerCache final : public LayerCache {
  public:
-  CpuLayerCache(const ResolvedCodec& codec, const CacheShape& shape, uint64_t seed, int layer)
-      : shape_(shape), geo_(shape.geometry()), written_(size_t(shape.n_pages()) * shape.page_tokens, 0) {
+  CpuLayerCache(const ResolvedCodec& codec, const CacheShape& shape, uint64_t seed, int layer, int window_pages)
+      : shape_(shape),
+        geo_(shape.geometry()),
+        written_(size_t(shape.n_pages()) * shape.page_tokens, 0),
+        window_pages_(window_pages) {
     for (int h = 0; h < shape.n_kv_heads; ++h) {
       k_.blocks.push_back(make_block(codec.k, shape.head_dim, seed, layer, h, Side::k));
       v_.blocks.push_back(make_block(codec.v, shape.head_dim, seed, layer, h, Side::v));
@@ -100,6 +112,11 @@ class CpuLayerCache final : public LayerCache {
       const size_t row = geo_.slot_row(slots[t], h);
       encode_row(k_, h, row, k + off);
       encode_row(v_, h, row, v + off);
+      if (window_pages_ > 0)
+        for (int d = 0; d < D; ++d) {
+          exact_k_[row * D + d] = f32_to_bf16(sanitize_value(k[off + d]));  // as the blocks' encode
+          exact_v_[row * D + d] = f32_to_bf16(sanitize_value(v[off + d]));
+        }
     }
     for (int i = 0; i < n; ++i) written_[size_t(slots[i])] = 1;
   }
@@ -129,8 +146,9 @@ class CpuLayerCache final : public LayerCache {
     const int n_jobs = int(jobs.size());
 #pragma omp parallel if (n_jobs >= 2 && work >= 4096)
     {
-      std::vector<float> q_rot(D), one, qstates, scores, acc;
+      std::vector<float> q_rot(D), one, qstates, scores, acc, packed_p;
       std::vector<uint8_t> kc, ksd, vc, vsd;  // a sequence's rows gathered through its block table
+      std::vector<uint16_t> ek, ev;           // its exact rows (window)
 #pragma omp for schedule(dynamic, 1)
       for (int j = 0; j < n_jobs; ++j) {
         const Job& job = jobs[size_t(j)];
@@ -142,6 +160,10 @@ class CpuLayerCache final : public LayerCache {
         const Block& vb = *v_.blocks[size_t(h)];
         gather(k_, run.pages, h, T, kc, ksd);
         gather(v_, run.pages, h, T, vc, vsd);
+        if (window_pages_ > 0) {
+          gather_exact(exact_k_, run.pages, h, T, ek);
+          gather_exact(exact_v_, run.pages, h, T, ev);
+        }
         // rotate each query once, build its state; query index qi = (t - t0) * group + g
         size_t qs = 0;
         for (int qi = 0; qi < nq; ++qi) {
@@ -160,6 +182,15 @@ class CpuLayerCache final : public LayerCache {
         for (int qi = 0; qi < nq; ++qi) {
           const int visible = run.pos + t0 + qi / group + 1;  // causal: rows [0, pos + t]
           float* sc = &scores[size_t(qi) * T];
+          if (window_pages_ > 0) {  // the window's scores from the exact rows
+            const int t = run.first + t0 + qi / group, g = qi % group;
+            const float* qv = q + (size_t(t) * n_heads + size_t(h) * group + g) * D;
+            for (int i = exact_window_start(visible - 1, window_pages_); i < visible; ++i) {
+              float s = 0.0f;
+              for (int d = 0; d < D; ++d) s += qv[d] * bf16_to_f32(ek[size_t(i) * D + d]);
+              sc[i] = s;
+            }
+          }
           float m = -std::numeric_limits<float>::infinity();
           for (int i = 0; i < visible; ++i) m = std::max(m, sc[i] *= scale);
           double l = 0;
@@ -168,12 +199,29 @@ class CpuLayerCache final : public LayerCache {
           for (int i = 0; i < visible; ++i) sc[i] *= inv_l;
           std::fill(sc + visible, sc + T, 0.0f);
         }
+        const float* p = scores.data();
+        if (window_pages_ > 0) {  // the packed rows' probabilities only
+          packed_p = scores;
+          for (int qi = 0; qi < nq; ++qi) {
+            const int visible = run.pos + t0 + qi / group + 1;
+            const int w0 = exact_window_start(visible - 1, window_pages_);
+            std::fill(packed_p.begin() + ptrdiff_t(size_t(qi) * T + w0), packed_p.begin() + ptrdiff_t(size_t(qi) * T + visible),
+                      0.0f);
+          }
+          p = packed_p.data();
+        }
         acc.assign(size_t(nq) * D, 0.0f);
-        vb.accumulate_rows(scores.data(), size_t(T), nq, vc.data(), v_.code_bytes, vsd.data(), v_.side_bytes, T,
-                           acc.data());
+        vb.accumulate_rows(p, size_t(T), nq, vc.data(), v_.code_bytes, vsd.data(), v_.side_bytes, T, acc.data());
         for (int qi = 0; qi < nq; ++qi) {
           const int t = run.first + t0 + qi / group, g = qi % group;
-          vb.unrotate(&acc[size_t(qi) * D], out + (size_t(t) * n_heads + size_t(h) * group + g) * D);
+          float* o = out + (size_t(t) * n_heads + size_t(h) * group + g) * D;
+          vb.unrotate(&acc[size_t(qi) * D], o);
+          if (window_pages_ > 0) {
+            const int visible = run.pos + t0 + qi / group + 1;
+            const float* sc = &scores[size_t(qi) * T];
+            for (int i = exact_window_start(visible - 1, window_pages_); i < visible; ++i)
+              for (int d = 0; d < D; ++d) o[d] += sc[i] * bf16_to_f32(ev[size_t(i) * D + d]);
+          }
         }
       }
     }
@@ -224,6 +272,15 @@ class CpuLayerCache final : public LayerCache {
                     size_t(rows) * s.side_bytes);
     }
   }
+  // Copies head h's exact rows of tokens [0, T) of a sequence into one run.
+  void gather_exact(const std::vector<uint16_t>& rows, const int32_t* pages, int h, int T,
+                    std::vector<uint16_t>& out) const {
+    const int P = geo_.page_tokens, D = shape_.head_dim;
+    out.resize(size_t(T) * D);
+    for (int t0 = 0; t0 < T; t0 += P)
+      std::memcpy(out.data() + size_t(t0) * D, rows.data() + geo_.row(pages[t0 / P], h, 0) * D,
+                  size_t(std::min(P, T - t0)) * D * sizeof(uint16_t));
+  }
   void encode_row(SideStore& s, int h, size_t row, const float* x) const {
     s.blocks[size_t(h)]->encode(x, s.codes.data() + row * s.code_bytes, s.sides.data() + row * s.side_bytes);
   }
@@ -236,6 +293,10 @@ class CpuLayerCache final : public LayerCache {
       s->codes.resize(rows * s->code_bytes);
       s->sides.resize(rows * s->side_bytes);
     }
+    if (window_pages_ > 0) {
+      exact_k_.resize(rows * size_t(shape_.head_dim));
+      exact_v_.resize(rows * size_t(shape_.head_dim));
+    }
   }
 
   CacheShape shape_;
@@ -243,34 +304,44 @@ class CpuLayerCache final : public LayerCache {
   SideStore k_, v_;
   std::vector<uint8_t> written_;  // per slot: 1 once a row was written there
   int pages_held_ = 0;
+  int window_pages_ = 0;
+  std::vector<uint16_t> exact_k_, exact_v_;  // bf16 rows by row index (window_pages_ > 0)
 };
 
 class CpuCache final : public Cache {
  public:
-  CpuCache(const CodecOptions& opts, const CacheShape& shape) : shape_(shape), codec_(resolve_codec(opts)) {
+  CpuCache(const CodecOptions& opts, const CacheShape& shape)
+      : shape_(shape), codec_(resolve_codec(opts)), window_pages_(opts.exact_window_pages) {
+    KVQ_CHECK(window_pages_ >= 0, Errc::invalid_argument, "the exact window is ", window_pages_,
+              " pages (0: none, else >= 1)");
     KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0 &&
                   shape.page_tokens > 0,
               Errc::invalid_argument, "KV cache shape must be positive (layers ", shape.n_layers, ", kv heads ",
               shape.n_kv_heads, ", head_dim ", shape.head_dim, ", max tokens ", shape.max_tokens, ", page ",
               shape.page_tokens, ")");
     for (int l = 0; l < shape.n_layers; ++l)
-      layers_.push_back(std::make_unique<CpuLayerCache>(codec_, shape, opts.seed, l));
+      layers_.push_back(std::make_unique<CpuLayerCache>(codec_, shape, opts.seed, l, window_pages_));
   }
   const CacheShape& shape() const override { return shape_; }
-  std::string codec_name() const override { return codec_.name; }
+  std::string codec_name() const override {
+    return window_pages_ > 0 ? codec_.name + "+win" + std::to_string(window_pages_) : codec_.name;
+  }
   LayerCache& layer(int i) override {
     KVQ_CHECK(i >= 0 && i < shape_.n_layers, Errc::out_of_range, "KV layer ", i, " out of range [0, ",
               shape_.n_layers, ")");
     return *layers_[size_t(i)];
   }
   uint64_t bytes_for_tokens(int n_tokens) const override {
+    // With a window, the bf16 rows this store keeps for every token (K and V).
+    const uint64_t exact = window_pages_ > 0 ? uint64_t(4) * shape_.head_dim : 0;
     return uint64_t(n_tokens) * shape_.n_layers * shape_.n_kv_heads *
-           codec_bytes_per_token_per_head(codec_, shape_.head_dim);
+           (codec_bytes_per_token_per_head(codec_, shape_.head_dim) + exact);
   }
 
  private:
   CacheShape shape_;
   ResolvedCodec codec_;
+  int window_pages_ = 0;
   std::vector<std::unique_ptr<CpuLayerCache>> layers_;
 };
 

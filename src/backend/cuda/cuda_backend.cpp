@@ -560,6 +560,9 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
     ctx_.make_current();
+    KVQ_CHECK(opts.exact_window_pages == 0, Errc::unsupported,
+              "the exact recent window (--kv-window) exists on the CPU backend only so far (a quality measurement; "
+              "issue 28): use --device cpu");
     return make_cuda_kv_cache(opts, shape);
   }
 
