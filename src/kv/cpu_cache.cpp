@@ -21,9 +21,11 @@
 // those rows (<q, k> in the original basis, equal to <R q, R k>), the older
 // ones from the packed rows; one softmax over both; the packed rows'
 // probabilities are accumulated in the rotated basis and un-rotated, the
-// window's added to the output in the original basis. A sequence's rows are first gathered
-// through its block table into one run, so its result does not depend on
-// where its pages are or on what else is in the step.
+// window's added to the output in the original basis.
+//
+// A sequence's rows are first gathered through its block table into one
+// run, so its result does not depend on where its pages are or on what else
+// is in the step.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -83,6 +85,9 @@ class CpuLayerCache final : public LayerCache {
         geo_(shape.geometry()),
         written_(size_t(shape.n_pages()) * shape.page_tokens, 0),
         window_pages_(window_pages) {
+    // The exact rows: a store of bf16 rows (2 D bytes, no side array); empty
+    // without a window.
+    if (window_pages > 0) exact_k_.code_bytes = exact_v_.code_bytes = 2 * size_t(shape.head_dim);
     for (int h = 0; h < shape.n_kv_heads; ++h) {
       k_.blocks.push_back(make_block(codec.k, shape.head_dim, seed, layer, h, Side::k));
       v_.blocks.push_back(make_block(codec.v, shape.head_dim, seed, layer, h, Side::v));
@@ -114,8 +119,8 @@ class CpuLayerCache final : public LayerCache {
       encode_row(v_, h, row, v + off);
       if (window_pages_ > 0)
         for (int d = 0; d < D; ++d) {
-          exact_k_[row * D + d] = f32_to_bf16(sanitize_value(k[off + d]));  // as the blocks' encode
-          exact_v_[row * D + d] = f32_to_bf16(sanitize_value(v[off + d]));
+          exact_row(exact_k_, row)[d] = f32_to_bf16(sanitize_value(k[off + d]));  // as the blocks' encode
+          exact_row(exact_v_, row)[d] = f32_to_bf16(sanitize_value(v[off + d]));
         }
     }
     for (int i = 0; i < n; ++i) written_[size_t(slots[i])] = 1;
@@ -148,7 +153,7 @@ class CpuLayerCache final : public LayerCache {
     {
       std::vector<float> q_rot(D), one, qstates, scores, acc, packed_p;
       std::vector<uint8_t> kc, ksd, vc, vsd;  // a sequence's rows gathered through its block table
-      std::vector<uint16_t> ek, ev;           // its exact rows (window)
+      std::vector<uint8_t> ek, ev, no_side;   // its exact rows (window)
 #pragma omp for schedule(dynamic, 1)
       for (int j = 0; j < n_jobs; ++j) {
         const Job& job = jobs[size_t(j)];
@@ -161,8 +166,8 @@ class CpuLayerCache final : public LayerCache {
         gather(k_, run.pages, h, T, kc, ksd);
         gather(v_, run.pages, h, T, vc, vsd);
         if (window_pages_ > 0) {
-          gather_exact(exact_k_, run.pages, h, T, ek);
-          gather_exact(exact_v_, run.pages, h, T, ev);
+          gather(exact_k_, run.pages, h, T, ek, no_side);
+          gather(exact_v_, run.pages, h, T, ev, no_side);
         }
         // rotate each query once, build its state; query index qi = (t - t0) * group + g
         size_t qs = 0;
@@ -187,7 +192,8 @@ class CpuLayerCache final : public LayerCache {
             const float* qv = q + (size_t(t) * n_heads + size_t(h) * group + g) * D;
             for (int i = exact_window_start(visible - 1, window_pages_); i < visible; ++i) {
               float s = 0.0f;
-              for (int d = 0; d < D; ++d) s += qv[d] * bf16_to_f32(ek[size_t(i) * D + d]);
+              const uint16_t* kr = exact_row(ek, i);
+              for (int d = 0; d < D; ++d) s += qv[d] * bf16_to_f32(kr[d]);
               sc[i] = s;
             }
           }
@@ -219,8 +225,10 @@ class CpuLayerCache final : public LayerCache {
           if (window_pages_ > 0) {
             const int visible = run.pos + t0 + qi / group + 1;
             const float* sc = &scores[size_t(qi) * T];
-            for (int i = exact_window_start(visible - 1, window_pages_); i < visible; ++i)
-              for (int d = 0; d < D; ++d) o[d] += sc[i] * bf16_to_f32(ev[size_t(i) * D + d]);
+            for (int i = exact_window_start(visible - 1, window_pages_); i < visible; ++i) {
+              const uint16_t* vr = exact_row(ev, i);
+              for (int d = 0; d < D; ++d) o[d] += sc[i] * bf16_to_f32(vr[d]);
+            }
           }
         }
       }
@@ -272,14 +280,12 @@ class CpuLayerCache final : public LayerCache {
                     size_t(rows) * s.side_bytes);
     }
   }
-  // Copies head h's exact rows of tokens [0, T) of a sequence into one run.
-  void gather_exact(const std::vector<uint16_t>& rows, const int32_t* pages, int h, int T,
-                    std::vector<uint16_t>& out) const {
-    const int P = geo_.page_tokens, D = shape_.head_dim;
-    out.resize(size_t(T) * D);
-    for (int t0 = 0; t0 < T; t0 += P)
-      std::memcpy(out.data() + size_t(t0) * D, rows.data() + geo_.row(pages[t0 / P], h, 0) * D,
-                  size_t(std::min(P, T - t0)) * D * sizeof(uint16_t));
+  // Row `row` of an exact (bf16) store, or of its gathered run.
+  uint16_t* exact_row(SideStore& s, size_t row) const {
+    return reinterpret_cast<uint16_t*>(s.codes.data() + row * s.code_bytes);
+  }
+  const uint16_t* exact_row(const std::vector<uint8_t>& run, int i) const {
+    return reinterpret_cast<const uint16_t*>(run.data() + size_t(i) * 2 * shape_.head_dim);
   }
   void encode_row(SideStore& s, int h, size_t row, const float* x) const {
     s.blocks[size_t(h)]->encode(x, s.codes.data() + row * s.code_bytes, s.sides.data() + row * s.side_bytes);
@@ -289,13 +295,9 @@ class CpuLayerCache final : public LayerCache {
     if (pages <= pages_held_) return;
     pages_held_ = std::min(shape_.n_pages(), std::max(pages, pages_held_ * 2));
     const size_t rows = size_t(pages_held_) * geo_.rows_per_page();
-    for (SideStore* s : {&k_, &v_}) {
+    for (SideStore* s : {&k_, &v_, &exact_k_, &exact_v_}) {
       s->codes.resize(rows * s->code_bytes);
       s->sides.resize(rows * s->side_bytes);
-    }
-    if (window_pages_ > 0) {
-      exact_k_.resize(rows * size_t(shape_.head_dim));
-      exact_v_.resize(rows * size_t(shape_.head_dim));
     }
   }
 
@@ -305,7 +307,7 @@ class CpuLayerCache final : public LayerCache {
   std::vector<uint8_t> written_;  // per slot: 1 once a row was written there
   int pages_held_ = 0;
   int window_pages_ = 0;
-  std::vector<uint16_t> exact_k_, exact_v_;  // bf16 rows by row index (window_pages_ > 0)
+  SideStore exact_k_, exact_v_;  // bf16 rows by row index, filled when window_pages_ > 0
 };
 
 class CpuCache final : public Cache {
