@@ -310,7 +310,7 @@ TEST(BenchSweep, BatchCellsDecodeManySequencesPerStep) {
   std::ifstream rep(r.report_path);
   const std::string md((std::istreambuf_iterator<char>(rep)), std::istreambuf_iterator<char>());
   EXPECT_NE(md.find("## Batched decode: aggregate tok/s at prompt 40"), std::string::npos) << md;
-  EXPECT_NE(md.find("| tsym3 | 40 | 3 | ok |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| tsym3 | 40 | 3 | 3 | ok |"), std::string::npos) << md;
   bool batch_plot = false;
   for (const auto& p : r.plot_paths) batch_plot = batch_plot || p.find("tps_vs_batch.svg") != std::string::npos;
   EXPECT_TRUE(batch_plot) << r.plot_note;
@@ -356,7 +356,17 @@ TEST(BenchSweep, CapacityModeAdmitsWhatTheBudgetHolds) {
     EXPECT_TRUE(c.capacity);
     EXPECT_EQ(c.status, "ok") << c.error;
     EXPECT_EQ(c.kv_pages, c.batch);
+    EXPECT_EQ(c.prefill_n, 1);  // --batch-fill auto: the others copy sequence 0's KV
   }
+  // Each prefilled: the same pages, B prefills.
+  cfg.codecs = {"none"};
+  cfg.batch_fill = SweepConfig::BatchFill::prefill;
+  const SweepResult p = run_sweep(cfg, {});
+  ASSERT_EQ(p.cells.size(), 1u);
+  EXPECT_EQ(p.cells[0].status, "ok") << p.cells[0].error;
+  EXPECT_EQ(p.cells[0].prefill_n, 3);
+  EXPECT_EQ(p.cells[0].kv_pages, 3);
+  cfg.batch_fill = SweepConfig::BatchFill::automatic;
   RunsDb db(runs_db_path(h.p.string()));
   EXPECT_TRUE(db.cells(r.run_id)[1].capacity);
   cfg.kv_budget = 0;

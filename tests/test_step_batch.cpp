@@ -170,6 +170,58 @@ TEST(PagedStore, RowsAndAttentionDoNotDependOnPagePlacement) {
   }
 }
 
+// Cache::copy_pages: the copied pages hold the source pages' bytes (every
+// codec; the exact window's bf16 rows too) and attention through a block
+// table of copies gives the source's floats; bad copies change nothing.
+TEST(PagedStore, CopiedPagesHoldTheSameRowsAndAttention) {
+  const int H = 2, D = 64, T = 45, n_heads = 4;
+  std::vector<kv::CodecOptions> codecs = every_codec();
+  kv::CodecOptions window;
+  window.kv = "tsym3";
+  window.exact_window_pages = 1;
+  codecs.push_back(window);
+  for (const kv::CodecOptions& o : codecs) {
+    auto c = kv::make_cpu_cache(o, kv::CacheShape{2, H, D, 160, n_heads, 16});  // 10 pages of 16
+    SCOPED_TRACE(c->codec_name());
+    const std::vector<int32_t> from = {7, 2, 9}, to = {0, 5, 3};  // 48 tokens' pages, copies elsewhere
+    Rng rng(13);
+    const std::vector<float> k = test::gaussian(rng, size_t(T) * H * D), v = test::gaussian(rng, size_t(T) * H * D);
+    const kv::PageGeometry geo = c->shape().geometry();
+    std::vector<int32_t> slots;
+    for (int t = 0; t < T; ++t) slots.push_back(geo.slot_of(from.data(), t));
+    for (int l = 0; l < 2; ++l) c->layer(l).write_slots(slots.data(), T, k.data(), v.data());
+    EXPECT_THROW(c->copy_pages(from.data(), std::vector<int32_t>{0, 0, 3}.data(), 3), Error);  // dst twice
+    EXPECT_THROW(c->copy_pages(from.data(), std::vector<int32_t>{0, 9, 3}.data(), 3), Error);  // dst is a src
+    EXPECT_THROW(c->copy_pages(from.data(), std::vector<int32_t>{0, 5, 10}.data(), 3), Error);  // outside
+    // Nothing was copied: the destinations are still unwritten.
+    const int n = 3, pos = T - n;
+    const std::vector<float> q = test::gaussian(rng, size_t(n) * n_heads * D);
+    std::vector<float> out_a(q.size()), out_b(q.size());
+    const kv::QueryRun copied{to.data(), int(to.size()), 0, n, pos};
+    EXPECT_THROW(c->layer(1).attend_runs(&copied, 1, q.data(), n_heads, 0.125f, out_b.data()), Error);
+    c->copy_pages(from.data(), to.data(), 3);
+    const kv::ResolvedCodec rc = kv::resolve_codec(o);
+    for (int l = 0; l < 2; ++l)
+      for (const bool vs : {false, true}) {
+        const kv::RowLayout lay = kv::block_layout(vs ? rc.v : rc.k, D);
+        std::vector<uint8_t> ca(lay.code_bytes), sa(lay.side_bytes + 1), cb(lay.code_bytes), sb(lay.side_bytes + 1);
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < T; ++t) {
+            c->layer(l).read_row(geo.slot_of(from.data(), t), h, vs, ca.data(), sa.data());
+            c->layer(l).read_row(geo.slot_of(to.data(), t), h, vs, cb.data(), sb.data());
+            ASSERT_EQ(ca, cb) << "layer " << l << " token " << t << " head " << h << (vs ? " V" : " K");
+            ASSERT_TRUE(std::equal(sa.begin(), sa.begin() + ptrdiff_t(lay.side_bytes), sb.begin()));
+          }
+      }
+    const kv::QueryRun source{from.data(), int(from.size()), 0, n, pos};
+    for (int l = 0; l < 2; ++l) {
+      c->layer(l).attend_runs(&source, 1, q.data(), n_heads, 0.125f, out_a.data());
+      c->layer(l).attend_runs(&copied, 1, q.data(), n_heads, 0.125f, out_b.data());
+      EXPECT_EQ(0, std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float))) << "layer " << l;
+    }
+  }
+}
+
 TEST(PagedStore, UnwrittenRowsAndBadTablesAreErrors) {
   kv::CodecOptions o;
   o.kv = "none";
@@ -361,6 +413,48 @@ TEST(BatchDecode, PoolExhaustionIsAClearErrorAndCorruptsNothing) {
   const int decoded = int(dec.tokens(a).size() - p.size()) - 1;
   f.solo(o, p, decoded, &solo_tokens);
   EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), dec.tokens(a).begin() + ptrdiff_t(p.size())));
+}
+
+// A copied sequence (BatchDecoder::add_copy) decodes exactly as its source,
+// in pages of its own; a copy the pool cannot hold takes nothing.
+TEST(BatchDecode, CopiedSequenceDecodesAsItsSource) {
+  BatchFixture f;
+  for (const char* codec : {"none", "tsym3"}) {
+    SCOPED_TRACE(codec);
+    kv::CodecOptions o;
+    o.kv = codec;
+    kv::CacheShape shape = f.model->cache_shape(8 * 12);  // 12 pages of 8
+    shape.page_tokens = 8;
+    BatchDecoder dec(*f.model, f.backend->make_cache(o, shape), 16);
+    const auto p = f.prompt(19, 8);  // 3 pages
+    const int a = dec.add(p, greedy());
+    dec.step();
+    dec.step();  // 21 cached
+    const int b = dec.add_copy(a, greedy());
+    EXPECT_EQ(dec.cached(b), dec.cached(a));
+    EXPECT_EQ(dec.tokens(b), dec.tokens(a));
+    EXPECT_EQ(dec.pool().used_pages(), 3 + 3);
+    for (int s = 0; s < 5; ++s) {
+      dec.step();
+      ASSERT_EQ(dec.tokens(b), dec.tokens(a)) << "step " << s;
+      ASSERT_EQ(max_diff(dec.last_logits(a), dec.last_logits(b)), 0.0f) << "step " << s;
+    }
+    std::vector<TokenId> solo_tokens;
+    f.solo(o, p, 7, &solo_tokens);
+    EXPECT_TRUE(std::equal(solo_tokens.begin(), solo_tokens.end(), dec.tokens(b).begin() + ptrdiff_t(p.size())));
+    // 26 cached in 4 pages each: 8 of 12 used; a third copy needs 4 of the 4 free.
+    const int c = dec.add_copy(a, greedy());
+    EXPECT_EQ(dec.pool().free_pages(), 0);
+    try {
+      dec.add_copy(a, greedy());
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::out_of_range) << e.what();
+    }
+    EXPECT_EQ(dec.live(), 3);
+    dec.remove(c);
+    EXPECT_EQ(dec.pool().used_pages(), 8);
+  }
 }
 
 // Two backends in one process, each with its own model and pool, stepping in

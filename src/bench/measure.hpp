@@ -47,6 +47,11 @@ struct MeasureOptions {
   bool prefill_every_run = false;  // the old protocol: every decode run prefills (prefill_reps unused)
   int prefill_chunk = 0;     // tokens per prefill forward call; 0: the device's default
   double copy_bw = 0;        // measured copy bandwidth in bytes/s; 0: no % of copy bandwidth
+  // Batch cells: prefill sequence 0 only and give sequences 1..B-1 copies of
+  // its KV rows (BatchDecoder::add_copy) instead of prefilling prompts[1..].
+  // A step reads the same bytes either way; the copies save B - 1 prefills
+  // (the capacity mode at 32k would prefill over a hundred sequences).
+  bool copy_batch_kv = false;
   SamplingParams sampling = greedy();  // the bench decodes greedily; `kvq run --repeat` passes its own
   static SamplingParams greedy() {
     SamplingParams p;
@@ -76,7 +81,8 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
 // KV pool for all of them, each prompt (prompts[b], L tokens each)
 // prefilled on its own, then warm-up + reps decode runs in which every step
 // feeds one token of every sequence (BatchDecoder); each run starts from the
-// prefilled prompts (BatchDecoder::rewind). decode_tps is the aggregate
+// prefilled prompts (BatchDecoder::rewind); with opts.copy_batch_kv only
+// prompts[0] is prefilled and the others are its copies. decode_tps is the aggregate
 // B * (G-1) / decode time; ITL is the time of one step (every sequence gets
 // a token per step); TTFT is the mean prefill of one sequence. The result's
 // batch is B and kv_pages the pool pages the sequences hold at the end.

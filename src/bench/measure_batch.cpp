@@ -46,10 +46,12 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
   c.batch = B;
   SamplingParams greedy = o.sampling;
 
-  // Prefill: each sequence on its own, timed up to its first token.
+  // Prefill: each sequence on its own, timed up to its first token (or only
+  // sequence 0, the others its copies).
   std::vector<int> seqs;
-  c.prefill_n = B;
-  for (int b = 0; b < B; ++b) {
+  const int prefilled = o.copy_batch_kv ? 1 : B;
+  c.prefill_n = prefilled;
+  for (int b = 0; b < prefilled; ++b) {
     if (o.on_prefill_rep) o.on_prefill_rep(b, B);
     Timer t;
     seqs.push_back(dec.add(prompts[size_t(b)], greedy));
@@ -59,6 +61,7 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
     p.first_token = dec.tokens(seqs.back())[size_t(L)];
     c.prefill_results.push_back(p);
   }
+  while (int(seqs.size()) < B) seqs.push_back(dec.add_copy(seqs.front(), greedy));
 
   std::vector<std::string> digests;
   const int total = o.warmup + o.reps;

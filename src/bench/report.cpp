@@ -371,13 +371,15 @@ std::string batch_section(const std::vector<CellResult>& cells) {
       break;
     }
   r << "B = 1 cells are the one-sequence protocol above (recorded steps where the backend has them); B > 1 cells "
-       "prefill each sequence, then decode every sequence one token per step (ITL = one step).\n\n"
-       "| codec | ctx | batch | status | aggregate tok/s | ITL p50 / p99 ms | KV MiB | KV pages | GB/s | % copy bw |\n"
-       "|---|---|---|---|---|---|---|---|---|---|\n";
+       "prefill each sequence (or, with `prefilled` 1 of B, one sequence whose KV rows the others got as copies: "
+       "--batch-fill), then decode every sequence one token per step (ITL = one step).\n\n"
+       "| codec | ctx | batch | prefilled | status | aggregate tok/s | ITL p50 / p99 ms | KV MiB | KV pages | GB/s | % "
+       "copy bw |\n"
+       "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& c : cells) {
     if (c.batch <= 1 && !c.capacity) continue;
     r << "| " << md(c.codec) << " | " << c.ctx << " | " << c.batch << (c.capacity ? " (capacity)" : "") << " | "
-      << c.status << " |";
+      << (c.measured() ? std::to_string(c.prefill_n) : std::string()) << " | " << c.status << " |";
     if (!c.measured()) {
       r << " | | | | | |\n";
       continue;

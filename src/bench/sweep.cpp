@@ -254,6 +254,9 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       {"contexts", cfg.contexts},
       {"batches", cfg.batches},
       {"kv_budget", cfg.kv_budget},
+      {"batch_fill", cfg.batch_fill == SweepConfig::BatchFill::copy      ? "copy"
+                     : cfg.batch_fill == SweepConfig::BatchFill::prefill ? "prefill"
+                                                                         : "auto"},
       {"gen", cfg.gen},
       {"reps", cfg.reps},
       {"warmup", cfg.warmup},
@@ -375,10 +378,15 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       if (cell.batch == 1 && !cell.capacity) {
         r = measure_cell(*model, CodecRequest{codec_options(cell.codec)}, prompt, mo);
       } else {
-        // Sequence 0 has the one-sequence cells' prompt; the others their own.
+        // Sequence 0 has the one-sequence cells' prompt; the others their
+        // own, or copies of its KV.
+        mo.copy_batch_kv = cfg.batch_fill == SweepConfig::BatchFill::copy ||
+                           (cfg.batch_fill == SweepConfig::BatchFill::automatic && cell.capacity);
         std::vector<std::vector<int32_t>> batch_prompts = {prompt};
         for (int b = 1; b < cell.batch; ++b)
-          batch_prompts.push_back(random_prompt(cell.ctx, mc.vocab_size, cfg.seed + uint64_t(cell.ctx) + 7919u * b));
+          batch_prompts.push_back(mo.copy_batch_kv ? prompt
+                                                   : random_prompt(cell.ctx, mc.vocab_size,
+                                                                   cfg.seed + uint64_t(cell.ctx) + 7919u * b));
         r = measure_batch_cell(*model, CodecRequest{codec_options(cell.codec)}, batch_prompts, mo);
       }
       r.codec = cell.codec;  // the sweep's name ("+qjl" forms included), equal to the canonical one

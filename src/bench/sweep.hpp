@@ -25,6 +25,11 @@ struct SweepConfig {
   std::vector<int> batches = {1};    // sequences per decode step (parse_batch_list); 1: measure_cell;
                                      // kBatchMax: as many as kv_budget holds (capacity mode)
   uint64_t kv_budget = 0;            // bytes of KV the capacity mode fills (--kv-budget); 0: none given
+  // How batch cells fill their sequences' KV (--batch-fill): prefill each
+  // prompt, or prefill one and copy its rows to the others
+  // (MeasureOptions::copy_batch_kv); automatic: copies in capacity mode only.
+  enum class BatchFill { automatic, prefill, copy };
+  BatchFill batch_fill = BatchFill::automatic;
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell
   int warmup = 1;                    // discarded repetitions per cell

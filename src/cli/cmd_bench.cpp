@@ -27,6 +27,7 @@ struct BenchArgs {
   std::string contexts = "4k,8k,16k,32k,64k";
   std::string batches = "1";
   std::string kv_budget;
+  std::string batch_fill = "auto";
   int gen = 128;
   int reps = 3;
   int warmup = 1;
@@ -82,6 +83,9 @@ int run_bench(const BenchArgs& a) {
   cfg.contexts = bench::parse_context_list(a.contexts);
   cfg.batches = bench::parse_batch_list(a.batches);
   if (!a.kv_budget.empty()) cfg.kv_budget = bench::parse_byte_size(a.kv_budget);
+  cfg.batch_fill = a.batch_fill == "copy"      ? bench::SweepConfig::BatchFill::copy
+                   : a.batch_fill == "prefill" ? bench::SweepConfig::BatchFill::prefill
+                                               : bench::SweepConfig::BatchFill::automatic;
   cfg.gen = a.gen;
   cfg.reps = a.reps;
   cfg.warmup = a.warmup;
@@ -303,6 +307,12 @@ KVQ_REGISTER_COMMAND(
       app.add_option("--kv-budget", a->kv_budget,
                      "KV bytes the capacity mode (--batch max) fills, e.g. 120G: each codec admits as many sequences "
                      "of the context + --gen tokens as fit, in 64-token pages");
+      app.add_option("--batch-fill", a->batch_fill,
+                     "How a batch cell fills its sequences' KV: prefill (each sequence prefills its own prompt), "
+                     "copy (sequence 0 prefills, the others get copies of its KV rows in pages of their own: the "
+                     "same bytes per step without B - 1 prefills) or auto (copy in capacity mode, else prefill)")
+          ->check(CLI::IsMember({"auto", "prefill", "copy"}))
+          ->capture_default_str();
       app.add_option("--gen", a->gen, "Tokens generated per decode run (decode tok/s counts tokens 2..gen)")
           ->check(CLI::Range(2, 1 << 20))
           ->capture_default_str();

@@ -92,6 +92,21 @@ int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& 
   return int(seqs_.size()) - 1;
 }
 
+int BatchDecoder::add_copy(int seq, const SamplingParams& sampling) {
+  sampling.validate();
+  const Sequence& from = get(seq);
+  const int P = store_->shape().page_tokens;
+  auto s = std::make_unique<Sequence>(Sequence{kv::BlockTable(pool_, P), from.tokens, from.cached, Sampler(sampling),
+                                               from.logits, true});
+  s->table.reserve(from.cached);  // throws (and keeps nothing) when the pool is full
+  const std::vector<int32_t>& src = from.table.pages();
+  const std::vector<int32_t>& dst = s->table.pages();
+  store_->copy_pages(src.data(), dst.data(), int(dst.size()));
+  for (TokenId id : s->tokens) s->sampler.accept(id);
+  seqs_.push_back(std::move(s));
+  return int(seqs_.size()) - 1;
+}
+
 void BatchDecoder::step() {
   const std::vector<int> ids = live_sequences();
   if (ids.empty()) return;

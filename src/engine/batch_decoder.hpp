@@ -53,6 +53,13 @@ class BatchDecoder {
   // not fit the free pages is an Errc::out_of_range error and leaves nothing
   // behind.
   int add(const std::vector<TokenId>& prompt, const SamplingParams& sampling);
+  // A new sequence whose tokens and KV rows are copies of live sequence
+  // `seq`'s: fresh pages from the pool, filled by Cache::copy_pages (no
+  // prefill), and a sampler of its own (`sampling`) that has seen those
+  // tokens. Its next step computes what `seq`'s would. kvq bench's capacity
+  // mode fills a pool this way. When the pool cannot hold the copy this
+  // throws Errc::out_of_range and leaves nothing behind.
+  int add_copy(int seq, const SamplingParams& sampling);
   // Feeds every live sequence's newest token in one step and samples the
   // next. When the pool cannot hold one more token of every sequence this
   // throws Errc::out_of_range before running anything (remove a sequence
@@ -86,6 +93,8 @@ class BatchDecoder {
   kv::Cache& store() { return *store_; }
   Model& model() { return model_; }
   int steps() const { return steps_; }
+  // Steps replayed from a recording (Model::batch_step; CUDA graphs).
+  int batch_replays() const { return run_->batch_replays(); }
 
  private:
   struct Sequence {

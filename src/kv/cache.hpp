@@ -115,6 +115,14 @@ class Cache {
   // Bytes resident in the packed store for n_tokens tokens (codes plus every
   // scale, norm and index), all layers, K and V.
   virtual uint64_t bytes_for_tokens(int n_tokens) const = 0;
+  // Copies every layer's rows of page src[i] (K and V: codes, side data and
+  // whatever else the store keeps per row) into page dst[i], for i < n (host
+  // arrays; pages of this store, dst pages distinct and none of them a src
+  // page). A sequence gets another's KV this way without a prefill (kvq
+  // bench's capacity mode fills its pool so). A page number outside the
+  // store is Errc::out_of_range; stores that cannot copy say
+  // Errc::unsupported.
+  virtual void copy_pages(const int32_t* src, const int32_t* dst, int n);
 
  private:
   uint64_t id_;
@@ -122,6 +130,11 @@ class Cache {
 
 // The identity block table of a one-sequence store: pages 0 .. n_pages-1.
 std::vector<int32_t> identity_pages(int n_pages);
+
+// The checks every Cache::copy_pages makes before copying anything: pages in
+// [0, n_pages), no destination twice, no destination that is also a source
+// (so the copies may run in any order).
+void check_page_copy(const int32_t* src, const int32_t* dst, int n, int n_pages);
 
 // Throws kvq::Error (invalid_argument) for an unknown codec or block name,
 // listing the valid ones.

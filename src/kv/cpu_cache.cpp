@@ -69,6 +69,25 @@ void LayerCache::read_row(int32_t, int, bool, uint8_t*, uint8_t*) const {
   fail(Errc::unsupported, "this KV store cannot read rows back");
 }
 
+void Cache::copy_pages(const int32_t*, const int32_t*, int) {
+  fail(Errc::unsupported, "this KV store cannot copy pages");
+}
+
+void check_page_copy(const int32_t* src, const int32_t* dst, int n, int n_pages) {
+  KVQ_CHECK(n >= 0, Errc::invalid_argument, "a copy of ", n, " KV pages");
+  std::vector<uint8_t> role(size_t(std::max(n_pages, 0)), 0);  // 1: a source, 2: a destination
+  for (int i = 0; i < n; ++i) {
+    KVQ_CHECK(src[i] >= 0 && src[i] < n_pages && dst[i] >= 0 && dst[i] < n_pages, Errc::out_of_range,
+              "a copy of KV page ", src[i], " to page ", dst[i], " in a store of ", n_pages, " pages");
+    role[size_t(src[i])] |= 1;
+  }
+  for (int i = 0; i < n; ++i) {
+    KVQ_CHECK(role[size_t(dst[i])] == 0, Errc::invalid_argument, "KV page ", dst[i],
+              " is the destination of two copies, or also a source");
+    role[size_t(dst[i])] = 2;
+  }
+}
+
 namespace {
 
 struct SideStore {
@@ -235,6 +254,24 @@ class CpuLayerCache final : public LayerCache {
     }
   }
 
+  // CpuCache::copy_pages for this layer (checked there).
+  void copy_pages(const int32_t* src, const int32_t* dst, int n) {
+    int max_page = -1;
+    for (int i = 0; i < n; ++i) max_page = std::max({max_page, src[i], dst[i]});
+    reserve_pages(max_page + 1);
+    const size_t rows = geo_.rows_per_page();
+    for (int i = 0; i < n; ++i) {
+      const size_t from = geo_.row(src[i], 0, 0), to = geo_.row(dst[i], 0, 0);
+      for (SideStore* s : {&k_, &v_, &exact_k_, &exact_v_}) {
+        std::copy_n(s->codes.begin() + ptrdiff_t(from * s->code_bytes), rows * s->code_bytes,
+                    s->codes.begin() + ptrdiff_t(to * s->code_bytes));
+        std::copy_n(s->sides.begin() + ptrdiff_t(from * s->side_bytes), rows * s->side_bytes,
+                    s->sides.begin() + ptrdiff_t(to * s->side_bytes));
+      }
+      const size_t P = size_t(geo_.page_tokens);
+      std::copy_n(written_.begin() + ptrdiff_t(size_t(src[i]) * P), P, written_.begin() + ptrdiff_t(size_t(dst[i]) * P));
+    }
+  }
   void read_row(int32_t slot, int head, bool v_side, uint8_t* code, uint8_t* side) const override {
     KVQ_CHECK(slot >= 0 && slot < shape_.max_tokens && head >= 0 && head < shape_.n_kv_heads, Errc::out_of_range,
               "read_row: slot ", slot, ", head ", head);
@@ -332,6 +369,10 @@ class CpuCache final : public Cache {
     KVQ_CHECK(i >= 0 && i < shape_.n_layers, Errc::out_of_range, "KV layer ", i, " out of range [0, ",
               shape_.n_layers, ")");
     return *layers_[size_t(i)];
+  }
+  void copy_pages(const int32_t* src, const int32_t* dst, int n) override {
+    check_page_copy(src, dst, n, shape_.n_pages());
+    for (auto& l : layers_) l->copy_pages(src, dst, n);
   }
   uint64_t bytes_for_tokens(int n_tokens) const override {
     // With a window, the bf16 rows this store keeps for every token (K and V).

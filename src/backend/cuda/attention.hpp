@@ -81,6 +81,14 @@ void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const flo
 void write_kv_slots(const GpuKvLayer& layer, const int32_t* slots_dev, int n, const float* k, const float* v,
                     cudaStream_t stream);
 
+// Copies page pairs_dev[2 i] to page pairs_dev[2 i + 1] (device memory,
+// checked by the caller: kv::check_page_copy), i < n, in every layer of one
+// store array: layer l's pages start at base + l * layer_stride, page p at
+// p * page_bytes past that (kv_store.hpp's [layer][page][head][entry] rows).
+// kv_encode.cu.
+void copy_kv_pages(uint8_t* base, size_t layer_stride, int n_layers, size_t page_bytes, const int32_t* pairs_dev,
+                   int n, cudaStream_t stream);
+
 // write_kv() of one token whose position is read from device memory
 // (*pos_dev, already range-checked by the caller): a recorded launch (CUDA
 // graph) serves every position.

@@ -216,6 +216,31 @@ uint64_t CudaKvCache::bytes_for_tokens(int n_tokens) const {
   return uint64_t(n_tokens) * shape_.n_layers * shape_.n_kv_heads * codec_.bytes_per_token_per_head();
 }
 
+void CudaKvCache::copy_pages(const int32_t* src, const int32_t* dst, int n) {
+  const int n_pages = shape_.n_pages();
+  kv::check_page_copy(src, dst, n, n_pages);
+  if (n == 0) return;
+  std::vector<int32_t> pairs(2 * size_t(n));
+  for (int i = 0; i < n; ++i) {
+    pairs[2 * size_t(i)] = src[i];
+    pairs[2 * size_t(i) + 1] = dst[i];
+  }
+  // Synchronous upload: the previous copy's kernels have read the old pairs.
+  if (copy_pairs_.size() < pairs.size()) copy_pairs_.resize(pairs.size());
+  KVQ_CUDA_CHECK(cudaMemcpy(copy_pairs_.data(), pairs.data(), pairs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  const size_t rows_per_page = size_t(shape_.n_kv_heads) * shape_.page_tokens;
+  const size_t rows_per_layer = rows_per_page * size_t(n_pages);
+  auto copy = [&](DeviceBuffer<uint8_t>& array, uint32_t row_bytes) {
+    if (!array.size() || !row_bytes) return;
+    copy_kv_pages(array.data(), rows_per_layer * row_bytes, shape_.n_layers, rows_per_page * row_bytes,
+                  copy_pairs_.data(), n, nullptr);
+  };
+  copy(k_code_, codec_.k.code_bytes);
+  copy(k_side_, codec_.k.side_bytes);
+  copy(v_code_, codec_.v.code_bytes);
+  copy(v_side_, codec_.v.side_bytes);
+}
+
 std::vector<const void*> CudaKvCache::graph_addresses() const {
   // The cache's id first: a new cache whose buffers land at a freed one's
   // addresses (its shape or codec may differ) never replays its recording.

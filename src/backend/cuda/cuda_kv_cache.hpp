@@ -69,6 +69,9 @@ class CudaKvCache final : public kv::Cache {
   std::string codec_name() const override { return codec_.name; }
   kv::LayerCache& layer(int i) override;
   uint64_t bytes_for_tokens(int n_tokens) const override;
+  // On the device (the legacy stream, ordered with the backend's), every
+  // array of every layer; returns once the copies are queued.
+  void copy_pages(const int32_t* src, const int32_t* dst, int n) override;
   const kv::CodecDescriptor& codec() const { return codec_; }
   // Every device address a recorded decode step (CUDA graph) bakes in from
   // this cache: the stores and the attention scratch. A recording replays
@@ -93,6 +96,7 @@ class CudaKvCache final : public kv::Cache {
   };
   SideTables k_tables_, v_tables_;
   AttentionScratch scratch_;  // shared by the layers (one runs at a time)
+  DeviceBuffer<int32_t> copy_pairs_;  // copy_pages' (src, dst) pairs
   std::vector<CudaLayerCache> layers_;
   uint64_t allocated_ = 0;
   std::string decode_kernel_, prefill_kernel_;

@@ -133,6 +133,26 @@ void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, SeqRo
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
+// One CTA per (copy, chunk of a page, layer): page src -> page dst of one
+// array whose layers are layer_stride bytes apart and whose pages are
+// page_bytes long. 16-byte moves when every page start is 16-byte aligned
+// (page_bytes % 16 == 0; cudaMalloc bases are 256-aligned), bytes otherwise.
+constexpr int kCopyThreads = 256;
+__global__ void copy_pages_kernel(uint8_t* base, size_t layer_stride, size_t page_bytes, const int32_t* pairs,
+                                  int chunks_per_page, size_t chunk_bytes) {
+  const int copy = int(blockIdx.x) / chunks_per_page, chunk = int(blockIdx.x) % chunks_per_page;
+  uint8_t* layer = base + size_t(blockIdx.y) * layer_stride;
+  const size_t begin = size_t(chunk) * chunk_bytes, end = min(page_bytes, begin + chunk_bytes);
+  const uint8_t* from = layer + size_t(pairs[2 * copy]) * page_bytes;
+  uint8_t* to = layer + size_t(pairs[2 * copy + 1]) * page_bytes;
+  if (page_bytes % 16 == 0) {
+    for (size_t i = begin + size_t(threadIdx.x) * 16; i < end; i += size_t(kCopyThreads) * 16)
+      *reinterpret_cast<uint4*>(to + i) = *reinterpret_cast<const uint4*>(from + i);
+  } else {
+    for (size_t i = begin + threadIdx.x; i < end; i += kCopyThreads) to[i] = from[i];
+  }
+}
+
 }  // namespace
 
 // Head dims served: bf16 and fp8 any D; q8 a multiple of 32; the
@@ -179,6 +199,20 @@ void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView
   const SeqRows src = layer.rows(pages);
   dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream, ctx);
   dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream, ctx);
+}
+
+void copy_kv_pages(uint8_t* base, size_t layer_stride, int n_layers, size_t page_bytes, const int32_t* pairs_dev,
+                   int n, cudaStream_t stream) {
+  if (n == 0 || page_bytes == 0 || n_layers == 0) return;
+  // Chunks of up to 16 KiB (four 16-byte moves per thread): enough CTAs to
+  // fill the GPU for a few pages, few enough for thousands.
+  const size_t chunk_bytes = size_t(kCopyThreads) * 16 * 4;
+  const int chunks = int((page_bytes + chunk_bytes - 1) / chunk_bytes);
+  KVQ_CHECK(int64_t(n) * chunks < (int64_t(1) << 31) && n_layers <= 65535, Errc::internal, "copy_kv_pages: ", n,
+            " pages of ", page_bytes, " bytes in ", n_layers, " layers");
+  copy_pages_kernel<<<dim3(unsigned(n * chunks), unsigned(n_layers)), kCopyThreads, 0, stream>>>(
+      base, layer_stride, page_bytes, pairs_dev, chunks, chunk_bytes);
+  KVQ_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kvq::cuda
