@@ -53,8 +53,8 @@ struct Rope {
   double pos_scale = 1.0;  // 1/factor for linear scaling
 };
 
-// A recorded single-token decode step that the backend can replay (CUDA
-// graph); see Backend::record_begin.
+// A recorded decode step that the backend can replay (CUDA graph); see
+// Backend::record_begin.
 class StepGraph {
  public:
   virtual ~StepGraph() = default;
@@ -79,7 +79,7 @@ class Buffer {
 // (cli/options.cpp), nothing reads them from the environment. Backends
 // ignore the ones that do not concern them.
 struct BackendOptions {
-  bool step_graphs = true;         // record single-token decode steps once and replay them (CUDA graphs)
+  bool step_graphs = true;         // record decode steps once per shape and replay them (CUDA graphs)
   bool dependent_launches = true;  // CUDA: programmatic dependent launches between the step's kernels
   int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
   int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
@@ -92,6 +92,11 @@ struct BackendOptions {
   // in every CTA (H200, session 12: 6,080 against 3,470 tok/s at B = 64;
   // docs/perf.md). false keeps the in-CTA path for A/B runs.
   bool gemm_tc_prestage = true;
+  // One-sequence caches (Session: run, chat, one-sequence bench and eval)
+  // as a single page of the whole context, the contiguous [head][token]
+  // layout of before the paged store, instead of 64-token pages: an A/B of
+  // what paging costs a lone sequence.
+  bool session_one_page = false;
 };
 
 class Backend {
@@ -193,6 +198,11 @@ class Backend {
   // record_begin() and record_end() are recorded, not run; replay() runs a
   // recording with the current begin_step inputs, and returns false (running
   // nothing) when it was recorded over another KV cache than `cache`.
+  // A decode step of several sequences (every run one token, run z at row
+  // z) may be recorded too: begin_step copies its token ids, positions,
+  // slots and block tables to backend memory and its ops read them there;
+  // a recording then serves any later step with the same number of tokens
+  // and the same longest block table (Model::batch_step keys them so).
   // The defaults say "unsupported" (the CPU backend runs ops directly).
   virtual bool supports_step_graphs() const { return false; }
   virtual void begin_step(const StepBatch& batch);

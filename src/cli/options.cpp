@@ -86,6 +86,10 @@ void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
   app.add_flag_callback("--no-step-graphs", [&b] { b.step_graphs = false; },
                         "Run every decode step's kernels directly instead of replaying a recorded step (CUDA graph)")
       ->group(lab);
+  app.add_flag_callback("--kv-one-page", [&b] { b.session_one_page = true; },
+                        "A one-sequence KV cache as one page of the whole context (the contiguous layout of before "
+                        "paging) instead of 64-token pages")
+      ->group(lab);
   app.add_flag_callback("--no-pdl", [&b] { b.dependent_launches = false; },
                         "CUDA: launch the step's kernels without programmatic dependent launches")
       ->group(lab);

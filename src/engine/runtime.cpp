@@ -70,7 +70,11 @@ std::string CodecRequest::label() const {
   return r.name + window;
 }
 
-kv::CacheShape session_shape(const Model& m, int ctx) { return m.cache_shape(ctx); }
+kv::CacheShape session_shape(const Model& m, int ctx) {
+  kv::CacheShape s = m.cache_shape(ctx);
+  if (m.backend().options().session_one_page) s.page_tokens = std::max(ctx, 1);
+  return s;
+}
 
 kv::CacheShape pool_shape(const Model& m, int pages, int page_tokens) {
   KVQ_CHECK(pages >= 1 && page_tokens >= 1, Errc::invalid_argument, "a KV pool needs at least one page of one token (",

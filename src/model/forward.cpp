@@ -14,6 +14,10 @@ namespace {
 // The LM head runs over at most this many tokens at once, which bounds the
 // logits scratch (rows x vocab floats) when every position's logits are wanted.
 constexpr int kLogitRows = 32;
+// A recorded decode step of several sequences (Model::batch_step) runs the
+// LM head over all its rows at once, up to this many (the scheduler's
+// largest decode batch): the logits scratch grows to the step's rows then.
+constexpr int kBatchStepRows = 256;
 }  // namespace
 
 Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
@@ -91,10 +95,13 @@ void Model::ensure_scratch(RunState& r, int n) {
   r.attn_ = backend_.alloc(n * q_dim);
   r.gate_ = backend_.alloc(n * ff);
   r.up_ = backend_.alloc(n * ff);
-  r.logits_ = backend_.alloc(size_t(std::min(n, kLogitRows)) * cfg_.vocab_size);
+  r.logit_rows_ = std::max(r.logit_rows_, std::min(n, kLogitRows));
+  r.logits_ = backend_.alloc(size_t(r.logit_rows_) * cfg_.vocab_size);
   r.scratch_tokens_ = n;
   // A recorded step refers to the old buffers.
   r.step_graph_.reset();
+  r.batch_graphs_.clear();
+  r.last_batch_shape_ = {};
   r.warm_cache_ = 0;
 }
 
@@ -139,6 +146,10 @@ void Model::forward(const StepBatch& b, kv::Cache& cache, float* logits, RunStat
   KVQ_CHECK(b.n_tok() > 0, Errc::invalid_argument, "forward: no tokens to process");
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward: a run state of another backend");
   const size_t vocab = size_t(cfg_.vocab_size);
+  if (batch_step(r, b, cache)) {
+    backend_.download(r.logits_->data(), logits, size_t(b.n_tok()) * vocab);
+    return;
+  }
   run_layers(r, b, cache);
   lm_head_runs(r, b, [&](size_t i, int rows) {
     backend_.download(r.logits_->data(), logits + i * vocab, size_t(rows) * vocab);
@@ -149,8 +160,9 @@ void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int3
   KVQ_CHECK(vocab > 0 && vocab <= cfg_.vocab_size, Errc::internal, "forward_argmax over ", vocab,
             " logits of a model with ", cfg_.vocab_size);
   KVQ_CHECK(&r.backend_ == &backend_, Errc::internal, "forward_argmax: a run state of another backend");
-  run_layers(r, b, cache);
-  lm_head_runs(r, b, [&](size_t i, int rows) {
+  const bool replayed = batch_step(r, b, cache);
+  if (!replayed) run_layers(r, b, cache);
+  auto choose = [&](size_t i, int rows) {
     r.chosen_value_.resize(size_t(rows));
     backend_.argmax_rows(r.logits_->data(), rows, size_t(vocab), size_t(cfg_.vocab_size), out + i,
                          r.chosen_value_.data());
@@ -158,7 +170,86 @@ void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int3
       KVQ_CHECK(std::isfinite(r.chosen_value_[size_t(k)]), Errc::format, "the model produced no finite logit for row ",
                 b.logit_rows[i + size_t(k)], " of the step (the largest is ", r.chosen_value_[size_t(k)],
                 "): its weights or activations hold NaN/inf");
-  });
+  };
+  if (replayed)
+    choose(0, b.n_tok());
+  else
+    lm_head_runs(r, b, choose);
+}
+
+bool Model::batch_step(RunState& r, const StepBatch& b, kv::Cache& cache) {
+  const int n = b.n_tok();
+  if (!step_graphs_ || r.graphs_failed_ || b.n_seq() < 2 || n > kBatchStepRows ||
+      int(b.logit_rows.size()) != n)
+    return false;
+  int stride = 0;
+  for (int z = 0; z < b.n_seq(); ++z) {
+    const kv::QueryRun& run = b.runs[size_t(z)];
+    if (run.n != 1 || run.first != z || b.logit_rows[size_t(z)] != z) return false;
+    stride = std::max(stride, run.n_pages);
+  }
+  ensure_scratch(r, n);  // before begin_step: it drops recordings when it grows
+  if (r.logit_rows_ < n) {  // the LM head over every row at once
+    r.logit_rows_ = n;
+    r.logits_ = backend_.alloc(size_t(n) * cfg_.vocab_size);
+    r.step_graph_.reset();
+    r.batch_graphs_.clear();
+    r.last_batch_shape_ = {};
+  }
+  Backend& be = backend_;
+  auto run_direct = [&] {
+    run_layers(r, b, cache);
+    const Matrix* head = &output_;
+    float* logits = r.logits_->data();
+    be.norm_matmul(r.x_->data(), output_norm_, n, cfg_.d_model, cfg_.norm_eps, r.h_->data(), &head, &logits, 1);
+  };
+  const uint64_t tick = ++r.batch_steps_;
+  auto same = [&](const RunState::BatchGraph& g) { return g.n_tok == n && g.stride == stride && g.cache == cache.id(); };
+  be.begin_step(b);
+  try {
+    auto found = std::find_if(r.batch_graphs_.begin(), r.batch_graphs_.end(), same);
+    if (found != r.batch_graphs_.end() && be.replay(*found->graph, cache)) {
+      found->last_used = tick;
+      ++r.batch_replays_;
+    } else if (found == r.batch_graphs_.end() && !same(r.last_batch_shape_)) {
+      // A shape not seen in the step before: run it (and size its scratch).
+      run_direct();
+      r.last_batch_shape_ = {n, stride, cache.id(), tick, nullptr};
+    } else {
+      if (found != r.batch_graphs_.end()) r.batch_graphs_.erase(found);  // recorded over other buffers
+      be.record_begin();
+      std::unique_ptr<StepGraph> graph;
+      try {
+        run_direct();
+        graph = be.record_end();
+        ++r.recordings_;
+      } catch (const Error& e) {
+        // Nothing of this step ran while recording: say why, stop recording
+        // for this run state and run the step directly.
+        be.record_abort();
+        r.graphs_failed_ = true;
+        r.batch_graphs_.clear();
+        log_warn("recording a decode step of ", b.n_seq(), " sequences failed, running without step graphs: ",
+                 e.what());
+        run_direct();
+        be.end_step();
+        return true;
+      } catch (...) {
+        be.record_abort();
+        throw;
+      }
+      KVQ_CHECK(be.replay(*graph, cache), Errc::internal, "a decode step just recorded does not replay");
+      if (r.batch_graphs_.size() >= RunState::kBatchGraphs)
+        r.batch_graphs_.erase(std::min_element(r.batch_graphs_.begin(), r.batch_graphs_.end(),
+                                               [](const auto& a, const auto& c) { return a.last_used < c.last_used; }));
+      r.batch_graphs_.push_back({n, stride, cache.id(), tick, std::move(graph)});
+    }
+  } catch (...) {
+    be.end_step();
+    throw;
+  }
+  be.end_step();
+  return true;
 }
 
 void Model::check_fits(const kv::Cache& cache, int pos, int n) const {

@@ -35,11 +35,14 @@ class RunState {
   // How many times a decode step was recorded for this state (a replayed
   // step is not recorded again).
   int recordings() const { return recordings_; }
+  // Decode steps of several sequences replayed from a recording.
+  int batch_replays() const { return batch_replays_; }
 
  private:
   friend class Model;
   Backend& backend_;
   int scratch_tokens_ = 0;
+  int logit_rows_ = 0;  // rows of logits_
   std::unique_ptr<Buffer> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
   // A step is first run directly once per cache (warm_cache_, a
   // kv::Cache::id), so every lazily sized backend scratch exists before
@@ -50,6 +53,21 @@ class RunState {
   // Set when recording a step failed: this sequence then runs its steps
   // directly (other sequences of the model keep their recordings).
   bool graphs_failed_ = false;
+  // Recorded decode steps of several sequences (Model::batch_step), one per
+  // shape: tokens, the longest block table (the attention's work split
+  // follows it) and the cache. A shape is recorded the second step in a row
+  // it is seen (the first runs directly and sizes the scratch); at most
+  // kBatchGraphs are kept, the least recently used dropped first.
+  struct BatchGraph {
+    int n_tok = 0, stride = 0;
+    uint64_t cache = 0, last_used = 0;
+    std::unique_ptr<StepGraph> graph;
+  };
+  static constexpr size_t kBatchGraphs = 8;
+  std::vector<BatchGraph> batch_graphs_;
+  BatchGraph last_batch_shape_;  // the previous batch step's shape (no graph)
+  uint64_t batch_steps_ = 0;
+  int batch_replays_ = 0;
   std::vector<float> chosen_value_;  // forward_argmax: each row's winning logit
 };
 
@@ -65,6 +83,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return backend_; }
+  const Backend& backend() const { return backend_; }
   // The GGUF file this model was opened from; nullptr for in-memory models.
   const gguf::File* file() const { return file_.get(); }
 
@@ -111,8 +130,9 @@ class Model {
     return forward_argmax(id, pos, cache, vocab, own_run_);
   }
 
-  // Single-token steps are recorded once per KV cache and run state and
-  // replayed (CUDA graphs) when the backend supports it. On by default there
+  // Single-token steps are recorded once per KV cache and run state, decode
+  // steps of several sequences once per shape (batch_step), and replayed
+  // (CUDA graphs) when the backend supports it. On by default there
   // (BackendOptions::step_graphs); this setter turns it on or off for this
   // model (off also drops the model's own recording).
   void set_step_graphs(bool on);
@@ -131,6 +151,12 @@ class Model {
   void lm_head_runs(RunState& r, const StepBatch& batch, F&& use);
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
+  // A decode step of several sequences (every run one token, run z at row z,
+  // every row's logits wanted, at most kLogitRows rows), recorded and
+  // replayed per shape when step_graphs_ (RunState::BatchGraph): leaves the
+  // rows' logits in r.logits_ and returns true. False (nothing run): not
+  // such a step, or graphs off; the caller runs it directly.
+  bool batch_step(RunState& r, const StepBatch& batch, kv::Cache& cache);
   // A single-token step (recorded/replayed when step_graphs_) that leaves the
   // token's logits in r.logits_ row 0.
   void decode_step(RunState& r, int32_t id, int pos, kv::Cache& cache);

@@ -153,6 +153,80 @@ TEST_P(CudaPagedStore, RowsAtScrambledSlotsMatchCpu) {
   }
 }
 
+// Cache::copy_pages on the device (copy_kv_pages, every array of every
+// layer) against the CPU store's copy of the same rows: the copied pages
+// hold the bytes the CPU's do, the source pages and every page outside the
+// copy are untouched.
+TEST_P(CudaPagedStore, CopiedPagesMatchCpuCopies) {
+  const std::string name = GetParam();
+  const int D = 128, n_kv = 2, n_layers = 3;
+  const Sequences seqs = scrambled({5, 70, 131}, 6, 29);  // 5 pages written, 6 spare
+  kv::CacheShape shape{n_layers, n_kv, D, seqs.n_pages * kPageTokens};
+  shape.n_heads = 4 * n_kv;
+  shape.page_tokens = kPageTokens;
+  auto cpu = kv::make_cpu_cache(codec(name), shape);
+  auto gpu = cuda::make_cuda_kv_store_for_test(codec(name), shape);
+  const kv::PageGeometry geo = gpu->shape().geometry();
+  std::vector<int32_t> slots, used;
+  for (size_t s = 0; s < seqs.lengths.size(); ++s) {
+    for (int t = 0; t < seqs.lengths[s]; ++t) slots.push_back(geo.slot_of(seqs.tables[s].data(), t));
+    used.insert(used.end(), seqs.tables[s].begin(), seqs.tables[s].end());
+  }
+  const int n = int(slots.size());
+  Rng rng(41);
+  for (int l = 0; l < n_layers; ++l) {
+    const auto k = normal(rng, size_t(n) * n_kv * D, 2.0f), v = normal(rng, size_t(n) * n_kv * D, 2.0f);
+    cpu->layer(l).write_slots(slots.data(), n, k.data(), v.data());
+    Guarded dk(k.size(), &k), dv(v.size(), &v);
+    gpu->layer(l).write_slots(slots.data(), n, dk.data(), dv.data());
+  }
+  // Copy the 70-token sequence's 2 pages and the 131-token one's 3 into 5 of the spare pages.
+  std::vector<int32_t> src = seqs.tables[1], dst;
+  src.insert(src.end(), seqs.tables[2].begin(), seqs.tables[2].end());
+  for (int p = 0; p < seqs.n_pages && dst.size() < src.size(); ++p)
+    if (std::find(used.begin(), used.end(), p) == used.end()) dst.push_back(p);
+  ASSERT_EQ(dst.size(), src.size());
+  cpu->copy_pages(src.data(), dst.data(), int(src.size()));
+  gpu->copy_pages(src.data(), dst.data(), int(src.size()));
+  EXPECT_THROW(gpu->copy_pages(src.data(), src.data(), int(src.size())), Error);  // a destination that is a source
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const size_t rows = size_t(seqs.n_pages) * n_kv * kPageTokens;
+  for (int l = 0; l < n_layers; ++l)
+    for (bool v_side : {false, true}) {
+      const cuda::GpuKvSide& side = v_side ? store_of(*gpu, l).v : store_of(*gpu, l).k;
+      // Rows the CPU store holds (written or copied); zeros elsewhere.
+      std::vector<uint8_t> want_code(rows * side.code_bytes, 0), want_side(rows * side.side_bytes, 0);
+      for (int p = 0; p < seqs.n_pages; ++p) {
+        const bool held = std::find(used.begin(), used.end(), p) != used.end() ||
+                          std::find(dst.begin(), dst.end(), p) != dst.end();
+        if (!held) continue;
+        // Slots of the page that were written (a copied page carries its source's unwritten tail as zeros).
+        const int32_t source = std::find(dst.begin(), dst.end(), p) != dst.end()
+                                   ? src[size_t(std::find(dst.begin(), dst.end(), p) - dst.begin())]
+                                   : p;
+        for (int e = 0; e < kPageTokens; ++e) {
+          if (std::find(slots.begin(), slots.end(), source * kPageTokens + e) == slots.end()) continue;
+          for (int h = 0; h < n_kv; ++h) {
+            const size_t r = geo.row(p, h, e);
+            cpu->layer(l).read_row(p * kPageTokens + e, h, v_side, want_code.data() + r * side.code_bytes,
+                                   want_side.data() + r * side.side_bytes);
+          }
+        }
+      }
+      const auto code = download_bytes(side.code, want_code.size());
+      const auto sb = download_bytes(side.side, want_side.size());
+      for (size_t i = 0; i < code.size(); ++i)
+        ASSERT_EQ(int(code[i]), int(want_code[i])) << name << " layer " << l << (v_side ? " V" : " K")
+                                                   << " code byte " << i % side.code_bytes << " of row "
+                                                   << i / side.code_bytes;
+      for (size_t i = 0; i < sb.size(); ++i)
+        ASSERT_EQ(int(sb[i]), int(want_side[i])) << name << " layer " << l << (v_side ? " V" : " K")
+                                                 << " side byte " << i % side.side_bytes << " of row "
+                                                 << i / side.side_bytes;
+    }
+}
+
 // The fused q/k norm + RoPE + store over a batch of tokens (each its own
 // position and slot) writes the bytes write_kv_slots writes for the k it
 // produced and for v.
@@ -461,6 +535,66 @@ TEST_P(CudaBatchDecoder, EachSequenceGetsItsSoloResult) {
     }
     std::printf("[ %s ] sequence %zu: %d of %d steps had a clear top-1\n", name.c_str(), i, clear, steps + 1);
   }
+}
+
+// Decode steps of several sequences recorded and replayed per shape
+// (Model::batch_step: CUDA graphs) give the tokens and logits of the same
+// steps run directly, while sequences join and leave (the batch size
+// changes) and cross page boundaries (the longest block table grows), with
+// the host's sampling and with the backend's greedy choice.
+TEST_P(CudaBatchDecoder, RecordedStepsEqualDirectSteps) {
+  const std::string name = GetParam();
+  const fs::path path = fs::temp_directory_path() / ("kvq_gpu_graph_" + std::to_string(::getpid()) + ".gguf");
+  SynthOptions so;
+  so.shape = "tiny";
+  so.seed = 12;
+  write_synthetic(so, path.string());
+  auto be = cuda::make_cuda_backend();
+  auto model = Model::open(path.string(), *be);
+  fs::remove(path);
+  const int vocab = model->config().vocab_size;
+  Rng rng(10);
+  std::vector<std::vector<TokenId>> prompts;
+  for (int len : {60, 62, 186, 7}) {  // the third crosses a page (the longest table grows) at step 6
+    std::vector<TokenId> p(static_cast<size_t>(len));
+    for (auto& t : p) t = TokenId(rng.below(uint64_t(vocab)));
+    prompts.push_back(p);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  struct Run {
+    std::vector<std::vector<TokenId>> tokens;
+    std::vector<std::vector<float>> logits;  // every step's rows, in handle order
+    int replays = 0;
+  };
+  auto run = [&](bool graphs, bool keep_logits) {
+    model->set_step_graphs(graphs);
+    kv::CacheShape shape = model->cache_shape(kPageTokens * 16);
+    shape.page_tokens = kPageTokens;
+    BatchDecoder dec(*model, be->make_cache(codec(name), shape), 64);
+    dec.set_keep_logits(keep_logits);
+    std::vector<int> h = {dec.add(prompts[0], greedy), dec.add(prompts[1], greedy), dec.add(prompts[2], greedy)};
+    Run r;
+    for (int s = 0; s < 16; ++s) {
+      if (s == 5) h.push_back(dec.add(prompts[3], greedy));  // 4 sequences from here
+      if (s == 11) dec.remove(h[1]);                          // 3 again
+      dec.step();
+      for (int id : dec.live_sequences()) r.logits.push_back(dec.last_logits(id));
+    }
+    for (int id : h) r.tokens.push_back(id == h[1] ? std::vector<TokenId>{} : dec.tokens(id));
+    r.replays = dec.batch_replays();
+    return r;
+  };
+  for (bool keep_logits : {true, false}) {
+    const Run direct = run(false, keep_logits), recorded = run(true, keep_logits);
+    EXPECT_EQ(direct.replays, 0);
+    EXPECT_GE(recorded.replays, 8) << name;  // shapes repeat: most steps replay
+    EXPECT_EQ(recorded.tokens, direct.tokens) << name;
+    ASSERT_EQ(recorded.logits.size(), direct.logits.size());
+    for (size_t i = 0; i < direct.logits.size(); ++i)
+      ASSERT_EQ(recorded.logits[i], direct.logits[i]) << name << " row " << i;  // empty without keep_logits
+  }
+  model->set_step_graphs(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, CudaBatchDecoder, ::testing::Values("none", "k8v8", "k8v4", "tsym3"),

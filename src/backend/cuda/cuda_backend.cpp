@@ -170,6 +170,12 @@ class CudaBackend final : public Backend {
       embed_rows(t, step_dev_.data(), 1, out, stream_);  // the token id as begin_step stored it
       return;
     }
+    if (in_batch_step_) {
+      KVQ_CHECK(n == batch_step_tokens_, Errc::internal, "embed of ", n, " tokens inside a decode step of ",
+                batch_step_tokens_, " (begin_step)");
+      embed_rows(t, step_ids_.data(), n, out, stream_);  // the ids as begin_step uploaded them
+      return;
+    }
     if (ids_.size() < size_t(n)) ids_.resize(size_t(n));
     KVQ_CUDA_CHECK(cudaMemcpyAsync(ids_.data(), ids, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     embed_rows(t, ids_.data(), n, out, stream_);
@@ -492,7 +498,12 @@ class CudaBackend final : public Backend {
   bool supports_step_graphs() const override { return true; }
   void begin_step(const StepBatch& batch) override {
     ctx_.make_current();
-    KVQ_CHECK(!recording_, Errc::internal, "begin_step while a step is being recorded");
+    KVQ_CHECK(!recording_ && !in_step_ && !in_batch_step_, Errc::internal,
+              "begin_step while a step is being recorded or inside another");
+    if (!batch.is_one_contiguous_sequence()) {
+      begin_batch_step(batch);
+      return;
+    }
     const auto [pos, n] = one_sequence(batch, "begin_step");
     KVQ_CHECK(n == 1, Errc::internal, "a recorded decode step runs one token, not ", n);
     const int32_t token = batch.token[0];
@@ -506,12 +517,40 @@ class CudaBackend final : public Backend {
     in_step_ = true;
   }
   void end_step() override {
-    in_step_ = false;
+    in_step_ = in_batch_step_ = false;
+    batch_step_ = nullptr;
     pending_q_ = {};
+  }
+  // A decode step of several sequences (every run one token, run z at row
+  // z): the token ids and the batch mirror (positions, slots, block tables)
+  // go to device buffers now, and the step's ops read them from there
+  // (embed, mirror()), so a recording of the step replays for any later
+  // step of the same shape (Model::batch_step): the number of tokens and
+  // the longest block table, which sets the attention's work split.
+  void begin_batch_step(const StepBatch& batch) {
+    const int n = batch.n_tok();
+    KVQ_CHECK(n >= 1 && batch.n_seq() == n, Errc::unsupported,
+              "a recorded CUDA step of several sequences is a decode step (one token each), not ", n, " tokens of ",
+              batch.n_seq(), " sequences");
+    for (int z = 0; z < n; ++z)
+      KVQ_CHECK(batch.runs[size_t(z)].n == 1 && batch.runs[size_t(z)].first == z, Errc::unsupported,
+                "a recorded CUDA step of several sequences is a decode step (one token each)");
+    if (step_ids_.size() < size_t(n)) step_ids_.resize(size_t(n));
+    // Pageable source: staged before the call returns (batch may change afterwards).
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(step_ids_.data(), batch.token.data(), size_t(n) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
+    int stride = 1;
+    for (const kv::QueryRun& r : batch.runs) stride = std::max(stride, r.n_pages);
+    batch_step_mirror_ = upload_mirror(batch, stride);
+    batch_step_tokens_ = n;
+    batch_step_ = &batch;  // valid until end_step: replay() checks it against the cache
+    pending_q_ = {};
+    in_batch_step_ = true;
   }
   void record_begin() override {
     ctx_.make_current();
-    KVQ_CHECK(in_step_ && !recording_, Errc::internal, "record_begin outside begin_step/end_step or twice");
+    KVQ_CHECK((in_step_ || in_batch_step_) && !recording_, Errc::internal,
+              "record_begin outside begin_step/end_step or twice");
     recorded_cache_ = nullptr;
     recorded_attention_.clear();
     KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -544,7 +583,7 @@ class CudaBackend final : public Backend {
   }
   bool replay(const StepGraph& graph, kv::Cache& cache) override {
     ctx_.make_current();
-    KVQ_CHECK(in_step_ && !recording_, Errc::internal, "replay outside begin_step/end_step");
+    KVQ_CHECK((in_step_ || in_batch_step_) && !recording_, Errc::internal, "replay outside begin_step/end_step");
     const auto* g = dynamic_cast<const CudaStepGraph*>(&graph);
     KVQ_CHECK(g, Errc::internal, "the CUDA backend was asked to replay another backend's recording");
     // The addresses the recording baked in, recomputed for this cache now.
@@ -553,6 +592,9 @@ class CudaBackend final : public Backend {
     std::vector<const void*> now = gc->graph_addresses();
     append_backend_addresses(now);
     if (now != g->addresses()) return false;
+    // The ops of a replayed step check nothing: the begun batch is checked
+    // against this cache's store here (every layer's is shaped alike).
+    if (in_batch_step_) check_mirror(*batch_step_, gpu_layer(cache.layer(0)).view(), "a replayed decode step");
     KVQ_CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
     for (const CudaLayerCache* l : g->attended()) count_attention(*l, true);
     return true;
@@ -744,13 +786,25 @@ class CudaBackend final : public Backend {
     int stride = 1;
   };
   BatchMirror mirror(const StepBatch& b, const GpuKvLayer& store, const char* op) {
-    KVQ_CHECK(!in_step_ && !recording_, Errc::unsupported, op,
-              ": a recorded CUDA decode step runs one sequence over its identity block table");
-    const int n_tok = b.n_tok(), n_seq = b.n_seq();
-    KVQ_CHECK(n_tok > 0 && n_seq > 0 && int(b.pos.size()) == n_tok && int(b.slot.size()) == n_tok, Errc::internal,
-              op, ": a step batch of ", n_tok, " tokens with ", b.pos.size(), " positions and ", b.slot.size(),
-              " slots");
-    const int32_t n_slots = store.n_pages * store.page_tokens;
+    KVQ_CHECK(!in_step_, Errc::unsupported, op,
+              ": a recorded CUDA decode step of one sequence runs over its identity block table");
+    if (in_batch_step_) {
+      // begin_batch_step mirrored this step's batch; its ops read that copy.
+      KVQ_CHECK(b.n_tok() == batch_step_tokens_ && b.n_seq() == batch_step_tokens_, Errc::internal, op, ": ",
+                b.n_tok(), " tokens inside a decode step of ", batch_step_tokens_, " (begin_step)");
+      check_mirror(b, store, op);
+      return batch_step_mirror_;
+    }
+    KVQ_CHECK(!recording_, Errc::unsupported, op, ": a step being recorded must begin with begin_step");
+    return upload_mirror(b, check_mirror(b, store, op));
+  }
+  // The checks upload_mirror makes of a batch against a store (without the copy).
+  int check_mirror(const StepBatch& b, const GpuKvLayer& store, const char* op) const {
+    const int n_tok = b.n_tok();
+    KVQ_CHECK(n_tok > 0 && b.n_seq() > 0 && int(b.pos.size()) == n_tok && int(b.slot.size()) == n_tok,
+              Errc::internal, op, ": a step batch of ", n_tok, " tokens with ", b.pos.size(), " positions and ",
+              b.slot.size(), " slots");
+    const int64_t n_slots = int64_t(store.n_pages) * store.page_tokens;
     int stride = 1;
     for (const kv::QueryRun& r : b.runs) {
       KVQ_CHECK(r.n >= 1 && r.pos >= 0 && r.first >= 0 && r.first + r.n <= n_tok &&
@@ -767,6 +821,13 @@ class CudaBackend final : public Backend {
     for (int t = 0; t < n_tok; ++t)
       KVQ_CHECK(b.slot[size_t(t)] >= 0 && b.slot[size_t(t)] < n_slots, Errc::out_of_range, op, ": slot ",
                 b.slot[size_t(t)], " outside the GPU KV store's ", n_slots, " slots");
+    return stride;
+  }
+  // The batch's positions, slots, first positions and block tables (padded
+  // to `stride` pages) in batch_dev_; the copy is skipped when they did not
+  // change since the last one (a layer's ops see the same batch).
+  BatchMirror upload_mirror(const StepBatch& b, int stride) {
+    const int n_tok = b.n_tok(), n_seq = b.n_seq();
     std::vector<int32_t>& h = batch_next_;
     h.assign(size_t(2) * n_tok + n_seq + size_t(n_seq) * stride, 0);
     std::copy(b.pos.begin(), b.pos.end(), h.begin());
@@ -802,6 +863,9 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(g.view().n_kv_heads == n_kv_heads, Errc::internal, "qk_rope_write_kv: cache has ", g.view().n_kv_heads,
               " KV heads, the call ", n_kv_heads);
     if (!qk_rope_store_supported(head_dim) || batch.n_tok() > 65535) {
+      // The unfused ops take each token's position from the host.
+      KVQ_CHECK(!recording_, Errc::unsupported, "qk_rope_write_kv: head_dim ", head_dim,
+                " has no fused kernel, so decode steps of several sequences are not recorded");
       Backend::qk_rope_write_kv(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
       return;
     }
@@ -831,9 +895,15 @@ class CudaBackend final : public Backend {
       b.pages = m.pages;
       b.table_stride = m.stride;
       flash_decode_batch(plan, g.view(), b, q, n_heads, scale, out, g.scratch(), stream_, nullptr, ctx_);
-      count_attention(g, true);
+      note_recorded_cache(g);
+      if (recording_) recorded_attention_.push_back(&g);
+      else count_attention(g, true);
       return;
     }
+    // Per-run launches take each run's position from the host: they cannot
+    // be replayed for another step.
+    KVQ_CHECK(!recording_, Errc::unsupported, "the ", plan.name(),
+              " decode attention of this codec runs per sequence with host positions: such steps are not recorded");
     const size_t row = size_t(n_heads) * g.view().head_dim;
     for (int z = 0; z < n_seq; ++z) {
       const kv::QueryRun& r = batch.runs[size_t(z)];
@@ -883,6 +953,9 @@ class CudaBackend final : public Backend {
   // Backend scratch a recorded step reads or writes.
   void append_backend_addresses(std::vector<const void*>& a) const {
     a.push_back(inv_freq_.data());
+    a.push_back(gemm_ws_.data());
+    a.push_back(step_ids_.data());
+    a.push_back(batch_dev_.data());
   }
 
   DeviceContext ctx_;  // first member: the others are made on its device
@@ -898,6 +971,13 @@ class CudaBackend final : public Backend {
   int rows_work_rows_ = 0;
   int32_t step_host_[2] = {0, 0};
   bool in_step_ = false, recording_ = false;
+  // Inside a decode step of several sequences (begin_batch_step): its token
+  // ids in step_ids_, its batch mirrored in batch_step_mirror_.
+  bool in_batch_step_ = false;
+  int batch_step_tokens_ = 0;
+  const StepBatch* batch_step_ = nullptr;
+  BatchMirror batch_step_mirror_;
+  DeviceBuffer<int32_t> step_ids_;
   int decode_rows_ = 0;  // rows of the current step when it is a decode step of several sequences, else 0
   // A step's q left raw by qk_rope_write_kv for the attention of the same
   // layer (the fused q path); consumed by that call, dropped at end_step.
