@@ -7,14 +7,18 @@
 #   3. ncu of single gemm_tc launches (NCU_CASES, "LAUNCH:B" pairs, default
 #      "O:8 gate:64"): every section plus the per-instruction SASS view
 #      (stall reasons per instruction) as text;
-#   4. `kvq bench --batch` (BATCH_CODECS, BATCHES, prompt 512, GEN, REPS);
+#   4. `kvq bench --batch` (BATCH_CODECS, BATCHES, prompt 512, GEN, REPS;
+#      BATCH_FLAGS adds options, e.g. --no-step-graphs for an A/B, and
+#      BATCH_TAG names the run: bench_$BATCH_TAG.txt);
+#   4b. `capacity`: `kvq bench --batch max` at CAP_CTX (32k) in CAP_BUDGET
+#      (120G) of KV for CAP_CODECS (none,tsym3,k8vturbo2), CAP_GEN tokens;
 #   5. ncu's duration of every kernel of a few decode steps of
 #      `kvq bench --batch STEP_B` (a step's breakdown by kernel; kernels run
 #      one at a time under ncu, so dependent-launch overlap is not seen);
 #   6. the same for the first launches of a 4k one-sequence prefill
 #      (`prefill`: where a prefill chunk's time goes).
 # SECTIONS (default "tests lab ncu batch steps prefill") picks parts.
-# Results in $OUT: log.txt, tests.txt, lab.txt, bench.txt, profile.tgz (ncu
+# Results in $OUT: log.txt, tests.txt, lab.txt, bench_*.txt, capacity.txt, profile.tgz (ncu
 # reports and their text, the step breakdown, the bench home).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -68,12 +72,23 @@ fi
 K=carry/kvq
 H=/tmp/kvq-home
 if want batch; then
-  echo "== kvq bench --batch"
-  timeout 300 stdbuf -oL -eL $K bench -m synthetic:bonsai-8b --device cuda --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" \
-    --contexts 512 --batch "${BATCHES:-1,8,32,64}" --gen "${GEN:-128}" --reps "${REPS:-3}" --home "$H" \
-    --out "$H/batch" >"$OUT/bench.txt" 2>&1
-  grep -v "^\[" "$OUT/bench.txt" | tail -20
-  cp -r "$H" "$P/home"
+  T=${BATCH_TAG:-batch}
+  echo "== kvq bench --batch ($T) ${BATCH_FLAGS:-}"
+  timeout "${BATCH_TIMEOUT:-300}" stdbuf -oL -eL $K bench -m synthetic:bonsai-8b --device cuda \
+    --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" --contexts 512 --batch "${BATCHES:-1,8,32,64}" --gen "${GEN:-128}" \
+    --reps "${REPS:-3}" --home "$H" --out "$H/$T" ${BATCH_FLAGS:-} >"$OUT/bench_$T.txt" 2>&1
+  grep -v "^\[" "$OUT/bench_$T.txt" | tail -20
+  rm -rf "$P/home" && cp -r "$H" "$P/home"
+  pack
+fi
+if want capacity; then
+  echo "== kvq bench --batch max, ${CAP_CTX:-32k} in ${CAP_BUDGET:-120G}"
+  timeout "${CAP_TIMEOUT:-400}" stdbuf -oL -eL $K bench -m synthetic:bonsai-8b --device cuda \
+    --codecs "${CAP_CODECS:-none,tsym3,k8vturbo2}" --contexts "${CAP_CTX:-32k}" --batch max \
+    --kv-budget "${CAP_BUDGET:-120G}" --gen "${CAP_GEN:-32}" --reps "${CAP_REPS:-3}" --home "$H" --out "$H/capacity" \
+    >"$OUT/capacity.txt" 2>&1
+  grep -v "^\[" "$OUT/capacity.txt" | tail -20
+  rm -rf "$P/home" && cp -r "$H" "$P/home"
   pack
 fi
 if want steps; then
