@@ -460,6 +460,19 @@ TEST(CudaPagedPrefill, ChunkOverScrambledPagesMatchesCpu) {
 // not the 1e-4 attention alone keeps: CudaBatchedDecode): greedy tokens
 // are compared where the solo top-1 margin is clear, logits within the e2e
 // bound of test_forward_cuda.cpp.
+// A synthetic tiny model (kvq synth, `seed`) on `be`, through a temporary GGUF file.
+std::unique_ptr<Model> tiny_synthetic_model(Backend& be, uint64_t seed) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("kvq_gpu_batch_" + std::to_string(::getpid()) + "_" + std::to_string(seed) + ".gguf");
+  SynthOptions so;
+  so.shape = "tiny";
+  so.seed = seed;
+  write_synthetic(so, path.string());
+  auto model = Model::open(path.string(), be);
+  fs::remove(path);
+  return model;
+}
+
 class CudaBatchDecoder : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
@@ -467,14 +480,8 @@ class CudaBatchDecoder : public ::testing::TestWithParam<const char*> {
 
 TEST_P(CudaBatchDecoder, EachSequenceGetsItsSoloResult) {
   const std::string name = GetParam();
-  const fs::path path = fs::temp_directory_path() / ("kvq_gpu_batch_" + std::to_string(::getpid()) + ".gguf");
-  SynthOptions so;
-  so.shape = "tiny";
-  so.seed = 11;
-  write_synthetic(so, path.string());
   auto be = cuda::make_cuda_backend();
-  auto model = Model::open(path.string(), *be);
-  fs::remove(path);
+  auto model = tiny_synthetic_model(*be, 11);
   const int vocab = model->config().vocab_size;
   const kv::CodecOptions o = codec(name);
   const int steps = 8;
@@ -544,14 +551,8 @@ TEST_P(CudaBatchDecoder, EachSequenceGetsItsSoloResult) {
 // the host's sampling and with the backend's greedy choice.
 TEST_P(CudaBatchDecoder, RecordedStepsEqualDirectSteps) {
   const std::string name = GetParam();
-  const fs::path path = fs::temp_directory_path() / ("kvq_gpu_graph_" + std::to_string(::getpid()) + ".gguf");
-  SynthOptions so;
-  so.shape = "tiny";
-  so.seed = 12;
-  write_synthetic(so, path.string());
   auto be = cuda::make_cuda_backend();
-  auto model = Model::open(path.string(), *be);
-  fs::remove(path);
+  auto model = tiny_synthetic_model(*be, 12);
   const int vocab = model->config().vocab_size;
   Rng rng(10);
   std::vector<std::vector<TokenId>> prompts;
