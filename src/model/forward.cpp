@@ -49,7 +49,7 @@ Model::Model(ModelConfig cfg, ModelWeights weights, Backend& backend)
 
 void Model::set_step_graphs(bool on) {
   step_graphs_ = on && backend_.supports_step_graphs();
-  own_run_.step_graph_.reset();
+  own_run_.drop_recordings();
   own_run_.warm_cache_ = 0;
 }
 
@@ -98,10 +98,7 @@ void Model::ensure_scratch(RunState& r, int n) {
   r.logit_rows_ = std::max(r.logit_rows_, std::min(n, kLogitRows));
   r.logits_ = backend_.alloc(size_t(r.logit_rows_) * cfg_.vocab_size);
   r.scratch_tokens_ = n;
-  // A recorded step refers to the old buffers.
-  r.step_graph_.reset();
-  r.batch_graphs_.clear();
-  r.last_batch_shape_ = {};
+  r.drop_recordings();
   r.warm_cache_ = 0;
 }
 
@@ -192,9 +189,7 @@ bool Model::batch_step(RunState& r, const StepBatch& b, kv::Cache& cache) {
   if (r.logit_rows_ < n) {  // the LM head over every row at once
     r.logit_rows_ = n;
     r.logits_ = backend_.alloc(size_t(n) * cfg_.vocab_size);
-    r.step_graph_.reset();
-    r.batch_graphs_.clear();
-    r.last_batch_shape_ = {};
+    r.drop_recordings();
   }
   Backend& be = backend_;
   auto run_direct = [&] {

@@ -40,6 +40,12 @@ class RunState {
 
  private:
   friend class Model;
+  // Recordings refer to the scratch buffers: dropped when one is replaced.
+  void drop_recordings() {
+    step_graph_.reset();
+    batch_graphs_.clear();
+    last_batch_shape_ = {};
+  }
   Backend& backend_;
   int scratch_tokens_ = 0;
   int logit_rows_ = 0;  // rows of logits_
@@ -152,7 +158,7 @@ class Model {
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
   // A decode step of several sequences (every run one token, run z at row z,
-  // every row's logits wanted, at most kLogitRows rows), recorded and
+  // every row's logits wanted, at most kBatchStepRows rows), recorded and
   // replayed per shape when step_graphs_ (RunState::BatchGraph): leaves the
   // rows' logits in r.logits_ and returns true. False (nothing run): not
   // such a step, or graphs off; the caller runs it directly.
