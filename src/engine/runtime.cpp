@@ -65,7 +65,7 @@ std::optional<kv::ResolvedCodec> CodecRequest::resolve() const {
 std::string CodecRequest::label() const {
   if (f32) return "f32";
   const kv::ResolvedCodec r = kv::resolve_codec(codec);
-  const std::string window = codec.exact_window_pages > 0 ? "+win" + std::to_string(codec.exact_window_pages) : "";
+  const std::string window = kv::exact_window_suffix(codec.exact_window_pages);
   if (!codec.ctk.empty() || !codec.ctv.empty()) return r.k.name() + "/" + r.v.name() + window;
   return r.name + window;
 }

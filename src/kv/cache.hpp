@@ -66,6 +66,11 @@ struct CodecOptions {
   int exact_window_pages = 0;
 };
 
+// The suffix a codec's name takes with an exact window: "+winW", or "" for none.
+inline std::string exact_window_suffix(int window_pages) {
+  return window_pages > 0 ? "+win" + std::to_string(window_pages) : std::string();
+}
+
 // Tokens of the exact window of a query at position pos (see above).
 inline int exact_window_start(int pos, int window_pages) {
   const int page = pos / kDefaultPageTokens - window_pages + 1;

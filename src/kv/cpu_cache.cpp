@@ -363,7 +363,7 @@ class CpuCache final : public Cache {
   }
   const CacheShape& shape() const override { return shape_; }
   std::string codec_name() const override {
-    return window_pages_ > 0 ? codec_.name + "+win" + std::to_string(window_pages_) : codec_.name;
+    return codec_.name + exact_window_suffix(window_pages_);
   }
   LayerCache& layer(int i) override {
     KVQ_CHECK(i >= 0 && i < shape_.n_layers, Errc::out_of_range, "KV layer ", i, " out of range [0, ",
