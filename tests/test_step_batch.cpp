@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "engine/batch_decoder.hpp"
+#include "engine/session.hpp"
 #include "forward_test_util.hpp"
 #include "kv/block.hpp"
 #include "kv/cache.hpp"
@@ -519,4 +520,172 @@ TEST(StepBatch, ArgmaxRowsFollowsTheGreedyRule) {
   EXPECT_EQ(idx[1], 1);
   EXPECT_EQ(val[1], -1.0f);
   EXPECT_EQ(val[2], -INFINITY);  // nothing finite: callers report it
+}
+
+namespace {
+
+// A decoder over a store with an exact window of W pages of 8 tokens.
+std::unique_ptr<BatchDecoder> windowed_decoder(BatchFixture& f, const char* codec, int W, int pages, int exact_pages,
+                                               int prefill_chunk) {
+  kv::CodecOptions o;
+  o.kv = codec;
+  kv::CacheShape shape = f.model->cache_shape(8 * pages);
+  shape.page_tokens = 8;
+  shape.window_pages = W;
+  shape.exact_pages = exact_pages;
+  return std::make_unique<BatchDecoder>(*f.model, f.backend->make_cache(o, shape), prefill_chunk);
+}
+
+}  // namespace
+
+// With an exact window, sequences decoded together give each its result
+// alone (to the bit) while their oldest window pages are packed; each holds
+// at most W exact pages; a rewind to the prompt decodes the same tokens
+// again; a copy decodes as its source; every page of both pools comes back.
+TEST(BatchDecode, WindowedSequencesDecodeAsTheyDoAlone) {
+  BatchFixture f;
+  const int steps = 13, W = 1;
+  for (const char* codec : {"tsym3", "k8vturbo2", "none"}) {
+    SCOPED_TRACE(codec);
+    const std::vector<int> lengths = {3, 19, 8, 30};
+    std::vector<std::vector<TokenId>> prompts;
+    for (size_t i = 0; i < lengths.size(); ++i) prompts.push_back(f.prompt(lengths[i], 200 + i));
+    // Alone: one decoder per sequence.
+    std::vector<std::vector<std::vector<float>>> alone(lengths.size());
+    std::vector<std::vector<TokenId>> alone_tokens(lengths.size());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      auto dec = windowed_decoder(f, codec, W, 12, 2, 16);
+      const int h = dec->add(prompts[i], greedy());
+      alone[i].push_back(dec->last_logits(h));
+      for (int s = 0; s < steps; ++s) {
+        dec->step();
+        alone[i].push_back(dec->last_logits(h));
+        EXPECT_LE(dec->exact_pool()->used_pages(), W);
+      }
+      alone_tokens[i] = dec->tokens(h);
+      // Back to the prompt: the same tokens and logits again.
+      dec->rewind(h, int(prompts[i].size()));
+      for (int s = 0; s < steps; ++s) {
+        dec->step();
+        ASSERT_EQ(max_diff(dec->last_logits(h), alone[i][size_t(s + 1)]), 0.0f) << "after the rewind, step " << s;
+      }
+      EXPECT_EQ(dec->tokens(h), alone_tokens[i]);
+      EXPECT_LE(dec->exact_pool()->used_pages(), W);
+    }
+    // Together, over a scattered pool.
+    auto dec = windowed_decoder(f, codec, W, 40, 5, 16);  // 4 windows and a copy's
+    kv::BlockTable hole(dec->pool(), 8);
+    hole.reserve(8 * 3);
+    std::vector<int> handles;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      handles.push_back(dec->add(prompts[i], greedy()));
+      if (i == 1) hole.clear();
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(max_diff(dec->last_logits(handles[i]), alone[i][0]), 0.0f);
+    for (int s = 0; s < steps; ++s) {
+      dec->step();
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        ASSERT_EQ(max_diff(dec->last_logits(handles[i]), alone[i][size_t(s + 1)]), 0.0f)
+            << "sequence " << i << ", step " << s;
+        const kv::BlockTable& t = dec->table(handles[i]);
+        EXPECT_EQ(t.exact_from(), kv::window_first_page(dec->cached(handles[i]), 8, W));
+      }
+      EXPECT_LE(dec->exact_pool()->used_pages(), int(lengths.size()) * W);
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(dec->tokens(handles[i]), alone_tokens[i]);
+    // A copy holds the same kinds of pages and decodes as its source.
+    const int c = dec->add_copy(handles[1], greedy());
+    dec->step();
+    dec->step();
+    EXPECT_EQ(dec->tokens(c), dec->tokens(handles[1]));
+    EXPECT_EQ(max_diff(dec->last_logits(c), dec->last_logits(handles[1])), 0.0f);
+    for (int h : dec->live_sequences()) dec->remove(h);
+    EXPECT_EQ(dec->pool().used_pages(), 0);
+    EXPECT_EQ(dec->exact_pool()->used_pages(), 0);
+  }
+}
+
+// A window as long as the context holds every row exact: the decoder then
+// computes what the evaluation form of the window does with every row in its
+// window (both read only bf16 rows), to the bit.
+TEST(BatchDecode, AWindowOfEveryPageIsExactAttention) {
+  BatchFixture f;
+  kv::CodecOptions eval;
+  eval.kv = "tsym3";
+  eval.exact_window_pages = 64;
+  const auto p = f.prompt(21, 9);
+  std::vector<TokenId> solo_tokens;
+  const auto solo = f.solo(eval, p, 9, &solo_tokens);
+  auto dec = windowed_decoder(f, "tsym3", 8, 8, 8, 16);
+  const int h = dec->add(p, greedy());
+  EXPECT_EQ(max_diff(dec->last_logits(h), solo[0]), 0.0f);
+  for (int s = 0; s < 9; ++s) {
+    dec->step();
+    ASSERT_EQ(max_diff(dec->last_logits(h), solo[size_t(s + 1)]), 0.0f) << "step " << s;
+  }
+  EXPECT_EQ(dec->pool().used_pages(), 0);  // no page left the window
+  EXPECT_EQ(dec->exact_pool()->used_pages(), 4);
+}
+
+// A window pool too small for the sequences is a clear error that leaves
+// every sequence as it was.
+TEST(BatchDecode, WindowPoolExhaustionIsAClearError) {
+  BatchFixture f;
+  auto dec = windowed_decoder(f, "k8v4", 2, 12, 3, 16);
+  const int a = dec->add(f.prompt(12, 1), greedy());  // 2 exact pages
+  try {
+    dec->add(f.prompt(12, 2), greedy());  // 2 more, 1 free
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::out_of_range) << e.what();
+  }
+  EXPECT_EQ(dec->live(), 1);
+  EXPECT_EQ(dec->exact_pool()->used_pages(), 2);
+  for (int s = 0; s < 10; ++s) dec->step();  // crosses a page: one leaves, one comes
+  EXPECT_EQ(dec->exact_pool()->used_pages(), 2);
+  EXPECT_EQ(dec->pool().used_pages(), 1);
+  dec->remove(a);
+  EXPECT_EQ(dec->exact_pool()->used_pages(), 0);
+  EXPECT_EQ(dec->pool().used_pages(), 0);
+}
+
+// A Session over a store with an exact window (one sequence, its own pools)
+// computes what a windowed BatchDecoder does, and truncating into pages that
+// left the window feeds their tokens again.
+TEST(BatchDecode, WindowedSessionDecodesAsTheDecoder) {
+  BatchFixture f;
+  const int W = 1, steps = 12;
+  const auto p = f.prompt(21, 31);
+  auto dec = windowed_decoder(f, "k8vturbo2", W, 8, 1, 16);
+  const int h = dec->add(p, greedy());
+  std::vector<std::vector<float>> want = {dec->last_logits(h)};
+  for (int s = 0; s < steps; ++s) {
+    dec->step();
+    want.push_back(dec->last_logits(h));
+  }
+  kv::CodecOptions o;
+  o.kv = "k8vturbo2";
+  kv::CacheShape shape = f.model->cache_shape(64);
+  shape.page_tokens = 8;
+  shape.window_pages = W;
+  shape.exact_pages = W;
+  SessionOptions so;
+  so.ctx = 64;
+  so.prefill_chunk = 16;
+  Session s(*f.model, f.backend->make_cache(o, shape), nullptr, so);
+  EXPECT_EQ(s.cache().codec_name(), "k8vturbo2+win1");
+  EXPECT_EQ(max_diff(s.feed(p), want[0]), 0.0f);
+  const std::vector<TokenId>& toks = dec->tokens(h);
+  for (int i = 0; i < steps; ++i) {
+    const auto& logits = s.feed({toks[p.size() + size_t(i)]});
+    ASSERT_EQ(max_diff(logits, want[size_t(i + 1)]), 0.0f) << "step " << i;
+  }
+  // 33 tokens cached, the window is page 4 (tokens 32..): truncating to 30
+  // would put page 3 back in the window, so tokens from 24 are fed again.
+  s.truncate(30);
+  EXPECT_EQ(s.tokens().size(), 24u);
+  std::vector<TokenId> again(toks.begin() + 24, toks.begin() + 32);
+  s.feed(again);
+  const auto& logits = s.feed({toks[32]});  // decode step 11 of the decoder's
+  EXPECT_EQ(max_diff(logits, want[12]), 0.0f);
 }

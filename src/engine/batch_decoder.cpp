@@ -55,6 +55,37 @@ BatchDecoder::BatchDecoder(Model& model, std::unique_ptr<kv::Cache> store, int p
   const kv::CacheShape& s = store_->shape();
   KVQ_CHECK(s.max_tokens == s.n_pages() * s.page_tokens, Errc::internal, "a KV pool of ", s.max_tokens,
             " tokens is not a whole number of ", s.page_tokens, "-token pages");
+  if (s.window_pages > 0) exact_pool_ = std::make_unique<kv::PagePool>(s.exact_pages);
+}
+
+kv::BlockTable BatchDecoder::new_table() {
+  const kv::CacheShape& s = store_->shape();
+  if (!exact_pool_) return kv::BlockTable(pool_, s.page_tokens);
+  return kv::BlockTable(pool_, s.page_tokens, *exact_pool_, s.n_pages(), s.window_pages);
+}
+
+void BatchDecoder::pack_moved(std::vector<kv::PageMove>& moves) {
+  if (moves.empty()) return;
+  std::vector<int32_t> exact, packed;
+  for (const kv::PageMove& m : moves) {
+    exact.push_back(m.exact);
+    packed.push_back(m.packed);
+  }
+  store_->pack_pages(exact.data(), packed.data(), int(moves.size()));
+  moves.clear();
+}
+
+void BatchDecoder::prefill(Sequence& s, int from, int to, float* logits) {
+  const int P = store_->shape().page_tokens;
+  for (int done = from; done < to;) {
+    const int n = std::min(prefill_chunk_, to - done);
+    StepBatch b;
+    b.add_sequence(s.tokens.data() + done, n, done, s.table.pages().data(), int(s.table.pages().size()), P,
+                   logits && done + n == to ? StepBatch::Logits::last : StepBatch::Logits::none);
+    model_.forward(b, *store_, logits, *run_);
+    done += n;
+    s.cached = done;
+  }
 }
 
 BatchDecoder::Sequence& BatchDecoder::get(int seq) {
@@ -71,21 +102,15 @@ const BatchDecoder::Sequence& BatchDecoder::get(int seq) const {
 int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& sampling) {
   KVQ_CHECK(!prompt.empty(), Errc::invalid_argument, "the prompt is empty (it tokenized to no tokens)");
   sampling.validate();
-  const int P = store_->shape().page_tokens;
-  auto s = std::make_unique<Sequence>(Sequence{kv::BlockTable(pool_, P), prompt, 0, Sampler(sampling), {}, true});
-  s->table.reserve(int(prompt.size()));  // throws (and keeps nothing) when the pool is full
+  auto s = std::make_unique<Sequence>(Sequence{new_table(), prompt, 0, Sampler(sampling), {}, true});
+  // A new table's pages: packed before the prompt's window, exact in it (no
+  // moves); throws (and keeps nothing) when a pool is full.
+  std::vector<kv::PageMove> none;
+  s->table.reserve(int(prompt.size()), &none);
   for (TokenId id : prompt) s->sampler.accept(id);
   std::vector<float> logits(static_cast<size_t>(vocab_));
   const int total = int(prompt.size());
-  for (int done = 0; done < total;) {
-    const int n = std::min(prefill_chunk_, total - done);
-    StepBatch b;
-    b.add_sequence(prompt.data() + done, n, done, s->table.pages().data(), int(s->table.pages().size()), P,
-                   StepBatch::Logits::last);
-    model_.forward(b, *store_, logits.data(), *run_);
-    done += n;
-    s->cached = done;
-  }
+  prefill(*s, 0, total, logits.data());
   s->tokens.push_back(sample_row(s->sampler, logits.data(), vocab_, total - 1));
   s->logits = std::move(logits);
   seqs_.push_back(std::move(s));
@@ -95,10 +120,9 @@ int BatchDecoder::add(const std::vector<TokenId>& prompt, const SamplingParams& 
 int BatchDecoder::add_copy(int seq, const SamplingParams& sampling) {
   sampling.validate();
   const Sequence& from = get(seq);
-  const int P = store_->shape().page_tokens;
-  auto s = std::make_unique<Sequence>(Sequence{kv::BlockTable(pool_, P), from.tokens, from.cached, Sampler(sampling),
+  auto s = std::make_unique<Sequence>(Sequence{new_table(), from.tokens, from.cached, Sampler(sampling),
                                                from.logits, true});
-  s->table.reserve(from.cached);  // throws (and keeps nothing) when the pool is full
+  s->table.reserve_like(from.table, from.cached);  // throws (and keeps nothing) when a pool is full
   const std::vector<int32_t>& src = from.table.pages();
   const std::vector<int32_t>& dst = s->table.pages();
   store_->copy_pages(src.data(), dst.data(), int(dst.size()));
@@ -111,10 +135,20 @@ void BatchDecoder::step() {
   const std::vector<int> ids = live_sequences();
   if (ids.empty()) return;
   const int P = store_->shape().page_tokens;
-  for (int i : ids) {
-    Sequence& s = *seqs_[size_t(i)];
-    s.table.reserve(s.cached + 1);
+  // Room for one more token of every sequence, all or none: a full pool
+  // leaves every table as it was (pages past a sequence's tokens go back at
+  // its next rewind or removal; moves are undone by packing them, which
+  // changes nothing its next step reads).
+  try {
+    for (int i : ids) {
+      Sequence& s = *seqs_[size_t(i)];
+      s.table.reserve(s.cached + 1, &moves_);
+    }
+  } catch (...) {
+    pack_moved(moves_);
+    throw;
   }
+  pack_moved(moves_);
   batch_.clear();
   for (int i : ids) {
     Sequence& s = *seqs_[size_t(i)];
@@ -153,6 +187,18 @@ void BatchDecoder::rewind(int seq, int n) {
   s.table.shrink(n + 1);  // keeps the page the next token is written to
   s.sampler.reset();
   for (TokenId id : s.tokens) s.sampler.accept(id);
+  if (!exact_pool_) return;
+  // The window of the next step starts at page `first`; pages of it that were
+  // packed since are dropped and their tokens before n prefilled again.
+  const int P = store_->shape().page_tokens;
+  const int first = kv::window_first_page(n + 1, P, store_->shape().window_pages);
+  if (s.table.exact_from() <= first) return;
+  const int from = first * P;
+  s.table.shrink(from);
+  std::vector<kv::PageMove> none;
+  s.table.reserve(n + 1, &none);  // pages from `first` on are exact again; nothing leaves
+  s.cached = from;
+  prefill(s, from, n, nullptr);
 }
 
 int BatchDecoder::live() const { return int(live_sequences().size()); }

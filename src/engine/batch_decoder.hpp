@@ -45,7 +45,11 @@ void forward_and_sample(Model& model, kv::Cache& store, RunState& run, const Ste
 class BatchDecoder {
  public:
   // `store` must be shaped for the model (model.cache_shape(...), any page
-  // size); its pages are handed out by this decoder's pool.
+  // size); its pages are handed out by this decoder's pool. A store with an
+  // exact window (CacheShape::window_pages) gets a second pool for its exact
+  // pages: each sequence's newest window_pages pages are exact, and a page
+  // leaving a window is packed (Cache::pack_pages) before the step that
+  // needs it attends.
   BatchDecoder(Model& model, std::unique_ptr<kv::Cache> store, int prefill_chunk = 512);
 
   // Prefills `prompt` as a new sequence and samples its first token from the
@@ -71,7 +75,10 @@ class BatchDecoder {
   // store and token n had just been sampled (n >= its prompt length): later
   // tokens are dropped, pages past them go back to the pool, and the
   // sampler restarts from its seed with tokens 0..n in its history. kvq
-  // bench decodes repeatedly from one prefill this way.
+  // bench decodes repeatedly from one prefill this way. With an exact
+  // window, window pages that were packed meanwhile are filled again: the
+  // tokens from the window's first page to n are prefilled anew (what they
+  // were after the first prefill when n is the prompt's length).
   void rewind(int seq, int n);
 
   int live() const;
@@ -90,6 +97,10 @@ class BatchDecoder {
   void set_keep_logits(bool keep) { keep_logits_ = keep; }
 
   kv::PagePool& pool() { return pool_; }
+  // The exact window's pool (null without a window).
+  kv::PagePool* exact_pool() { return exact_pool_.get(); }
+  // A sequence's block table.
+  const kv::BlockTable& table(int seq) const { return get(seq).table; }
   kv::Cache& store() { return *store_; }
   Model& model() { return model_; }
   int steps() const { return steps_; }
@@ -107,10 +118,19 @@ class BatchDecoder {
   };
   Sequence& get(int seq);
   const Sequence& get(int seq) const;
+  kv::BlockTable new_table();
+  // Packs the exact pages that left windows (BlockTable::reserve), before
+  // the step writes any exact page.
+  void pack_moved(std::vector<kv::PageMove>& moves);
+  // Prefills tokens [from, to) of s.tokens (s.table holds their pages);
+  // the last row's logits into `logits` when not null.
+  void prefill(Sequence& s, int from, int to, float* logits);
 
   Model& model_;
   std::unique_ptr<kv::Cache> store_;
   kv::PagePool pool_;
+  std::unique_ptr<kv::PagePool> exact_pool_;  // the window's pages (CacheShape::exact_pages)
+  std::vector<kv::PageMove> moves_;           // a step's pages leaving windows
   std::unique_ptr<RunState> run_;
   int prefill_chunk_;
   int vocab_;

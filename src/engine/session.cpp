@@ -29,10 +29,52 @@ Session::Session(Model& model, std::unique_ptr<kv::Cache> cache, const Tokenizer
   KVQ_CHECK(opts_.prefill_chunk > 0, Errc::invalid_argument, "--prefill-chunk must be positive");
   KVQ_CHECK(cache_->shape().max_tokens >= opts_.ctx, Errc::internal, "KV cache holds ",
             cache_->shape().max_tokens, " tokens, fewer than the context of ", opts_.ctx);
+  const kv::CacheShape& sh = cache_->shape();
+  if (sh.window_pages > 0) {
+    pool_ = std::make_unique<kv::PagePool>(sh.n_pages());
+    exact_pool_ = std::make_unique<kv::PagePool>(sh.exact_pages);
+    table_ = std::make_unique<kv::BlockTable>(*pool_, sh.page_tokens, *exact_pool_, sh.n_pages(), sh.window_pages);
+  }
 }
 
 void Session::truncate(int n) {
   if (n < int(tokens_.size())) tokens_.resize(std::max(n, 0));
+  if (!table_) return;
+  // The next token fed (position size()) sees the window from page `first`;
+  // pages of it that were packed meanwhile are fed again.
+  const int P = cache_->shape().page_tokens, kept = int(tokens_.size());
+  table_->shrink(kept);
+  const int first = kv::window_first_page(kept + 1, P, cache_->shape().window_pages);
+  if (table_->exact_from() > first) {
+    tokens_.resize(size_t(first) * P);
+    table_->shrink(first * P);
+  }
+}
+
+void Session::reserve_window(int tokens) {
+  table_->reserve(tokens, &moves_);
+  if (moves_.empty()) return;
+  std::vector<int32_t> exact, packed;
+  for (const kv::PageMove& m : moves_) {
+    exact.push_back(m.exact);
+    packed.push_back(m.packed);
+  }
+  moves_.clear();
+  cache_->pack_pages(exact.data(), packed.data(), int(exact.size()));
+}
+
+const StepBatch& Session::step_batch(const TokenId* ids, int n, int pos, StepBatch::Logits logits) {
+  const int P = cache_->shape().page_tokens;
+  batch_.clear();
+  if (!table_) {
+    const size_t pages = size_t(kv::pages_for(pos + n, P));
+    if (identity_.size() < pages) identity_ = kv::identity_pages(int(pages));
+    batch_.add_sequence(ids, n, pos, identity_.data(), int(identity_.size()), P, logits);
+    return batch_;
+  }
+  reserve_window(pos + n);
+  batch_.add_sequence(ids, n, pos, table_->pages().data(), int(table_->pages().size()), P, logits);
+  return batch_;
 }
 
 std::vector<TokenId> Session::tokenize(const std::string& text, bool add_bos, bool parse_special) const {
@@ -79,19 +121,30 @@ const std::vector<float>& Session::feed(const std::vector<TokenId>& ids) {
   KVQ_CHECK(int(tokens_.size()) + total <= opts_.ctx, Errc::out_of_range, "feeding ", total,
             " tokens after ", tokens_.size(), " would exceed the context of ", opts_.ctx, " tokens (--ctx)");
   last_logits_.resize(vocab);
+  // With an exact window, the pages of the whole feed at once: those before
+  // its window are written straight into packed pages (as BatchDecoder's
+  // prompts are), whatever the chunks.
+  if (table_) reserve_window(int(tokens_.size()) + total);
   for (int done = 0; done < total;) {
     const int n = std::min(opts_.prefill_chunk, total - done);
     const int pos = int(tokens_.size());
     if (sink_) {
       all_logits_.resize(size_t(n) * vocab);
-      model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true, *run_);
+      if (table_)
+        model_.forward(step_batch(ids.data() + done, n, pos, StepBatch::Logits::all), *cache_, all_logits_.data(), *run_);
+      else
+        model_.forward(ids.data() + done, n, pos, *cache_, all_logits_.data(), true, *run_);
       for (int t = 0; t < n; ++t)
         if (const int64_t bad = first_non_finite(all_logits_.data() + size_t(t) * vocab, vocab); bad >= 0)
           fail_non_finite(pos + t, bad, all_logits_[size_t(t) * vocab + size_t(bad)]);
       for (int t = 0; t < n; ++t) sink_(ids[done + t], all_logits_.data() + size_t(t) * vocab, vocab);
       std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, last_logits_.data());
     } else {
-      model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false, *run_);
+      if (table_)
+        model_.forward(step_batch(ids.data() + done, n, pos, StepBatch::Logits::last), *cache_, last_logits_.data(),
+                       *run_);
+      else
+        model_.forward(ids.data() + done, n, pos, *cache_, last_logits_.data(), false, *run_);
       // NaN weights make every logit NaN; sampling would then pick token 0
       // forever and exit successfully. The last row of each chunk is checked
       // (NaNs propagate to it from any earlier position).
@@ -112,8 +165,16 @@ TokenId Session::feed_greedy(TokenId id, int vocab) {
   // a NaN hidden state makes every logit NaN and argmax would pick token 0
   // forever and succeed (issue 29). One float per step crosses to the host.
   float chosen = 0;
-  const TokenId next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_, &chosen);
-  if (!std::isfinite(chosen)) fail_non_finite(int(tokens_.size()), next, chosen);
+  TokenId next = 0;
+  if (table_) {  // the step checks its winning logit itself (Errc::format)
+    int32_t out = 0;
+    model_.forward_argmax(step_batch(&id, 1, int(tokens_.size()), StepBatch::Logits::last), *cache_, vocab, &out,
+                          *run_);
+    next = out;
+  } else {
+    next = model_.forward_argmax(id, int(tokens_.size()), *cache_, vocab, *run_, &chosen);
+    if (!std::isfinite(chosen)) fail_non_finite(int(tokens_.size()), next, chosen);
+  }
   tokens_.push_back(id);
   return next;
 }
@@ -130,8 +191,8 @@ GenerateResult Session::generate(const std::vector<TokenId>& prompt, const Gener
   size_t common = 0;
   while (common < tokens_.size() && common < prompt.size() && tokens_[common] == prompt[common]) ++common;
   if (common == prompt.size()) --common;
-  truncate(int(common));
-  const std::vector<TokenId> todo(prompt.begin() + common, prompt.end());
+  truncate(int(common));  // may keep fewer (an exact window's packed pages are fed again)
+  const std::vector<TokenId> todo(prompt.begin() + ptrdiff_t(tokens_.size()), prompt.end());
 
   Sampler sampler(g.sampling);
   for (TokenId id : prompt) sampler.accept(id);

@@ -12,7 +12,9 @@
 #include "engine/sampler.hpp"
 #include "engine/stop.hpp"
 #include "engine/token_healing.hpp"
+#include "backend/batch.hpp"
 #include "kv/cache.hpp"
+#include "kv/page_pool.hpp"
 #include "model/forward.hpp"
 
 namespace kvq {
@@ -100,6 +102,10 @@ class Session {
   // row rewritten with the same K/V holds the same codes). kvq bench decodes
   // repeatedly from one prefilled prompt this way: truncate(L - 1), then
   // generate(prompt) re-feeds only the last prompt token at position L - 1.
+  // With an exact window (a cache shaped with CacheShape::window_pages) the
+  // cut moves back to the start of the window the next token would see when
+  // pages of it were packed meanwhile (their exact rows are gone): tokens()
+  // says what is kept, and those tokens are fed again.
   void truncate(int n);
   // Feeds tokens after the cached ones (chunked); returns the last token's
   // logits. Non-finite logits (a model with NaN weights) are an Errc::format
@@ -124,8 +130,23 @@ class Session {
  private:
   [[noreturn]] void fail_non_finite(int pos, int64_t index, float value) const;
 
+  // The step of tokens [pos, pos + n) of ids over this session's pages: the
+  // identity table, or with an exact window the window's table (reserved
+  // here, the pages leaving it packed).
+  const StepBatch& step_batch(const TokenId* ids, int n, int pos, StepBatch::Logits logits);
+  // Pages for `tokens` tokens in the window's table; the pages that leave
+  // the window are packed before anything is written.
+  void reserve_window(int tokens);
+
   Model& model_;
   std::unique_ptr<kv::Cache> cache_;
+  // An exact window's pages (null without one): a pool of the store's packed
+  // pages, one of its exact pages, and this sequence's table over both.
+  std::unique_ptr<kv::PagePool> pool_, exact_pool_;
+  std::unique_ptr<kv::BlockTable> table_;
+  std::vector<kv::PageMove> moves_;
+  std::vector<int32_t> identity_;
+  StepBatch batch_;
   std::unique_ptr<RunState> run_;
   const Tokenizer* tok_;
   SessionOptions opts_;

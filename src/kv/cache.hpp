@@ -43,8 +43,18 @@ struct CacheShape {
   // page of max_tokens rows when page_tokens >= max_tokens, and refuses
   // pages that are not a multiple of 16, its attention tile); shape() says.
   int page_tokens = kDefaultPageTokens;
+  // The exact recent window (docs/architecture.md): each sequence's newest
+  // window_pages pages (the partial tail page included) hold bf16 rows, taken
+  // from a second pool of exact_pages pages; its older pages hold the codec's
+  // rows. In block tables and slots the exact pages are pages n_pages() ..
+  // total_pages() - 1 (one id space, two stores); a sequence's exact pages
+  // are the last entries of its table. 0 / 0: no window.
+  int window_pages = 0;
+  int exact_pages = 0;
 
   int n_pages() const { return pages_for(max_tokens, page_tokens); }
+  int total_pages() const { return n_pages() + exact_pages; }
+  bool is_exact_page(int32_t page) const { return page >= n_pages(); }
   PageGeometry geometry() const { return {n_kv_heads, page_tokens}; }
 };
 
@@ -56,13 +66,14 @@ struct CodecOptions {
   std::string ctv;          // empty: from `kv`
   bool rotor_qjl = false;
   uint64_t seed = 0x6b7671;  // rotation / sketch seed; per layer and head derived from it
-  // The exact recent window (issue 28 item 1), quality form: a query at
+  // The exact recent window (issue 28 item 1), evaluation form: a query at
   // position p reads tokens from 64 * max(0, p / 64 - W + 1) on as exact
-  // bf16 rows (its newest W 64-token pages, what a page-granular window
-  // holds at decode time) and older tokens from the codec. CPU store only,
-  // and it keeps the bf16 rows of every token (no memory saved): it
-  // measures quality (`kvq eval kl --kv-window`), it is not the serving
-  // window of docs/architecture.md. 0: off.
+  // bf16 rows (its newest W 64-token pages, what the window of
+  // CacheShape::window_pages holds at decode time, applied to every query
+  // of a prefill too) and older tokens from the codec. CPU store only, and
+  // it keeps the bf16 rows of every token (no memory saved): it measures
+  // quality (`kvq eval kl --kv-window`). The serving window is
+  // CacheShape::window_pages / exact_pages. 0: off.
   int exact_window_pages = 0;
 };
 
@@ -75,6 +86,15 @@ inline std::string exact_window_suffix(int window_pages) {
 inline int exact_window_start(int pos, int window_pages) {
   const int page = pos / kDefaultPageTokens - window_pages + 1;
   return page > 0 ? page * kDefaultPageTokens : 0;
+}
+
+// The first block-table index of a sequence's exact window once it holds
+// `tokens` tokens: pages before it hold the codec's rows, pages from it on
+// (at most window_pages of them) bf16 rows. With a window of 0 pages: every
+// page is packed.
+inline int window_first_page(int tokens, int page_tokens, int window_pages) {
+  const int pages = pages_for(tokens, page_tokens);
+  return window_pages > 0 && pages > window_pages ? pages - window_pages : window_pages > 0 ? 0 : pages;
 }
 
 // The query tokens of one sequence in a step: rows [first, first + n) of q
@@ -128,6 +148,20 @@ class Cache {
   // store is Errc::out_of_range; stores that cannot copy say
   // Errc::unsupported.
   virtual void copy_pages(const int32_t* src, const int32_t* dst, int n);
+  // Moves a window's oldest pages into the codec's store: encodes every
+  // layer's bf16 rows of exact page exact[i] into packed page packed[i], for
+  // i < n (page ids as in a block table: exact ones >= shape().n_pages()).
+  // The packed rows equal those write_slots would make from the bf16 values;
+  // rows of the exact page never written stay unwritten in the packed one.
+  // The exact pages are left unwritten (their pool may hand them out again).
+  // Stores without a window say Errc::unsupported.
+  virtual void pack_pages(const int32_t* exact, const int32_t* packed, int n);
+  // Bytes of one exact page, all layers, K and V (bf16 rows).
+  uint64_t exact_page_bytes() const;
+  // Bytes a sequence of n_tokens tokens holds: its packed pages' rows
+  // (bytes_for_tokens of the tokens before its window) plus whole exact
+  // pages for its window.
+  uint64_t bytes_for_sequence(int n_tokens) const;
 
  private:
   uint64_t id_;

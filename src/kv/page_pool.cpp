@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "kv/cache.hpp"
 #include "kv/page.hpp"
 
 namespace kvq::kv {
@@ -54,9 +55,26 @@ BlockTable::BlockTable(PagePool& pool, int page_tokens) : pool_(&pool), page_tok
   KVQ_CHECK(page_tokens > 0, Errc::invalid_argument, "page size must be positive, not ", page_tokens);
 }
 
+BlockTable::BlockTable(PagePool& pool, int page_tokens, PagePool& exact_pool, int32_t exact_base, int window_pages)
+    : BlockTable(pool, page_tokens) {
+  KVQ_CHECK(window_pages > 0 && exact_base >= pool.n_pages(), Errc::invalid_argument, "an exact window of ",
+            window_pages, " pages named from ", exact_base, " over a pool of ", pool.n_pages(),
+            " pages (needs >= 1 page, named past the pool)");
+  exact_pool_ = &exact_pool;
+  exact_base_ = exact_base;
+  window_pages_ = window_pages;
+}
+
 BlockTable::BlockTable(BlockTable&& o) noexcept
-    : pool_(o.pool_), page_tokens_(o.page_tokens_), pages_(std::move(o.pages_)) {
+    : pool_(o.pool_),
+      page_tokens_(o.page_tokens_),
+      pages_(std::move(o.pages_)),
+      exact_pool_(o.exact_pool_),
+      exact_base_(o.exact_base_),
+      window_pages_(o.window_pages_),
+      exact_from_(o.exact_from_) {
   o.pages_.clear();
+  o.exact_from_ = 0;
 }
 
 BlockTable& BlockTable::operator=(BlockTable&& o) noexcept {
@@ -65,39 +83,89 @@ BlockTable& BlockTable::operator=(BlockTable&& o) noexcept {
     pool_ = o.pool_;
     page_tokens_ = o.page_tokens_;
     pages_ = std::move(o.pages_);
+    exact_pool_ = o.exact_pool_;
+    exact_base_ = o.exact_base_;
+    window_pages_ = o.window_pages_;
+    exact_from_ = o.exact_from_;
     o.pages_.clear();
+    o.exact_from_ = 0;
   }
   return *this;
 }
 
 BlockTable::~BlockTable() { clear(); }
 
-void BlockTable::reserve(int tokens) {
-  const size_t want = size_t(pages_for(std::max(tokens, 0), page_tokens_));
-  const size_t had = pages_.size();
+void BlockTable::give_back(int32_t page) {
+  if (is_exact(page)) exact_pool_->release(page - exact_base_);
+  else pool_->release(page);
+}
+
+void BlockTable::reserve(int tokens, std::vector<PageMove>* moves) {
+  const int want = pages_for(std::max(tokens, 0), page_tokens_);
+  const int had = int(pages_.size());
+  // Entries before `first` must be packed pages once `tokens` are held.
+  const int first = exact_pool_ ? window_first_page(std::max(tokens, 0), page_tokens_, window_pages_) : want;
+  const int leaving = std::max(0, std::min(first, had) - exact_from_);
+  if (want <= had && leaving == 0) return;
+  KVQ_CHECK(leaving == 0 || moves, Errc::internal, "a windowed block table grew without a list for its moves");
+  const int new_exact = std::max(0, want - std::max(had, first));
+  // The pages leaving the window go back before the new ones are taken (their
+  // rows are packed before anything writes an exact page again), so a step
+  // that crosses a page needs no exact page more than the window holds.
+  KVQ_CHECK(new_exact <= (exact_pool_ ? exact_pool_->free_pages() : 0) + leaving, Errc::out_of_range,
+            "the KV window pool is full: all ", exact_pool_ ? exact_pool_->n_pages() : 0,
+            " exact pages are in use (fewer sequences, a shorter --kv-window, or a larger pool)");
+  std::vector<int32_t> packed;  // taken by this call, in the order they are placed
   try {
-    while (pages_.size() < want) pages_.push_back(pool_->alloc());
+    for (int i = 0; i < leaving + std::min(want, first) - std::min(had, first); ++i) packed.push_back(pool_->alloc());
   } catch (...) {
-    while (pages_.size() > had) {
-      pool_->release(pages_.back());
-      pages_.pop_back();
-    }
+    for (int32_t p : packed) pool_->release(p);
     throw;
   }
+  size_t next = 0;
+  for (int i = 0; i < leaving; ++i) {
+    int32_t& entry = pages_[size_t(exact_from_ + i)];
+    moves->push_back({entry, packed[next]});
+    exact_pool_->release(entry - exact_base_);
+    entry = packed[next++];
+  }
+  for (int i = had; i < want; ++i) pages_.push_back(i < first ? packed[next++] : exact_base_ + exact_pool_->alloc());
+  // The exact entries are a suffix: the first of them is where the packed ones end.
+  exact_from_ += leaving;
+  while (exact_from_ < int(pages_.size()) && !is_exact(pages_[size_t(exact_from_)])) ++exact_from_;
+}
+
+void BlockTable::reserve_like(const BlockTable& other, int tokens) {
+  KVQ_CHECK(pages_.empty(), Errc::internal, "reserve_like into a block table that holds pages");
+  KVQ_CHECK(other.pool_ == pool_ && other.exact_pool_ == exact_pool_ && other.page_tokens_ == page_tokens_,
+            Errc::internal, "reserve_like across pools");
+  const size_t n = size_t(pages_for(std::max(tokens, 0), page_tokens_));
+  KVQ_CHECK(n <= other.pages_.size(), Errc::internal, "reserve_like of ", tokens, " tokens from a table of ",
+            other.capacity());
+  try {
+    for (size_t i = 0; i < n; ++i)
+      pages_.push_back(other.is_exact(other.pages_[i]) ? exact_base_ + exact_pool_->alloc() : pool_->alloc());
+  } catch (...) {
+    clear();
+    throw;
+  }
+  exact_from_ = std::min(other.exact_from_, int(n));
 }
 
 void BlockTable::shrink(int tokens) {
   const size_t keep = size_t(pages_for(std::max(tokens, 0), page_tokens_));
   while (pages_.size() > keep) {
-    pool_->release(pages_.back());
+    give_back(pages_.back());
     pages_.pop_back();
   }
+  exact_from_ = std::min(exact_from_, int(pages_.size()));
 }
 
 void BlockTable::clear() {
   if (!pool_) return;
-  for (auto it = pages_.rbegin(); it != pages_.rend(); ++it) pool_->release(*it);
+  for (auto it = pages_.rbegin(); it != pages_.rend(); ++it) give_back(*it);
   pages_.clear();
+  exact_from_ = 0;
 }
 
 void BlockTable::share_prefix(const BlockTable& other, int tokens) {
@@ -107,24 +175,30 @@ void BlockTable::share_prefix(const BlockTable& other, int tokens) {
   const size_t n = size_t(pages_for(tokens, page_tokens_));
   KVQ_CHECK(n <= other.pages_.size(), Errc::internal, "share_prefix of ", tokens, " tokens from a table of ",
             other.capacity());
+  for (size_t i = 0; i < n; ++i)
+    KVQ_CHECK(!other.is_exact(other.pages_[i]), Errc::internal, "share_prefix of an exact (window) page");
   for (size_t i = 0; i < n; ++i) {
     pool_->retain(other.pages_[i]);
     pages_.push_back(other.pages_[i]);
   }
+  exact_from_ = int(pages_.size());
 }
 
 void BlockTable::replace(size_t index, int32_t page) {
   KVQ_CHECK(index < pages_.size(), Errc::internal, "replace of page ", index, " in a table of ", pages_.size());
+  KVQ_CHECK(!is_exact(pages_[index]) && !is_exact(page), Errc::internal, "replace of an exact (window) page");
   pool_->retain(page);
   pool_->release(pages_[index]);
   pages_[index] = page;
 }
 
 void BlockTable::adopt(const std::vector<int32_t>& pages) {
+  KVQ_CHECK(exact_from_ == int(pages_.size()), Errc::internal, "adopt after exact (window) pages");
   for (int32_t p : pages) {
     pool_->retain(p);
     pages_.push_back(p);
   }
+  exact_from_ = int(pages_.size());
 }
 
 }  // namespace kvq::kv

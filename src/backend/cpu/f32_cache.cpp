@@ -97,6 +97,8 @@ class F32Cache final : public kv::Cache {
 }  // namespace
 
 std::unique_ptr<kv::Cache> make_f32_cache(const kv::CacheShape& shape) {
+  KVQ_CHECK(shape.window_pages == 0 && shape.exact_pages == 0, Errc::unsupported,
+            "the f32 reference store has no exact window (every row is exact already): use --kv-window 0");
   KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0 &&
                 shape.page_tokens > 0,
             Errc::invalid_argument, "KV cache shape must be positive (layers ", shape.n_layers, ", kv heads ",

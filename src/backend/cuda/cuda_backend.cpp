@@ -605,6 +605,9 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(opts.exact_window_pages == 0, Errc::unsupported,
               "the exact recent window (--kv-window) exists on the CPU backend only so far (a quality measurement; "
               "issue 28): use --device cpu");
+    KVQ_CHECK(shape.window_pages == 0 && shape.exact_pages == 0, Errc::unsupported,
+              "the exact recent window (--kv-window) is built in the CPU store only so far (issue 28): the CUDA "
+              "store has no exact pages yet; use --device cpu or --kv-window 0");
     return make_cuda_kv_cache(opts, shape);
   }
 
