@@ -243,3 +243,31 @@ TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
   EXPECT_EQ(one.rc, 2);
   EXPECT_NE(one.err.find("-n 2 or more"), std::string::npos) << one.err;
 }
+
+// --kv-window: the serving form of the exact window, through the bench (one
+// sequence and a batch) and run; the server refuses it until its scheduler
+// has one.
+TEST(BenchCli, ExactWindowCellsAreNamedAndCountTheirPages) {
+  TempHome h;
+  const std::string home = " --home " + h.p.string();
+  const Out r = run_kvq("bench -m synthetic:tiny --codecs tsym3 --contexts 100 --gen 40 --reps 1 --warmup 0 "
+                        "--batch 1,2 --kv-window 1 --no-plots" + home);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE codec = 'tsym3+win1' AND status = 'ok'"), "2");
+  // 139 tokens: 128 packed (2 pages) and one exact page of 64 bf16 rows.
+  const Out plain = run_kvq("bench -m synthetic:tiny --codecs tsym3 --contexts 100 --gen 40 --reps 1 --warmup 0 "
+                            "--no-plots" + home);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  const double with = std::stod(sql(h.db(), "SELECT kv_bytes FROM bench_cells WHERE codec = 'tsym3+win1' AND batch = 1"));
+  const double without = std::stod(sql(h.db(), "SELECT kv_bytes FROM bench_cells WHERE codec = 'tsym3'"));
+  EXPECT_GT(with, without);
+  const Out run = run_kvq("run -m synthetic:tiny --kv k8v4 --kv-window 2 -n 150 -p hello");
+  EXPECT_EQ(run.rc, 0) << run.err;
+  const Out serve = run_kvq("serve -m synthetic:tiny --kv-window 1");
+  EXPECT_NE(serve.rc, 0);
+  EXPECT_NE(serve.err.find("no exact window yet"), std::string::npos) << serve.err;
+  const Out cap = run_kvq("bench -m synthetic:tiny --codecs tsym3 --contexts 64 --gen 4 --reps 1 --batch max "
+                          "--kv-budget 1M --kv-window 1" + home);
+  EXPECT_EQ(cap.rc, 2) << cap.err;
+  EXPECT_NE(cap.err.find("--kv-window"), std::string::npos) << cap.err;
+}

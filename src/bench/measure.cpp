@@ -165,13 +165,13 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
   const kv::CacheShape& sh = cache.shape();
   const int filled = int(session.tokens().size());
   c.kv_seq = L + o.gen / 2.0;  // decode step i (1..G-1) attends over L + i tokens
-  c.kv_bytes = cache.bytes_for_tokens(filled);
+  c.kv_bytes = cache.bytes_for_sequence(filled);  // an exact window's pages included
   c.bits_per_value = double(c.kv_bytes) * 8.0 / (double(filled) * sh.n_layers * sh.n_kv_heads * sh.head_dim * 2.0);
-  c.kv_capacity_bytes = cache.bytes_for_tokens(ctx);
+  c.kv_capacity_bytes = cache.bytes_for_sequence(ctx);
   c.device_mem_delta = mem_before >= 0 && mem_after >= 0 ? mem_after - mem_before : -1;
 
   c.weight_bytes = model.step_weight_bytes();
-  c.step_bytes = double(c.weight_bytes) + double(cache.bytes_for_tokens(int(std::lround(c.kv_seq))));
+  c.step_bytes = double(c.weight_bytes) + double(cache.bytes_for_sequence(int(std::lround(c.kv_seq))));
   c.achieved_gbs = c.step_bytes * c.decode_tps.median / 1e9;
   c.pct_copy_bw = o.copy_bw > 0 ? 100.0 * c.achieved_gbs * 1e9 / o.copy_bw : 0;
 

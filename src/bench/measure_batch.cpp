@@ -32,7 +32,7 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
   const int page = kv::kDefaultPageTokens;
   const int pages_per_seq = kv::pages_for(L + o.gen, page);
   const int64_t mem_before = be.device_memory_used();
-  std::unique_ptr<kv::Cache> store = make_paged_pool(model, codec, B * pages_per_seq, page);
+  std::unique_ptr<kv::Cache> store = make_paged_pool(model, codec, B * pages_per_seq, page, B);
   const int64_t mem_after = be.device_memory_used();
   kv::Cache& cache = *store;
   BatchDecoder dec(model, std::move(store), chunk);
@@ -101,14 +101,14 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
   const kv::CacheShape& sh = cache.shape();
   const int filled = B * (L + o.gen - 1);
   c.kv_seq = L + o.gen / 2.0;
-  c.kv_bytes = cache.bytes_for_tokens(filled);
+  c.kv_bytes = uint64_t(B) * cache.bytes_for_sequence(L + o.gen - 1);  // exact window pages included
   c.kv_pages = dec.pool().used_pages();
   c.bits_per_value = double(c.kv_bytes) * 8.0 / (double(filled) * sh.n_layers * sh.n_kv_heads * sh.head_dim * 2.0);
-  c.kv_capacity_bytes = cache.bytes_for_tokens(sh.max_tokens);
+  c.kv_capacity_bytes = cache.bytes_for_tokens(sh.max_tokens) + uint64_t(sh.exact_pages) * cache.exact_page_bytes();
   c.device_mem_delta = mem_before >= 0 && mem_after >= 0 ? mem_after - mem_before : -1;
   // A step reads the weights once and every sequence's KV rows.
   c.weight_bytes = model.step_weight_bytes();
-  c.step_bytes = double(c.weight_bytes) + double(B) * double(cache.bytes_for_tokens(int(std::lround(c.kv_seq))));
+  c.step_bytes = double(c.weight_bytes) + double(B) * double(cache.bytes_for_sequence(int(std::lround(c.kv_seq))));
   const double steps_per_s = c.decode_tps.median / B;
   c.achieved_gbs = c.step_bytes * steps_per_s / 1e9;
   c.pct_copy_bw = o.copy_bw > 0 ? 100.0 * c.achieved_gbs * 1e9 / o.copy_bw : 0;

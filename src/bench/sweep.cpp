@@ -227,6 +227,9 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   KVQ_CHECK(cfg.prefill_reps >= 1, Errc::invalid_argument, "--prefill-reps must be at least 1 (got ",
             cfg.prefill_reps, "): every cell prefills its prompt at least once");
   for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
+  KVQ_CHECK(cfg.window_pages >= 0, Errc::invalid_argument, "--kv-window ", cfg.window_pages, " pages (0: none)");
+  KVQ_CHECK(!capacity || cfg.window_pages == 0, Errc::invalid_argument,
+            "--batch max with --kv-window: the capacity mode counts packed pages only so far");
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const std::string home = resolve_home(cfg.home);
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
@@ -254,6 +257,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       {"contexts", cfg.contexts},
       {"batches", cfg.batches},
       {"kv_budget", cfg.kv_budget},
+      {"kv_window", cfg.window_pages},
       {"batch_fill", cfg.batch_fill == SweepConfig::BatchFill::copy      ? "copy"
                      : cfg.batch_fill == SweepConfig::BatchFill::prefill ? "prefill"
                                                                          : "auto"},
@@ -375,8 +379,10 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     try {
       KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
                 cell.ctx + cfg.gen, " tokens with ", cell.codec);
+      CodecRequest request{codec_options(cell.codec)};
+      request.window_pages = cfg.window_pages;
       if (cell.batch == 1 && !cell.capacity) {
-        r = measure_cell(*model, CodecRequest{codec_options(cell.codec)}, prompt, mo);
+        r = measure_cell(*model, request, prompt, mo);
       } else {
         // Sequence 0 has the one-sequence cells' prompt; the others their
         // own, or copies of its KV.
@@ -387,9 +393,10 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
           batch_prompts.push_back(mo.copy_batch_kv ? prompt
                                                    : random_prompt(cell.ctx, mc.vocab_size,
                                                                    cfg.seed + uint64_t(cell.ctx) + 7919u * b));
-        r = measure_batch_cell(*model, CodecRequest{codec_options(cell.codec)}, batch_prompts, mo);
+        r = measure_batch_cell(*model, request, batch_prompts, mo);
       }
-      r.codec = cell.codec;  // the sweep's name ("+qjl" forms included), equal to the canonical one
+      // The sweep's name ("+qjl" forms included), equal to the canonical one.
+      r.codec = cell.codec + kv::exact_window_suffix(cfg.window_pages);
     } catch (const std::bad_alloc&) {
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "oom", "out of host memory (std::bad_alloc)");
     } catch (const Error& e) {

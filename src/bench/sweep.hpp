@@ -30,6 +30,9 @@ struct SweepConfig {
   // (MeasureOptions::copy_batch_kv); automatic: copies in capacity mode only.
   enum class BatchFill { automatic, prefill, copy };
   BatchFill batch_fill = BatchFill::automatic;
+  // --kv-window: every codec's cells with an exact window of this many pages
+  // per sequence (CodecRequest::window_pages; rows named NAME+winW). 0: none.
+  int window_pages = 0;
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell
   int warmup = 1;                    // discarded repetitions per cell

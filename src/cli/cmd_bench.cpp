@@ -28,6 +28,7 @@ struct BenchArgs {
   std::string batches = "1";
   std::string kv_budget;
   std::string batch_fill = "auto";
+  int kv_window = 0;
   int gen = 128;
   int reps = 3;
   int warmup = 1;
@@ -83,6 +84,7 @@ int run_bench(const BenchArgs& a) {
   cfg.contexts = bench::parse_context_list(a.contexts);
   cfg.batches = bench::parse_batch_list(a.batches);
   if (!a.kv_budget.empty()) cfg.kv_budget = bench::parse_byte_size(a.kv_budget);
+  cfg.window_pages = a.kv_window;
   cfg.batch_fill = a.batch_fill == "copy"      ? bench::SweepConfig::BatchFill::copy
                    : a.batch_fill == "prefill" ? bench::SweepConfig::BatchFill::prefill
                                                : bench::SweepConfig::BatchFill::automatic;
@@ -313,6 +315,7 @@ KVQ_REGISTER_COMMAND(
                      "same bytes per step without B - 1 prefills) or auto (copy in capacity mode, else prefill)")
           ->check(CLI::IsMember({"auto", "prefill", "copy"}))
           ->capture_default_str();
+      add_kv_window_option(app, a->kv_window);
       app.add_option("--gen", a->gen, "Tokens generated per decode run (decode tok/s counts tokens 2..gen)")
           ->check(CLI::Range(2, 1 << 20))
           ->capture_default_str();

@@ -49,6 +49,9 @@ int serve(ServeArgs& a) {
   KVQ_CHECK(a.max_body_mib > 0, Errc::invalid_argument, "--max-body must be positive");
   a.sampling.params.validate();
   const CodecRequest pool_codec = codec_request(a.model);  // fails at start, not on the first request
+  KVQ_CHECK(pool_codec.window_pages == 0, Errc::unsupported,
+            "--kv-window: the server's scheduler and prefix cache have no exact window yet (issue 28); serve "
+            "without it");
 
   // Connections cost a descriptor each: allow as many as the hard limit does.
   {

@@ -77,7 +77,18 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                            "Keep K/V in exact fp32 (the reference cache, no codec): for logit comparisons with fp32 "
                            "references");
   for (const char* codec_flag : {"--kv", "--ctk", "--ctv", "--rotor-qjl"}) f32->excludes(app.get_option(codec_flag));
+  add_kv_window_option(app, o.kv_window);
+  f32->excludes(app.get_option("--kv-window"));
   add_backend_lab_options(app, o.backend);
+}
+
+void add_kv_window_option(CLI::App& app, int& pages) {
+  app.add_option("--kv-window", pages,
+                 "Exact recent window: each sequence's newest W 64-token pages (the partial one included) stay bf16 "
+                 "beside the codec's pages and are attended exactly; a page is encoded when it leaves (rows named "
+                 "NAME+winW; CPU backend only so far). 0: none")
+      ->check(in_range(0, 1 << 16, false, " pages"))
+      ->capture_default_str();
 }
 
 void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
@@ -238,7 +249,9 @@ int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
 }
 
 CodecRequest codec_request(const ModelOptions& o) {
-  return CodecRequest::from_flags(o.codec, o.rotor_qjl, o.f32_kv);
+  CodecRequest r = CodecRequest::from_flags(o.codec, o.rotor_qjl, o.f32_kv);
+  if (!r.f32) r.window_pages = o.kv_window;
+  return r;
 }
 
 SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {

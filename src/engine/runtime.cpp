@@ -1,6 +1,8 @@
 #include "engine/runtime.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <climits>
 
 #include "backend/cpu/f32_cache.hpp"
 #include "core/error.hpp"
@@ -65,7 +67,7 @@ std::optional<kv::ResolvedCodec> CodecRequest::resolve() const {
 std::string CodecRequest::label() const {
   if (f32) return "f32";
   const kv::ResolvedCodec r = kv::resolve_codec(codec);
-  const std::string window = kv::exact_window_suffix(codec.exact_window_pages);
+  const std::string window = kv::exact_window_suffix(std::max(codec.exact_window_pages, window_pages));
   if (!codec.ctk.empty() || !codec.ctv.empty()) return r.k.name() + "/" + r.v.name() + window;
   return r.name + window;
 }
@@ -88,8 +90,16 @@ kv::CacheShape pool_shape(const Model& m, int pages, int page_tokens) {
 
 namespace {
 
-std::unique_ptr<kv::Cache> make_store(Model& m, const CodecRequest& r, const kv::CacheShape& shape) {
+std::unique_ptr<kv::Cache> make_store(Model& m, const CodecRequest& r, kv::CacheShape shape, int max_seqs) {
   Backend& be = m.backend();
+  KVQ_CHECK(r.window_pages >= 0, Errc::invalid_argument, "--kv-window ", r.window_pages, " pages (0: none)");
+  if (r.window_pages > 0 && !r.f32) {
+    KVQ_CHECK(max_seqs > 0, Errc::internal, "a paged pool with an exact window needs its number of sequences");
+    KVQ_CHECK(int64_t(max_seqs) * r.window_pages <= INT32_MAX / shape.page_tokens, Errc::invalid_argument,
+              "--kv-window ", r.window_pages, " pages for ", max_seqs, " sequences is more than kvq can address");
+    shape.window_pages = r.window_pages;
+    shape.exact_pages = max_seqs * r.window_pages;
+  }
   if (r.f32) {
     // The one place that chooses the fp32 reference cache: the CPU backend's.
     KVQ_CHECK(std::string(be.name()) == "cpu", Errc::unsupported,
@@ -103,11 +113,13 @@ std::unique_ptr<kv::Cache> make_store(Model& m, const CodecRequest& r, const kv:
 }  // namespace
 
 std::unique_ptr<kv::Cache> make_session_cache(Model& m, const CodecRequest& r, int ctx) {
-  return make_store(m, r, session_shape(m, ctx));
+  KVQ_CHECK(r.window_pages == 0 || !m.backend().options().session_one_page, Errc::invalid_argument,
+            "--kv-window with --kv-one-page: a window is counted in pages, and that cache is one page");
+  return make_store(m, r, session_shape(m, ctx), 1);
 }
 
-std::unique_ptr<kv::Cache> make_paged_pool(Model& m, const CodecRequest& r, int pages, int page_tokens) {
-  std::unique_ptr<kv::Cache> store = make_store(m, r, pool_shape(m, pages, page_tokens));
+std::unique_ptr<kv::Cache> make_paged_pool(Model& m, const CodecRequest& r, int pages, int page_tokens, int max_seqs) {
+  std::unique_ptr<kv::Cache> store = make_store(m, r, pool_shape(m, pages, page_tokens), max_seqs);
   KVQ_CHECK(store->shape().page_tokens == page_tokens && store->shape().n_pages() == pages, Errc::unsupported, "the ",
             m.backend().name(), " backend has no paged KV store for a pool of ", pages, " pages of ", page_tokens,
             " tokens");
@@ -115,7 +127,9 @@ std::unique_ptr<kv::Cache> make_paged_pool(Model& m, const CodecRequest& r, int 
 }
 
 uint64_t measured_page_bytes(Model& m, const CodecRequest& r, int page_tokens) {
-  return make_paged_pool(m, r, 1, page_tokens)->bytes_for_tokens(page_tokens);
+  CodecRequest packed = r;  // the codec's page, without a window
+  packed.window_pages = 0;
+  return make_paged_pool(m, packed, 1, page_tokens)->bytes_for_tokens(page_tokens);
 }
 
 Runtime Runtime::open(const std::string& device, const BackendOptions& options, const std::string& model_spec) {

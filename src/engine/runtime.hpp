@@ -35,6 +35,9 @@ class Model;
 struct CodecRequest {
   kv::CodecOptions codec;  // --kv, --ctk, --ctv, --rotor-qjl (unused for f32)
   bool f32 = false;        // --f32-kv, or `f32` in a list
+  // --kv-window: the exact recent window of each sequence, in pages
+  // (kv::CacheShape::window_pages; the stores made below take it). 0: none.
+  int window_pages = 0;
 
   // One text entry, case-insensitive: a codec name or alias ("k8v4"), a rotor
   // codec with the QJL sketch ("rotor3_sym+qjl"), a K/V block pair
@@ -67,9 +70,10 @@ kv::CacheShape pool_shape(const Model& m, int pages, int page_tokens = kv::kDefa
 // for: Errc::unsupported.
 std::unique_ptr<kv::Cache> make_session_cache(Model& m, const CodecRequest& r, int ctx);
 // A paged pool of `pages` pages of `page_tokens` rows; a backend that would
-// not page it so: Errc::unsupported.
+// not page it so: Errc::unsupported. With an exact window, `max_seqs`
+// sequences' windows in a second pool (exact pages), which must be given.
 std::unique_ptr<kv::Cache> make_paged_pool(Model& m, const CodecRequest& r, int pages,
-                                           int page_tokens = kv::kDefaultPageTokens);
+                                           int page_tokens = kv::kDefaultPageTokens, int max_seqs = 0);
 // Bytes of one page of the request's store, measured on a one-page pool.
 uint64_t measured_page_bytes(Model& m, const CodecRequest& r, int page_tokens = kv::kDefaultPageTokens);
 
@@ -90,7 +94,7 @@ struct Runtime {
   }
   std::unique_ptr<kv::Cache> paged_pool(const CodecRequest& r, int pages,
                                         int page_tokens = kv::kDefaultPageTokens) const {
-    return make_paged_pool(*model, r, pages, page_tokens);
+    return make_paged_pool(*model, r, pages, page_tokens, 0);
   }
 };
 
