@@ -51,15 +51,19 @@ struct Served {
   int port = 0;
 
   // max_seqs sequences run together over a pool of max_seqs x ctx tokens
-  // (codec none); max_queue more may wait.
-  explicit Served(ServerOptions o = {}, int max_queue = 4, int ctx = 256, int max_seqs = 4) {
+  // (codec none, or `codec` with an exact window of `window` pages per
+  // sequence); max_queue more may wait.
+  explicit Served(ServerOptions o = {}, int max_queue = 4, int ctx = 256, int max_seqs = 4,
+                  const std::string& codec = "none", int window = 0) {
     Model_& m = tiny();
     EngineSetup setup;
     setup.model = m.model.get();
     const int page = kv::kDefaultPageTokens;
     kv::CacheShape shape = m.model->cache_shape(max_seqs * kv::pages_for(ctx, page) * page);
+    shape.window_pages = window;
+    shape.exact_pages = max_seqs * window;
     kv::CodecOptions c;
-    c.kv = "none";
+    c.kv = codec;
     setup.store = m.backend->make_cache(c, shape);
     setup.scheduler.max_running = max_seqs;
     setup.scheduler.max_seq_tokens = ctx;
@@ -68,7 +72,7 @@ struct Served {
     engine = std::make_unique<Engine>(m.tok, m.vocab(), std::move(setup));
     o.port = 0;
     o.model_id = "tiny";
-    o.default_codec = "none";
+    o.default_codec = engine->codec();
     o.ctx = ctx;
     o.chat_template = ChatTemplate::chatml;
     server = std::make_unique<Server>(*engine, o);

@@ -245,8 +245,8 @@ TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
 }
 
 // --kv-window: the serving form of the exact window, through the bench (one
-// sequence and a batch) and run; the server refuses it until its scheduler
-// has one.
+// sequence and a batch) and run; a server's --kv-budget pays for the windows
+// first.
 TEST(BenchCli, ExactWindowCellsAreNamedAndCountTheirPages) {
   TempHome h;
   const std::string home = " --home " + h.p.string();
@@ -263,9 +263,9 @@ TEST(BenchCli, ExactWindowCellsAreNamedAndCountTheirPages) {
   EXPECT_GT(with, without);
   const Out run = run_kvq("run -m synthetic:tiny --kv k8v4 --kv-window 2 -n 150 -p hello");
   EXPECT_EQ(run.rc, 0) << run.err;
-  const Out serve = run_kvq("serve -m synthetic:tiny --kv-window 1");
-  EXPECT_NE(serve.rc, 0);
-  EXPECT_NE(serve.err.find("no exact window yet"), std::string::npos) << serve.err;
+  const Out serve = run_kvq("serve -m synthetic:tiny --kv-window 1 --kv-budget 1K");
+  EXPECT_EQ(serve.rc, 2) << serve.err;
+  EXPECT_NE(serve.err.find("exact windows"), std::string::npos) << serve.err;
   const Out cap = run_kvq("bench -m synthetic:tiny --codecs tsym3 --contexts 64 --gen 4 --reps 1 --batch max "
                           "--kv-budget 1M --kv-window 1" + home);
   EXPECT_EQ(cap.rc, 2) << cap.err;

@@ -70,6 +70,7 @@ struct Fixture {
   std::unique_ptr<CountingBackend> backend = std::make_unique<CountingBackend>();
   std::unique_ptr<Model> model;
   kv::CodecOptions codec;
+  int window = 0;  // exact window pages per sequence (CacheShape::window_pages)
   std::mutex mu;  // records are written by the stepping thread, read by the test
   std::map<SeqId, Record> rec;
 
@@ -89,6 +90,10 @@ struct Fixture {
   std::unique_ptr<Scheduler> make(int pages, int page_tokens, SchedulerOptions o, const Clock* clock = nullptr) {
     kv::CacheShape shape = model->cache_shape(pages * page_tokens);
     shape.page_tokens = page_tokens;
+    if (window > 0) {
+      shape.window_pages = window;
+      shape.exact_pages = (o.max_running ? o.max_running : std::min(256, o.max_step_tokens)) * window;
+    }
     return std::make_unique<Scheduler>(*model, backend->make_cache(codec, shape), o, clock);
   }
 
@@ -119,9 +124,14 @@ struct Fixture {
 
   // The sequence alone: BatchDecoder (itself held to the plain forward
   // pass in test_step_batch) with prefill chunks of 16; n tokens.
-  std::vector<TokenId> solo(const std::vector<TokenId>& p, int n, SamplingParams sp = greedy()) {
-    kv::CacheShape shape = model->cache_shape((int(p.size()) + n + 16) / 16 * 16);
-    shape.page_tokens = 16;
+  // With a window, pages of window_page_tokens (the window is counted in pages).
+  std::vector<TokenId> solo(const std::vector<TokenId>& p, int n, SamplingParams sp = greedy(),
+                            int window_page_tokens = 8) {
+    const int P = window > 0 ? window_page_tokens : 16;
+    kv::CacheShape shape = model->cache_shape((int(p.size()) + n + P) / P * P);
+    shape.page_tokens = P;
+    shape.window_pages = window;
+    shape.exact_pages = window;
     BatchDecoder dec(*model, backend->make_cache(codec, shape), 16);
     const int h = dec.add(p, sp);
     for (int i = 1; i < n; ++i) dec.step();
@@ -754,4 +764,76 @@ TEST(Scheduler, CopiesOfOnePromptPrefillItOnce) {
   for (int k = 0; k < 3; ++k)
     EXPECT_EQ(f.rec[ids[size_t(k)]].tokens, f.solo(p, 9, sampled(500 + uint64_t(k)))) << "copy " << k;
   EXPECT_NE(f.rec[ids[0]].tokens, f.rec[ids[1]].tokens);
+}
+
+// With an exact window of one page the scheduler still gives every sequence
+// its solo run's tokens (a solo run with the same window), through prefix
+// cache hits, evictions, preemptions and cancellations: a windowed store
+// encodes the bf16 K/V on every path, so recomputed and adopted pages hold
+// the codes the solo run made when the pages left its window.
+TEST(Scheduler, RandomScheduleWithAnExactWindowMatchesSoloRuns) {
+  for (const bool cached : {false, true}) {
+    SCOPED_TRACE(cached ? "prefix cache" : "no prefix cache");
+    Fixture f;
+    f.codec.kv = "k8vturbo2";
+    f.window = 1;
+    SchedulerOptions o = cached ? cached_budget(24) : budget(24);
+    o.max_running = 6;
+    auto s = f.make(16, 8, o);  // 128 tokens of packed pages: preemptions
+    Rng rng(cached ? 78 : 79);
+    const std::vector<TokenId> opening = f.prompt(30, 903);
+    struct Req {
+      std::vector<TokenId> prompt;
+      int max_tokens;
+      bool cancelled = false;
+    };
+    std::map<SeqId, Req> reqs;
+    std::vector<SeqId> ids;
+    for (int tick = 0; tick < 100; ++tick) {
+      if (tick < 70 && rng.next_u64() % 3 == 0) {
+        std::vector<TokenId> p(opening.begin(), opening.begin() + ptrdiff_t(1 + rng.next_u64() % opening.size()));
+        const auto tail = f.prompt(int(rng.next_u64() % 10), 800 + uint64_t(tick));
+        p.insert(p.end(), tail.begin(), tail.end());
+        Req q{p, 1 + int(rng.next_u64() % 20)};
+        const SeqId id = *s->submit(f.request(q.prompt, q.max_tokens));
+        reqs[id] = q;
+        ids.push_back(id);
+      }
+      if (!ids.empty() && rng.next_u64() % 15 == 0) {
+        const SeqId id = ids[rng.next_u64() % ids.size()];
+        reqs[id].cancelled = true;
+        s->cancel(id);
+      }
+      s->step();
+    }
+    f.drain(*s);
+    const SchedulerMetrics m = s->metrics();
+    EXPECT_EQ(m.finished, ids.size());
+    if (cached) EXPECT_GT(m.prefix_hit_tokens, 0u);  // and idle cached pages evicted, not sequences preempted
+    else EXPECT_GT(m.preemptions, 0u);
+    EXPECT_EQ(m.pages_used, 0);
+    for (SeqId id : ids) {
+      const Req& q = reqs[id];
+      const Record& r = f.rec[id];
+      ASSERT_TRUE(r.finished) << "sequence " << id;
+      expect_solo(r, q.cancelled, f.solo(q.prompt, q.max_tokens), id);
+    }
+  }
+}
+
+TEST(Scheduler, AnExactWindowNeedsAPoolForEveryRunningSequence) {
+  Fixture f;
+  kv::CacheShape shape = f.model->cache_shape(16 * 8);
+  shape.page_tokens = 8;
+  shape.window_pages = 2;
+  shape.exact_pages = 7;
+  SchedulerOptions o = budget(24);
+  o.max_running = 4;  // needs 8
+  try {
+    Scheduler s(*f.model, f.backend->make_cache(f.codec, shape), o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("needs 8 exact pages"), std::string::npos) << e.what();
+  }
 }

@@ -474,3 +474,38 @@ TEST(ServerHttp, MethodsCorsAuthSchemeTokenizeAndCheapFields) {
   }
   EXPECT_GE(chunks, 2);
 }
+
+// A server whose pool has an exact window (kvq serve --kv-window): answers
+// equal a Session's with the same window, across pages leaving the window;
+// the codec may be named with or without the window.
+TEST(ServerHttp, AnExactWindowPoolAnswersLikeAWindowedSession) {
+  Served s({}, 4, 256, 2, "tsym3", 1);
+  const std::string prompt = "def fibonacci(n):\n";
+  const auto ids = tiny().tok.encode(prompt);
+  Model_& m = tiny();
+  SessionOptions so;
+  so.ctx = 256;
+  kv::CacheShape shape = m.model->cache_shape(so.ctx);
+  shape.window_pages = 1;
+  shape.exact_pages = 1;
+  kv::CodecOptions c;
+  c.kv = "tsym3";
+  Session ref(*m.model, m.backend->make_cache(c, shape), &m.tok, so);
+  GenerateOptions g;
+  g.n_predict = 150;
+  g.sampling.temperature = 0;
+  g.stop_at_eog = false;
+  const std::string want = ref.generate(ids, g).text;
+  json base = {{"prompt", ids}, {"max_tokens", 150}, {"temperature", 0}, {"ignore_eos", true}};
+  json r = s.post_json("/v1/completions", base);
+  EXPECT_EQ(r["choices"][0]["text"], want);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 150);
+  for (const char* name : {"tsym3", "tsym3+win1"}) {
+    base["kv_codec"] = name;
+    base["max_tokens"] = 4;
+    s.post_json("/v1/completions", base);
+  }
+  base["kv_codec"] = "tsym3+win2";
+  r = s.post_json("/v1/completions", base, 400);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("'tsym3+win1'"), std::string::npos) << r;
+}

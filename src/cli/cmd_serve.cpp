@@ -49,9 +49,6 @@ int serve(ServeArgs& a) {
   KVQ_CHECK(a.max_body_mib > 0, Errc::invalid_argument, "--max-body must be positive");
   a.sampling.params.validate();
   const CodecRequest pool_codec = codec_request(a.model);  // fails at start, not on the first request
-  KVQ_CHECK(pool_codec.window_pages == 0, Errc::unsupported,
-            "--kv-window: the server's scheduler and prefix cache have no exact window yet (issue 28); serve "
-            "without it");
 
   // Connections cost a descriptor each: allow as many as the hard limit does.
   {
@@ -78,11 +75,21 @@ int serve(ServeArgs& a) {
   // One page pool for every request, in the server's codec (--kv, --ctk,
   // --ctv, --rotor-qjl, --f32-kv): --kv-pages pages, or as many as
   // --kv-budget bytes hold, or by default --max-seqs sequences of --ctx.
+  // With --kv-window each of --max-seqs sequences also has its window's
+  // bf16 pages, which the budget pays for first.
   const int page = kv::kDefaultPageTokens;
   int pages = a.kv_pages;
   if (kv_budget > 0) {
     const uint64_t page_bytes = measured_page_bytes(model, pool_codec, page);
-    pages = int(std::min<uint64_t>(kv_budget / page_bytes, uint64_t(1) << 24));
+    const uint64_t window_bytes =
+        pool_codec.window_pages > 0
+            ? uint64_t(a.max_seqs) * make_paged_pool(model, pool_codec, 1, page, a.max_seqs)->exact_page_bytes() *
+                  uint64_t(pool_codec.window_pages)
+            : 0;
+    KVQ_CHECK(kv_budget > window_bytes, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " does not hold the ",
+              a.max_seqs, " exact windows of --kv-window ", pool_codec.window_pages, " (", window_bytes >> 20,
+              " MiB)");
+    pages = int(std::min<uint64_t>((kv_budget - window_bytes) / page_bytes, uint64_t(1) << 24));
     KVQ_CHECK(pages >= 1, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " is less than one page of ", page,
               " tokens (", page_bytes, " bytes in this codec)");
   } else if (pages == 0) {
@@ -95,7 +102,7 @@ int serve(ServeArgs& a) {
             " pages is more tokens than kvq can address; lower --kv-pages / --kv-budget");
   server::EngineSetup setup;
   setup.model = &model;
-  setup.store = make_paged_pool(model, pool_codec, pages, page);
+  setup.store = make_paged_pool(model, pool_codec, pages, page, a.max_seqs);
   setup.scheduler.max_running = a.max_seqs;
   setup.scheduler.max_step_tokens =
       a.model.prefill_chunk > 0 ? a.model.prefill_chunk : model.backend().default_prefill_chunk();
@@ -109,7 +116,8 @@ int serve(ServeArgs& a) {
     if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
   };
   setup.max_waiting = a.max_queue;
-  const uint64_t pool_bytes = setup.store->bytes_for_tokens(pages * page);
+  const uint64_t pool_bytes = setup.store->bytes_for_tokens(pages * page) +
+                              uint64_t(setup.store->shape().exact_pages) * setup.store->exact_page_bytes();
   const int step_tokens = setup.scheduler.max_step_tokens;
   server::Engine engine(*l.tokenizer, vocab, std::move(setup));
 

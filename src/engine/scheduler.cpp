@@ -49,6 +49,12 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<kv::Cache> store, SchedulerOp
   KVQ_CHECK(opts_.vocab > 0 && opts_.vocab <= model.config().vocab_size, Errc::invalid_argument, "vocab (",
             opts_.vocab, ") must be between 1 and the model's ", model.config().vocab_size);
   KVQ_CHECK(opts_.max_waiting >= 0, Errc::invalid_argument, "max_waiting must not be negative");
+  if (s.window_pages > 0) {
+    KVQ_CHECK(int64_t(s.exact_pages) >= int64_t(opts_.max_running) * s.window_pages, Errc::invalid_argument,
+              "an exact window of ", s.window_pages, " pages for ", opts_.max_running, " running sequences needs ",
+              int64_t(opts_.max_running) * s.window_pages, " exact pages; the store has ", s.exact_pages);
+    exact_pool_ = std::make_unique<kv::PagePool>(s.exact_pages);
+  }
   if (opts_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(pool_, page_tokens_);
   own_.pages_total = metrics_.pages_total = pool_.n_pages();
   own_.pages_free = metrics_.pages_free = pool_.free_pages();
@@ -70,7 +76,7 @@ std::optional<SeqId> Scheduler::submit(SeqRequest req) {
     KVQ_CHECK(t >= 0 && t < vocab, Errc::invalid_argument, "token id ", t, " is outside the vocabulary of ", vocab);
   req.sampling.validate();
   auto s = std::make_unique<Sequence>(Sequence{0, SeqState::waiting, std::move(req.prompt), 0, 0, 0,
-                                               kv::BlockTable(pool_, page_tokens_), Sampler(req.sampling),
+                                               new_table(), Sampler(req.sampling),
                                                req.max_tokens, std::move(req.stop_tokens),
                                                std::move(req.on_output), false, 0, clock_->now(),
                                                req.want_logits, prefix_ && req.cache_prefix, {}});
@@ -174,15 +180,21 @@ int Scheduler::available_pages() const {
   return pool_.free_pages() + (prefix_ ? prefix_->evictable_pages() : 0);
 }
 
+kv::BlockTable Scheduler::new_table() {
+  if (!exact_pool_) return kv::BlockTable(pool_, page_tokens_);
+  const kv::CacheShape& sh = store_->shape();
+  return kv::BlockTable(pool_, page_tokens_, *exact_pool_, sh.n_pages(), sh.window_pages);
+}
+
 bool Scheduler::try_reserve(Sequence& s, int tokens) {
-  const int need = kv::pages_for(tokens, page_tokens_) - int(s.table.pages().size());
+  const int need = s.table.packed_pages_needed(tokens);
   if (need > pool_.free_pages()) {  // idle cached pages make up the difference, or nothing does
     if (need > available_pages()) return false;
     own_.prefix_evicted_pages += uint64_t(prefix_->evict(need - pool_.free_pages()));
     KVQ_CHECK(need <= pool_.free_pages(), Errc::internal, "prefix cache: evicted to ", pool_.free_pages(),
               " free pages of the ", need, " it counted as evictable");
   }
-  s.table.reserve(tokens);
+  s.table.reserve(tokens, &moves_);  // a window's exact pages: max_running windows fit (constructor)
   return true;
 }
 
@@ -214,7 +226,8 @@ bool Scheduler::shared_prefill_pending(const Sequence& s) const {
 
 void Scheduler::cache_full_pages(Sequence& s) {
   if (!s.cache_prefix) return;
-  const size_t full = size_t(s.cached / page_tokens_);
+  // Full pages that left the window (exact pages are private to their sequence).
+  const size_t full = size_t(std::min(s.cached / page_tokens_, s.table.exact_from()));
   while (s.nodes.size() < full) {
     const size_t i = s.nodes.size();
     const PrefixCache::NodeId parent = i ? s.nodes[i - 1] : 0;
@@ -395,6 +408,17 @@ int Scheduler::step() {
     insert_running(std::move(p));
     ++own_.admitted;
     add(s, std::min(s.pending(), budget));
+  }
+
+  // The pages that left windows, packed before the pass writes any exact page.
+  if (!moves_.empty()) {
+    std::vector<int32_t> exact, packed;
+    for (const kv::PageMove& m : moves_) {
+      exact.push_back(m.exact);
+      packed.push_back(m.packed);
+    }
+    moves_.clear();
+    store_->pack_pages(exact.data(), packed.data(), int(exact.size()));
   }
 
   const int n_tok = batch_.n_tok();

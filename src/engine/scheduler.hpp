@@ -27,6 +27,13 @@
 //      context end finish sequences, whose pages go back to the pool;
 //   6. outputs (new tokens, finish reasons) go to each request's callback.
 //
+// With an exact window (a store shaped with CacheShape::window_pages), each
+// sequence's newest pages are exact pages of a second pool sized for
+// max_running windows; the pages that leave windows in a step are packed
+// (Cache::pack_pages) before its forward pass. Only packed pages enter the
+// prefix cache (a page is cached once it has left its sequence's window), and
+// an adopter's window starts after what it adopted.
+//
 // With SchedulerOptions::prefix_cache, an admission first adopts the cached
 // pages of the longest cached prefix of the sequence's tokens (whole pages,
 // never its last token) and prefills only the rest; after each pass every
@@ -277,6 +284,7 @@ class Scheduler {
   void finish(Sequence& s, StopReason reason, double time);
   void preempt(Sequence& s);
   bool try_reserve(Sequence& s, int tokens);
+  kv::BlockTable new_table();
   // Pages a reservation may take: free ones and evictable cached ones.
   int available_pages() const;
   // Adopts the cached pages of s's longest cached prefix (admission).
@@ -301,6 +309,10 @@ class Scheduler {
   Model& model_;
   std::unique_ptr<kv::Cache> store_;
   kv::PagePool pool_;
+  // An exact window's pages (CacheShape::window_pages; null without one):
+  // max_running windows at most, so a running sequence always finds its own.
+  std::unique_ptr<kv::PagePool> exact_pool_;
+  std::vector<kv::PageMove> moves_;  // pages leaving windows this step, packed before the pass
   std::unique_ptr<PrefixCache> prefix_;  // null: prefix caching off (after pool_: gives its pages back first)
   std::unique_ptr<RunState> run_;
   SchedulerOptions opts_;

@@ -48,7 +48,10 @@ struct CacheShape {
   // from a second pool of exact_pages pages; its older pages hold the codec's
   // rows. In block tables and slots the exact pages are pages n_pages() ..
   // total_pages() - 1 (one id space, two stores); a sequence's exact pages
-  // are the last entries of its table. 0 / 0: no window.
+  // are the last entries of its table. Such a store encodes the bf16 values
+  // of K and V into its packed pages, whether written there or packed from
+  // a window page (Cache::pack_pages): the same codes either way. 0 / 0: no
+  // window.
   int window_pages = 0;
   int exact_pages = 0;
 

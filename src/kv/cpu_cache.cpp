@@ -20,7 +20,10 @@
 //    store of exact_pages pages of bf16 rows (exact_k / exact_v, rows by
 //    PageGeometry::row(page - n_pages, head, entry)); a sequence's table
 //    ends in its exact pages, and its tokens in them are read from there.
-//    pack_pages encodes an exact page's rows into a packed page.
+//    pack_pages encodes an exact page's rows into a packed page. Such a
+//    store encodes the bf16 values of K and V on every path (write_slots
+//    into a packed page too), so a row's codes are the same whether it was
+//    written packed or packed when it left a window.
 //  - the evaluation form (CodecOptions::exact_window_pages = W > 0): every
 //    row is kept as bf16 too (exact_k / exact_v by the packed row index), and
 //    a query at position p reads tokens [exact_window_start(p, W), p] from
@@ -115,6 +118,8 @@ void check_page_copy(const int32_t* src, const int32_t* dst, int n, int n_pages)
 
 namespace {
 
+constexpr int kMaxHeadDim = 512;  // a row staged on the stack (bf16 rounding before an encode)
+
 struct SideStore {
   std::vector<std::unique_ptr<Block>> blocks;  // per KV head
   std::vector<uint8_t> codes;  // rows x code_bytes, rows by PageGeometry::row
@@ -174,6 +179,19 @@ class CpuLayerCache final : public LayerCache {
         continue;
       }
       const size_t row = geo_.row(page, h, entry);
+      if (shape_.exact_pages > 0) {
+        // A store with a window encodes the bf16 values, as pack_pages does:
+        // a row's codes do not depend on whether it was written packed or
+        // packed when it left a window (a recompute, a cached prefix).
+        float kx[kMaxHeadDim], vx[kMaxHeadDim];
+        for (int d = 0; d < D; ++d) {
+          kx[d] = bf16_to_f32(f32_to_bf16(sanitize_value(k[off + d])));
+          vx[d] = bf16_to_f32(f32_to_bf16(sanitize_value(v[off + d])));
+        }
+        encode_row(k_, h, row, kx);
+        encode_row(v_, h, row, vx);
+        continue;
+      }
       encode_row(k_, h, row, k + off);
       encode_row(v_, h, row, v + off);
       if (eval_window_ > 0) store_exact(row, k + off, v + off);
@@ -502,6 +520,8 @@ class CpuCache final : public Cache {
     KVQ_CHECK(window_pages_ == 0 || shape.window_pages == 0, Errc::invalid_argument,
               "the evaluation form of the exact window (", window_pages_,
               " pages) and a store with a window pool are exclusive");
+    KVQ_CHECK(shape.exact_pages == 0 || shape.head_dim <= kMaxHeadDim, Errc::invalid_argument,
+              "an exact window over head_dim ", shape.head_dim, " (at most ", kMaxHeadDim, ")");
     KVQ_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.max_tokens > 0 &&
                   shape.page_tokens > 0,
               Errc::invalid_argument, "KV cache shape must be positive (layers ", shape.n_layers, ", kv heads ",

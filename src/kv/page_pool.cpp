@@ -100,15 +100,27 @@ void BlockTable::give_back(int32_t page) {
   else pool_->release(page);
 }
 
+BlockTable::Growth BlockTable::growth(int tokens) const {
+  Growth g;
+  g.want = pages_for(std::max(tokens, 0), page_tokens_);
+  g.had = int(pages_.size());
+  g.first = exact_pool_ ? window_first_page(std::max(tokens, 0), page_tokens_, window_pages_) : g.want;
+  g.leaving = std::max(0, std::min(g.first, g.had) - exact_from_);
+  g.new_packed = std::max(0, std::min(g.want, g.first) - std::min(g.had, g.first));
+  g.new_exact = std::max(0, g.want - std::max(g.had, g.first));
+  return g;
+}
+
+int BlockTable::packed_pages_needed(int tokens) const {
+  const Growth g = growth(tokens);
+  return g.leaving + g.new_packed;
+}
+
 void BlockTable::reserve(int tokens, std::vector<PageMove>* moves) {
-  const int want = pages_for(std::max(tokens, 0), page_tokens_);
-  const int had = int(pages_.size());
-  // Entries before `first` must be packed pages once `tokens` are held.
-  const int first = exact_pool_ ? window_first_page(std::max(tokens, 0), page_tokens_, window_pages_) : want;
-  const int leaving = std::max(0, std::min(first, had) - exact_from_);
+  const Growth g = growth(tokens);
+  const int want = g.want, had = g.had, first = g.first, leaving = g.leaving, new_exact = g.new_exact;
   if (want <= had && leaving == 0) return;
   KVQ_CHECK(leaving == 0 || moves, Errc::internal, "a windowed block table grew without a list for its moves");
-  const int new_exact = std::max(0, want - std::max(had, first));
   // The pages leaving the window go back before the new ones are taken (their
   // rows are packed before anything writes an exact page again), so a step
   // that crosses a page needs no exact page more than the window holds.
@@ -117,7 +129,7 @@ void BlockTable::reserve(int tokens, std::vector<PageMove>* moves) {
             " exact pages are in use (fewer sequences, a shorter --kv-window, or a larger pool)");
   std::vector<int32_t> packed;  // taken by this call, in the order they are placed
   try {
-    for (int i = 0; i < leaving + std::min(want, first) - std::min(had, first); ++i) packed.push_back(pool_->alloc());
+    for (int i = 0; i < leaving + g.new_packed; ++i) packed.push_back(pool_->alloc());
   } catch (...) {
     for (int32_t p : packed) pool_->release(p);
     throw;

@@ -82,6 +82,9 @@ class BlockTable {
   // anything writes an exact page or attends the packed ones: reserve every
   // sequence of a step, pack, then run the step.
   void reserve(int tokens, std::vector<PageMove>* moves = nullptr);
+  // Pages of the (packed) pool that reserve(tokens) would take: new pages
+  // before the window and one per page leaving it.
+  int packed_pages_needed(int tokens) const;
   // Gives back the pages past the first `tokens` tokens.
   void shrink(int tokens);
   // Gives back every page.
@@ -115,6 +118,14 @@ class BlockTable {
 
  private:
   void give_back(int32_t page);
+  // What reserve(tokens) changes.
+  struct Growth {
+    int want = 0, had = 0;
+    int first = 0;      // entries before it packed once the tokens are held
+    int leaving = 0;    // exact entries that become packed
+    int new_packed = 0, new_exact = 0;  // new entries of each kind
+  };
+  Growth growth(int tokens) const;
 
   PagePool* pool_;
   int page_tokens_;

@@ -47,8 +47,10 @@ Engine::Engine(const Tokenizer& tok, int vocab, EngineSetup setup)
   KVQ_CHECK(setup.store, Errc::internal, "Engine needs a KV pool");
   KVQ_CHECK(max_waiting_ >= 0, Errc::invalid_argument, "--max-queue must be >= 0");
   codec_ = setup.store->codec_name();
+  window_suffix_ = kv::exact_window_suffix(setup.store->shape().window_pages);
   page_bytes_ = setup.store->bytes_for_tokens(setup.store->shape().page_tokens);
-  pool_bytes_ = setup.store->bytes_for_tokens(setup.store->shape().max_tokens);
+  pool_bytes_ = setup.store->bytes_for_tokens(setup.store->shape().max_tokens) +
+                uint64_t(setup.store->shape().exact_pages) * setup.store->exact_page_bytes();
   for (int i = 0; i < tok.vocab_size(); ++i)
     if (tok.is_eog(i)) eog_.push_back(i);
   SchedulerOptions so = setup.scheduler;
@@ -84,10 +86,19 @@ Engine::~Engine() {
 }
 
 void Engine::check_codec(const std::string& kv_codec) const {
+  // The pool's exact window is the server's (--kv-window): "k8v4" and
+  // "k8v4+win1" both name a k8v4+win1 pool; another window does not.
+  std::string name = kv_codec, window = window_suffix_;
+  const size_t at = name.rfind("+win");
+  if (at != std::string::npos && at + 4 < name.size() &&
+      std::all_of(name.begin() + ptrdiff_t(at + 4), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    window = name.substr(at);
+    name.resize(at);
+  }
   kv::CodecOptions c;
-  c.kv = kv_codec;
+  c.kv = name;
   const kv::ResolvedCodec r = kv::resolve_codec(c);  // an unknown name says so, listing the names
-  KVQ_CHECK(r.name == codec_, Errc::invalid_argument, "this server's KV pool holds codec '", codec_,
+  KVQ_CHECK(r.name + window == codec_, Errc::invalid_argument, "this server's KV pool holds codec '", codec_,
             "' (kvq serve --kv) and serves requests in that codec only; '", kv_codec,
             "' is not it (leave kv_codec out, or ask for '", codec_, "')");
 }

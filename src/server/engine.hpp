@@ -156,6 +156,7 @@ class Engine {
   int vocab_;
   int max_waiting_;
   std::string codec_;
+  std::string window_suffix_;  // "+winW" of the pool's exact window, or ""
   uint64_t page_bytes_ = 0, pool_bytes_ = 0;
   std::vector<TokenId> eog_;  // the tokenizer's end-of-generation ids
   std::function<void()> thread_init_;
