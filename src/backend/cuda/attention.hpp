@@ -62,7 +62,9 @@ struct KvLayerView {
   int page_tokens = 0;      // 0: max_tokens (one page, contiguous [head][token])
   const int32_t* pages = nullptr;  // the sequence's block table (device); null: identity
   int n_pages = 1;          // pages of the store (a `none` store's; 1 for the scratch)
-  KVQ_STORE_HD SeqRows rows() const { return {{n_kv_heads, page_tokens ? page_tokens : max_tokens}, pages}; }
+  KVQ_STORE_HD SeqRows rows() const {
+    return SeqRows({n_kv_heads, page_tokens ? page_tokens : max_tokens}, pages, page_tokens == 0 || n_pages == 1);
+  }
   operator GpuKvLayer() const;
 };
 // The bf16 rows of a store whose sides are both bf16 (Errc::internal

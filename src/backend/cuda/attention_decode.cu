@@ -73,7 +73,8 @@
 //
 // Paging (kv_store.hpp): a CTA's sequence is blockIdx.z; a 16-key tile's
 // first row is resolved once (tile_row: block table, then PageGeometry) and
-// its keys are the 15 rows after it.
+// its keys are the 15 rows after it. The tile's place in the block table is a
+// shift (SeqRows::page_shift: 64-token pages, or one page), not a division.
 #include "backend/cuda/attention_decode.hpp"
 
 #include <cuda_bf16.h>
@@ -124,11 +125,10 @@ struct DecodeParams {
   unsigned* counters;    // [n_seq][n_kv] arrival counters, 0 between launches
   const int* pos_dev;    // [n_seq] when set, sequence z's position is pos_dev[z]
   int pos;               // else the position (one sequence)
-  // Where the rows are (kv_store.hpp): the store's geometry and the block
-  // tables [n_seq][table_stride] (device), or null: one sequence over the
-  // identity table.
-  kv::PageGeometry geo;
-  const int32_t* pages;
+  // Where the rows are (kv_store.hpp): the store's geometry, its page shift
+  // and the block tables [n_seq][table_stride] (device; rows.pages is
+  // sequence 0's), or null: one sequence over the identity table.
+  SeqRows rows;
   int table_stride;
   // Fused q path (QPrep): q is raw, as the QKV projection wrote it; every CTA
   // norms and rotates (RoPE) its group's rows itself, and the kernel waits
@@ -308,7 +308,8 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // tile_row(kb) + 0..15. Direct hooks take (row0, key) and address row0 +
   // key: they get tile_row(kb) - kb (modulo 2^64, which the unsigned
   // arithmetic undoes).
-  const SeqRows seq_rows{p.geo, p.pages ? p.pages + size_t(seq) * p.table_stride : nullptr};
+  SeqRows seq_rows = p.rows;
+  if (seq_rows.pages) seq_rows.pages += size_t(seq) * p.table_stride;
   auto tile_row = [&](int kb) -> size_t { return seq_rows.row(kvh, kb); };
 
   // This CTA's keys: whole 16-key tiles from a multiple of 16; the last tile of
@@ -1107,8 +1108,7 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   p.counters = scratch.decode_counters.data();
   p.pos_dev = b.pos_dev;
   p.pos = b.pos;
-  p.geo = layer.geometry();
-  p.pages = b.pages;
+  p.rows = layer.rows(b.pages);
   p.table_stride = b.table_stride;
   p.q_fused = prep != nullptr;
   p.q_norm = prep ? prep->norm_w : nullptr;

@@ -100,16 +100,40 @@ KVQ_STORE_HD constexpr kv::Family storage_family(kv::Family f) {
 // One sequence's rows in a paged store: the store's geometry and the
 // sequence's block table (device memory, token t in page pages[t /
 // page_tokens]); pages == nullptr is the identity table (page t / page_tokens).
+// Token t's place in its table, t / page_tokens, is a shift where the store
+// allows one (page_shift, set by the constructor): the decode kernel finds a
+// row per 16-key tile, and a runtime integer division there was among its
+// hottest instructions (docs/perf.md, session 16). The row itself is always
+// kv::PageGeometry::row.
 struct SeqRows {
   kv::PageGeometry geo;
   const int32_t* pages = nullptr;
+  // t >> page_shift is token t's index in its block table for every token the
+  // store holds (0 <= t < its capacity): log2(page_tokens) when page_tokens is
+  // a power of two (64 by default), 31 for a store of one page (every token is
+  // in page 0), else -1 (a division).
+  int page_shift = -1;
+
+  SeqRows() = default;
+  KVQ_STORE_HD SeqRows(const kv::PageGeometry& g, const int32_t* table, bool one_page = false)
+      : geo(g), pages(table), page_shift(shift_for(g.page_tokens, one_page)) {}
+  KVQ_STORE_HD static int shift_for(int page_tokens, bool one_page) {
+    if (page_tokens > 0 && (page_tokens & (page_tokens - 1)) == 0) {
+      int s = 0;
+      while ((1 << s) < page_tokens) ++s;
+      return s;
+    }
+    return one_page ? 31 : -1;
+  }
+  // Token t's index in its block table (t >= 0).
+  KVQ_STORE_HD int index_of(int t) const { return page_shift >= 0 ? t >> page_shift : t / geo.page_tokens; }
   KVQ_STORE_HD int page_of(int t) const {
-    const int i = t / geo.page_tokens;
+    const int i = index_of(t);
     return pages ? pages[i] : i;
   }
   // The row of token t of KV head `head`.
   KVQ_STORE_HD size_t row(int head, int t) const {
-    const int i = t / geo.page_tokens;
+    const int i = index_of(t);
     return geo.row(pages ? pages[i] : i, head, t - i * geo.page_tokens);
   }
 };
@@ -123,7 +147,7 @@ struct GpuKvLayer {
   int n_pages = 0;      // pages of the store: n_pages * n_kv_heads * page_tokens rows per side
   bool is_bf16() const { return k.family == kv::Family::bf16 && v.family == kv::Family::bf16; }
   KVQ_STORE_HD kv::PageGeometry geometry() const { return {n_kv_heads, page_tokens}; }
-  KVQ_STORE_HD SeqRows rows(const int32_t* pages = nullptr) const { return {geometry(), pages}; }
+  KVQ_STORE_HD SeqRows rows(const int32_t* pages = nullptr) const { return SeqRows(geometry(), pages, n_pages == 1); }
   // Tokens a store holds in all (n_pages pages).
   KVQ_STORE_HD int capacity() const { return n_pages * page_tokens; }
 };
