@@ -68,8 +68,10 @@
 // tile addressing): D = 64 160, D = 128 253, D = 256 255, no spills: 2 CTAs
 // (8 warps) per SM for D >= 128, 3 for D = 64. The keys-major instances are
 // bounded to 3 CTAs (12 warps) per SM: <= 168 registers (the iso +qjl ones
-// spill 12 bytes, as before paging; 4 CTAs at 128 registers spill and ran
-// slower).
+// spill 12 bytes, as before paging). 4 CTAs at 128 registers (session 16:
+// tsym3 and fp8 without spills, k8vturbo2 12 bytes, iso +qjl 160) ran
+// slower: B = 32 batched decode -17 % at 4k and -16 % at 16k, one sequence
+// -2 % at 64k; only B = 64 at 4k gained (+5 % tsym3).
 //
 // Paging (kv_store.hpp): a CTA's sequence is blockIdx.z; a 16-key tile's
 // first row is resolved once (tile_row: block table, then PageGeometry) and
@@ -107,6 +109,7 @@ constexpr int kTileKeys = 16;
 constexpr int kQFragEntries = 4;  // per 16 head dims: 3 bf16 parts, or 2 fp16 parts over 2D dims (+qjl)
 constexpr int kMaxGroup = 16;         // M of the mma
 constexpr int kMinKeysPerSplit = 64;  // with a known position: no split gets less than a tile per warp
+constexpr int kMinBatchSplitKeys = 1024;  // keys of a full sequence per split before a batch splits to fill waves
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
@@ -1041,11 +1044,32 @@ int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContex
   // its sequences.
   const int wave = std::max(
       1, resident_ctas(ctx, instance_for(layer), G) * ctx.sm_count() - std::max(0, ctx.settings.decode_split_reserve));
-  int n = std::max(1, wave / (layer.n_kv_heads * std::max(n_seq, 1)));
+  const int heads = layer.n_kv_heads * std::max(n_seq, 1);
+  int n = std::max(1, wave / heads);
   n = std::min(n, kMaxDecodeSplits);
   // No more splits than tiles in a full sequence (the capacity, never the
   // positions: a recorded launch serves every step).
   const int cap = capacity > 0 ? capacity : layer.max_tokens;
+  // A batch whose heads leave one wave less than 90 % used (B = 32 and 64 at
+  // 8 KV heads and 3 CTAs per SM: 66 %) takes the fewest splits that fill
+  // whole waves to 90 %, as long as every split keeps kMinBatchSplitKeys
+  // keys of a full sequence. H200, bonsai-8b, B = 32 (docs/perf.md, session
+  // 16): tsym3 +18 % tok/s at 4k, k8vturbo2 +14 % (at 16k, with the page
+  // shift: +47 % / +44 %), B = 64 0-2 %; at ~600 keys (prompt 512) such splits were slower
+  // (session 15), which the minimum keeps out. (ncu times one such launch
+  // alike with 1 or 3 splits, ~123 us at 4k; by the step times, inside a
+  // step the one-split grid takes ~40 us per layer longer.)
+  auto used = [&](int splits) {
+    const long ctas = long(heads) * splits, waves = (ctas + wave - 1) / wave;
+    return double(ctas) / double(waves * wave);
+  };
+  if (n == 1 && used(1) < 0.9) {
+    for (int s = 2; s <= 8 && cap / s >= kMinBatchSplitKeys; ++s)
+      if (used(s) >= 0.9) {
+        n = s;
+        break;
+      }
+  }
   n = std::min(n, (cap + kTileKeys - 1) / kTileKeys);
   return std::max(n, 1);
 }

@@ -8,7 +8,9 @@
 // Work split: grid (n_splits, n_kv_heads, n_seq), 4 warps per CTA; the z
 // axis is the sequence of a batched step (flash_decode_batch): its query
 // row, position, block table, arrival counters and partial states. n_splits is fixed
-// per launch (one resident wave of CTAs, at most kMaxDecodeSplits); each CTA
+// per launch (one resident wave of CTAs, at most kMaxDecodeSplits; a batch
+// that would leave its wave a third idle takes whole, nearly full waves
+// instead when its sequences are long enough: flash_decode_splits); each CTA
 // reads the position at run time and takes the keys
 //   [split * chunk, min((split + 1) * chunk, pos + 1)),
 //   chunk = round_up(ceil((pos + 1) / n_splits), 16),
