@@ -367,6 +367,20 @@ TEST(BenchSweep, CapacityModeAdmitsWhatTheBudgetHolds) {
   EXPECT_EQ(p.cells[0].prefill_n, 3);
   EXPECT_EQ(p.cells[0].kv_pages, 3);
   cfg.batch_fill = SweepConfig::BatchFill::automatic;
+  // With an exact window of one page, a sequence of one page is that bf16
+  // page: `none`'s count, whatever the codec; the cells decode in it.
+  EXPECT_EQ(sequences_in_budget("tsym3", 64, mc.n_layers, mc.n_kv_heads, mc.head_dim, cfg.kv_budget, 1), 3);
+  EXPECT_GT(sequences_in_budget("tsym3", 64 * 5, mc.n_layers, mc.n_kv_heads, mc.head_dim, 16 * cfg.kv_budget, 1),
+            sequences_in_budget("none", 64 * 5, mc.n_layers, mc.n_kv_heads, mc.head_dim, 16 * cfg.kv_budget));
+  cfg.codecs = {"tsym3"};
+  cfg.window_pages = 1;
+  const SweepResult w = run_sweep(cfg, {});
+  ASSERT_EQ(w.cells.size(), 1u);
+  EXPECT_EQ(w.cells[0].status, "ok") << w.cells[0].error;
+  EXPECT_EQ(w.cells[0].batch, 3);
+  EXPECT_EQ(w.cells[0].codec, "tsym3+win1");
+  cfg.window_pages = 0;
+  cfg.codecs = {"none", "tsym3"};
   RunsDb db(runs_db_path(h.p.string()));
   EXPECT_TRUE(db.cells(r.run_id)[1].capacity);
   cfg.kv_budget = 0;

@@ -28,11 +28,13 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
   const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : be.default_prefill_chunk();
 
   // One pool: every sequence's L + G tokens (the last generated one is never
-  // fed) in whole pages.
+  // fed) in whole pages; with an exact window its last pages are the
+  // window's (a second pool of B windows), the rest packed.
   const int page = kv::kDefaultPageTokens;
   const int pages_per_seq = kv::pages_for(L + o.gen, page);
+  const int packed_per_seq = pages_per_seq - std::min(pages_per_seq, codec.f32 ? 0 : codec.window_pages);
   const int64_t mem_before = be.device_memory_used();
-  std::unique_ptr<kv::Cache> store = make_paged_pool(model, codec, B * pages_per_seq, page, B);
+  std::unique_ptr<kv::Cache> store = make_paged_pool(model, codec, B * std::max(packed_per_seq, 1), page, B);
   const int64_t mem_after = be.device_memory_used();
   kv::Cache& cache = *store;
   BatchDecoder dec(model, std::move(store), chunk);

@@ -206,11 +206,13 @@ uint64_t parse_byte_size(const std::string& text) {
 }
 
 int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int n_kv_heads, int head_dim,
-                        uint64_t budget) {
+                        uint64_t budget, int window_pages) {
   const kv::ResolvedCodec rc = kv::resolve_codec(codec_options(codec));
-  const uint64_t page_bytes = uint64_t(kv::kDefaultPageTokens) * uint64_t(n_layers) * uint64_t(n_kv_heads) *
-                              kv::codec_bytes_per_token_per_head(rc, head_dim);
-  const uint64_t per_seq = uint64_t(kv::pages_for(tokens, kv::kDefaultPageTokens)) * page_bytes;
+  const uint64_t rows = uint64_t(kv::kDefaultPageTokens) * uint64_t(n_layers) * uint64_t(n_kv_heads);
+  const uint64_t page_bytes = rows * kv::codec_bytes_per_token_per_head(rc, head_dim);
+  const uint64_t exact_page_bytes = rows * uint64_t(head_dim) * 2 * 2;  // bf16 K and V
+  const int pages = kv::pages_for(tokens, kv::kDefaultPageTokens), exact = std::min(pages, window_pages);
+  const uint64_t per_seq = uint64_t(pages - exact) * page_bytes + uint64_t(exact) * exact_page_bytes;
   return int(std::min<uint64_t>(budget / per_seq, 1u << 20));
 }
 
@@ -228,8 +230,6 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
             cfg.prefill_reps, "): every cell prefills its prompt at least once");
   for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
   KVQ_CHECK(cfg.window_pages >= 0, Errc::invalid_argument, "--kv-window ", cfg.window_pages, " pages (0: none)");
-  KVQ_CHECK(!capacity || cfg.window_pages == 0, Errc::invalid_argument,
-            "--batch max with --kv-window: the capacity mode counts packed pages only so far");
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const std::string home = resolve_home(cfg.home);
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
@@ -301,7 +301,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
         // Capacity mode: the codec's sequences of ctx + gen tokens that the budget holds.
         const int admitted = b != kBatchMax ? b
                                             : sequences_in_budget(c, ctx + cfg.gen, mc.n_layers, mc.n_kv_heads,
-                                                                  mc.head_dim, cfg.kv_budget);
+                                                                  mc.head_dim, cfg.kv_budget, cfg.window_pages);
         plan.push_back({c, ctx, admitted, b == kBatchMax});
       }
   std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec

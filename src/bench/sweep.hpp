@@ -97,9 +97,10 @@ std::vector<int> parse_batch_list(const std::string& list);
 // "120G", "512M", "64k" or plain bytes; Errc::invalid_argument otherwise.
 uint64_t parse_byte_size(const std::string& text);
 // Sequences of `tokens` tokens that fit in `budget` bytes of a codec's
-// pages (64-token pages, every layer and KV head, K and V).
+// pages (64-token pages, every layer and KV head, K and V); with an exact
+// window, each sequence's last window_pages pages in bf16.
 int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int n_kv_heads, int head_dim,
-                        uint64_t budget);
+                        uint64_t budget, int window_pages = 0);
 // "4k,8k,16k,100" -> {4096, 8192, 16384, 100}; k = 1024. Positive, unique.
 // Longest context --contexts accepts (16M tokens); above the model's own
 // context_length is refused by run_sweep before any cell runs.
