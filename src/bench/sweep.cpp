@@ -395,8 +395,6 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
                                                                    cfg.seed + uint64_t(cell.ctx) + 7919u * b));
         r = measure_batch_cell(*model, request, batch_prompts, mo);
       }
-      // The sweep's name ("+qjl" forms included), equal to the canonical one.
-      r.codec = cell.codec + kv::exact_window_suffix(cfg.window_pages);
     } catch (const std::bad_alloc&) {
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "oom", "out of host memory (std::bad_alloc)");
     } catch (const Error& e) {
@@ -404,6 +402,9 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     } catch (const std::exception& e) {
       r = failed_cell(cell.codec, cell.ctx, cfg.gen, "failed", e.what());
     }
+    // The sweep's name ("+qjl" forms included, equal to the canonical one)
+    // and its window, measured or not.
+    r.codec = cell.codec + kv::exact_window_suffix(cfg.window_pages);
     r.batch = cell.batch;
     r.capacity = cell.capacity;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all
