@@ -64,17 +64,6 @@ kv::BlockTable BatchDecoder::new_table() {
   return kv::BlockTable(pool_, s.page_tokens, *exact_pool_, s.n_pages(), s.window_pages);
 }
 
-void BatchDecoder::pack_moved(std::vector<kv::PageMove>& moves) {
-  if (moves.empty()) return;
-  std::vector<int32_t> exact, packed;
-  for (const kv::PageMove& m : moves) {
-    exact.push_back(m.exact);
-    packed.push_back(m.packed);
-  }
-  store_->pack_pages(exact.data(), packed.data(), int(moves.size()));
-  moves.clear();
-}
-
 void BatchDecoder::prefill(Sequence& s, int from, int to, float* logits) {
   const int P = store_->shape().page_tokens;
   for (int done = from; done < to;) {
@@ -145,10 +134,10 @@ void BatchDecoder::step() {
       s.table.reserve(s.cached + 1, &moves_);
     }
   } catch (...) {
-    pack_moved(moves_);
+    kv::pack_moved_pages(*store_, moves_);
     throw;
   }
-  pack_moved(moves_);
+  kv::pack_moved_pages(*store_, moves_);
   batch_.clear();
   for (int i : ids) {
     Sequence& s = *seqs_[size_t(i)];

@@ -119,9 +119,6 @@ class BatchDecoder {
   Sequence& get(int seq);
   const Sequence& get(int seq) const;
   kv::BlockTable new_table();
-  // Packs the exact pages that left windows (BlockTable::reserve), before
-  // the step writes any exact page.
-  void pack_moved(std::vector<kv::PageMove>& moves);
   // Prefills tokens [from, to) of s.tokens (s.table holds their pages);
   // the last row's logits into `logits` when not null.
   void prefill(Sequence& s, int from, int to, float* logits);

@@ -411,15 +411,7 @@ int Scheduler::step() {
   }
 
   // The pages that left windows, packed before the pass writes any exact page.
-  if (!moves_.empty()) {
-    std::vector<int32_t> exact, packed;
-    for (const kv::PageMove& m : moves_) {
-      exact.push_back(m.exact);
-      packed.push_back(m.packed);
-    }
-    moves_.clear();
-    store_->pack_pages(exact.data(), packed.data(), int(exact.size()));
-  }
+  kv::pack_moved_pages(*store_, moves_);
 
   const int n_tok = batch_.n_tok();
   if (n_tok > 0) {

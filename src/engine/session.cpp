@@ -53,25 +53,12 @@ void Session::truncate(int n) {
 
 void Session::reserve_window(int tokens) {
   table_->reserve(tokens, &moves_);
-  if (moves_.empty()) return;
-  std::vector<int32_t> exact, packed;
-  for (const kv::PageMove& m : moves_) {
-    exact.push_back(m.exact);
-    packed.push_back(m.packed);
-  }
-  moves_.clear();
-  cache_->pack_pages(exact.data(), packed.data(), int(exact.size()));
+  kv::pack_moved_pages(*cache_, moves_);
 }
 
 const StepBatch& Session::step_batch(const TokenId* ids, int n, int pos, StepBatch::Logits logits) {
   const int P = cache_->shape().page_tokens;
   batch_.clear();
-  if (!table_) {
-    const size_t pages = size_t(kv::pages_for(pos + n, P));
-    if (identity_.size() < pages) identity_ = kv::identity_pages(int(pages));
-    batch_.add_sequence(ids, n, pos, identity_.data(), int(identity_.size()), P, logits);
-    return batch_;
-  }
   reserve_window(pos + n);
   batch_.add_sequence(ids, n, pos, table_->pages().data(), int(table_->pages().size()), P, logits);
   return batch_;

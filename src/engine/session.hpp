@@ -130,9 +130,9 @@ class Session {
  private:
   [[noreturn]] void fail_non_finite(int pos, int64_t index, float value) const;
 
-  // The step of tokens [pos, pos + n) of ids over this session's pages: the
-  // identity table, or with an exact window the window's table (reserved
-  // here, the pages leaving it packed).
+  // With an exact window: the step of tokens [pos, pos + n) of ids over the
+  // window's table (reserved here, the pages leaving it packed). Without
+  // one, Model::forward's one-sequence form runs over the identity table.
   const StepBatch& step_batch(const TokenId* ids, int n, int pos, StepBatch::Logits logits);
   // Pages for `tokens` tokens in the window's table; the pages that leave
   // the window are packed before anything is written.
@@ -145,7 +145,6 @@ class Session {
   std::unique_ptr<kv::PagePool> pool_, exact_pool_;
   std::unique_ptr<kv::BlockTable> table_;
   std::vector<kv::PageMove> moves_;
-  std::vector<int32_t> identity_;
   StepBatch batch_;
   std::unique_ptr<RunState> run_;
   const Tokenizer* tok_;

@@ -51,6 +51,17 @@ void PagePool::set_cached(int32_t page, bool cached) {
   if (refs_[size_t(page)] == 1) idle_cached_ += cached ? 1 : -1;
 }
 
+void pack_moved_pages(Cache& store, std::vector<PageMove>& moves) {
+  if (moves.empty()) return;
+  std::vector<int32_t> exact, packed;
+  for (const PageMove& m : moves) {
+    exact.push_back(m.exact);
+    packed.push_back(m.packed);
+  }
+  moves.clear();
+  store.pack_pages(exact.data(), packed.data(), int(exact.size()));
+}
+
 BlockTable::BlockTable(PagePool& pool, int page_tokens) : pool_(&pool), page_tokens_(page_tokens) {
   KVQ_CHECK(page_tokens > 0, Errc::invalid_argument, "page size must be positive, not ", page_tokens);
 }

@@ -10,6 +10,8 @@
 
 namespace kvq::kv {
 
+class Cache;
+
 // A free list with reference counts over pages 0..n_pages-1. A page shared by
 // several sequences (a common prompt prefix) is free again when its last
 // holder releases it.
@@ -51,6 +53,10 @@ struct PageMove {
   int32_t exact;   // the exact page (its id in the table: the exact pool's page + exact_base)
   int32_t packed;  // the packed page now in its place
 };
+
+// Packs the moves of a step's reservations into `store` (Cache::pack_pages,
+// one call for all of them) and empties the list; nothing when it is empty.
+void pack_moved_pages(Cache& store, std::vector<PageMove>& moves);
 
 // A sequence's pages in token order: token t lives in page pages()[t / page_tokens].
 //
