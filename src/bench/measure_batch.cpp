@@ -106,7 +106,7 @@ CellResult measure_batch_cell(Model& model, const CodecRequest& codec,
   c.kv_bytes = uint64_t(B) * cache.bytes_for_sequence(L + o.gen - 1);  // exact window pages included
   c.kv_pages = dec.pool().used_pages();
   c.bits_per_value = double(c.kv_bytes) * 8.0 / (double(filled) * sh.n_layers * sh.n_kv_heads * sh.head_dim * 2.0);
-  c.kv_capacity_bytes = cache.bytes_for_tokens(sh.max_tokens) + uint64_t(sh.exact_pages) * cache.exact_page_bytes();
+  c.kv_capacity_bytes = cache.capacity_bytes();
   c.device_mem_delta = mem_before >= 0 && mem_after >= 0 ? mem_after - mem_before : -1;
   // A step reads the weights once and every sequence's KV rows.
   c.weight_bytes = model.step_weight_bytes();

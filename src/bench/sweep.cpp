@@ -210,7 +210,7 @@ int sequences_in_budget(const std::string& codec, int tokens, int n_layers, int 
   const kv::ResolvedCodec rc = kv::resolve_codec(codec_options(codec));
   const uint64_t rows = uint64_t(kv::kDefaultPageTokens) * uint64_t(n_layers) * uint64_t(n_kv_heads);
   const uint64_t page_bytes = rows * kv::codec_bytes_per_token_per_head(rc, head_dim);
-  const uint64_t exact_page_bytes = rows * uint64_t(head_dim) * 2 * 2;  // bf16 K and V
+  const uint64_t exact_page_bytes = kv::exact_page_bytes(kv::CacheShape{n_layers, n_kv_heads, head_dim, 1});
   const int pages = kv::pages_for(tokens, kv::kDefaultPageTokens), exact = std::min(pages, window_pages);
   const uint64_t per_seq = uint64_t(pages - exact) * page_bytes + uint64_t(exact) * exact_page_bytes;
   return int(std::min<uint64_t>(budget / per_seq, 1u << 20));

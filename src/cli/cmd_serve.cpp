@@ -81,11 +81,9 @@ int serve(ServeArgs& a) {
   int pages = a.kv_pages;
   if (kv_budget > 0) {
     const uint64_t page_bytes = measured_page_bytes(model, pool_codec, page);
-    const uint64_t window_bytes =
-        pool_codec.window_pages > 0
-            ? uint64_t(a.max_seqs) * make_paged_pool(model, pool_codec, 1, page, a.max_seqs)->exact_page_bytes() *
-                  uint64_t(pool_codec.window_pages)
-            : 0;
+    const uint64_t window_bytes = pool_codec.f32 ? 0
+                                                 : uint64_t(a.max_seqs) * uint64_t(pool_codec.window_pages) *
+                                                       kv::exact_page_bytes(pool_shape(model, 1, page));
     KVQ_CHECK(kv_budget > window_bytes, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " does not hold the ",
               a.max_seqs, " exact windows of --kv-window ", pool_codec.window_pages, " (", window_bytes >> 20,
               " MiB)");
@@ -116,8 +114,7 @@ int serve(ServeArgs& a) {
     if (threads > 0) omp_set_num_threads(threads);  // load() set it for this thread only
   };
   setup.max_waiting = a.max_queue;
-  const uint64_t pool_bytes = setup.store->bytes_for_tokens(pages * page) +
-                              uint64_t(setup.store->shape().exact_pages) * setup.store->exact_page_bytes();
+  const uint64_t pool_bytes = setup.store->capacity_bytes();
   const int step_tokens = setup.scheduler.max_step_tokens;
   server::Engine engine(*l.tokenizer, vocab, std::move(setup));
 

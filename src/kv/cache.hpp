@@ -24,6 +24,7 @@
 //    identity block table (token t in page t / page_tokens): a Session's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -97,7 +98,13 @@ inline int exact_window_start(int pos, int window_pages) {
 // page is packed.
 inline int window_first_page(int tokens, int page_tokens, int window_pages) {
   const int pages = pages_for(tokens, page_tokens);
-  return window_pages > 0 && pages > window_pages ? pages - window_pages : window_pages > 0 ? 0 : pages;
+  return window_pages > 0 ? std::max(0, pages - window_pages) : pages;
+}
+
+// Bytes of one exact (window) page of a store of this shape: bf16 K and V
+// rows of every layer and KV head.
+inline uint64_t exact_page_bytes(const CacheShape& s) {
+  return uint64_t(s.n_layers) * s.n_kv_heads * s.page_tokens * s.head_dim * 2 * 2;
 }
 
 // The query tokens of one sequence in a step: rows [first, first + n) of q
@@ -160,7 +167,9 @@ class Cache {
   // Stores without a window say Errc::unsupported.
   virtual void pack_pages(const int32_t* exact, const int32_t* packed, int n);
   // Bytes of one exact page, all layers, K and V (bf16 rows).
-  uint64_t exact_page_bytes() const;
+  uint64_t exact_page_bytes() const { return kv::exact_page_bytes(shape()); }
+  // Bytes of every page the store holds: packed pages and exact ones.
+  uint64_t capacity_bytes() const;
   // Bytes a sequence of n_tokens tokens holds: its packed pages' rows
   // (bytes_for_tokens of the tokens before its window) plus whole exact
   // pages for its window.

@@ -88,9 +88,8 @@ void Cache::pack_pages(const int32_t*, const int32_t*, int) {
   fail(Errc::unsupported, "this KV store has no exact window to pack pages from");
 }
 
-uint64_t Cache::exact_page_bytes() const {
-  const CacheShape& s = shape();
-  return uint64_t(s.n_layers) * s.n_kv_heads * s.page_tokens * s.head_dim * 2 * 2;
+uint64_t Cache::capacity_bytes() const {
+  return bytes_for_tokens(shape().max_tokens) + uint64_t(shape().exact_pages) * exact_page_bytes();
 }
 
 uint64_t Cache::bytes_for_sequence(int n_tokens) const {

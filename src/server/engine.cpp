@@ -49,8 +49,7 @@ Engine::Engine(const Tokenizer& tok, int vocab, EngineSetup setup)
   codec_ = setup.store->codec_name();
   window_suffix_ = kv::exact_window_suffix(setup.store->shape().window_pages);
   page_bytes_ = setup.store->bytes_for_tokens(setup.store->shape().page_tokens);
-  pool_bytes_ = setup.store->bytes_for_tokens(setup.store->shape().max_tokens) +
-                uint64_t(setup.store->shape().exact_pages) * setup.store->exact_page_bytes();
+  pool_bytes_ = setup.store->capacity_bytes();
   for (int i = 0; i < tok.vocab_size(); ++i)
     if (tok.is_eog(i)) eog_.push_back(i);
   SchedulerOptions so = setup.scheduler;
