@@ -45,10 +45,13 @@ RepResult rep_result(const GenerateResult& r) {
 
 // Single-token attention calls per layer that `reps` measured runs must
 // show: the G-1 decode steps, plus, prefill-every-run, a prefill chunk of
-// one token (L mod chunk == 1), or, prefill-once, the re-fed last prompt
-// token (one single-token step per run).
-uint64_t expected_decode_calls(int prompt, int gen, int chunk, int reps, bool prefill_every_run) {
-  const int ones = !prefill_every_run ? 1 : chunk == 1 ? prompt : (prompt % chunk == 1 ? 1 : 0);
+// one token (L mod chunk == 1), or, prefill-once, the re-fed prompt tokens
+// of the runs that re-fed one (`single_refeeds` of them; with an exact
+// window a run may re-feed the window's packed pages: one prefill chunk).
+uint64_t expected_decode_calls(int prompt, int gen, int chunk, int reps, bool prefill_every_run,
+                               int single_refeeds) {
+  if (!prefill_every_run) return uint64_t(reps) * uint64_t(gen - 1) + uint64_t(single_refeeds);
+  const int ones = chunk == 1 ? prompt : (prompt % chunk == 1 ? 1 : 0);
   return uint64_t(reps) * uint64_t(gen - 1 + ones);
 }
 
@@ -96,6 +99,7 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
   c.reps = o.reps;
   std::vector<std::string> digests;
   const int total = o.warmup + o.reps;
+  int single_refeeds = 0;  // measured decode runs that re-fed one prompt token (prefill-once)
   if (o.prefill_every_run) {
     c.prefill_n = o.reps;
     for (int i = 0; i < total; ++i) {
@@ -131,14 +135,19 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
     }
     // The decode runs, each from the cache holding the prompt: drop the last
     // prompt token (and whatever the previous run generated), so generate()
-    // reuses rows 0..L-2 and feeds only prompt[L-1] at position L-1.
+    // reuses rows 0..L-2 and feeds only prompt[L-1] at position L-1. With an
+    // exact window, the window's pages the previous run packed are fed
+    // again too (Session::truncate): at most its W pages.
+    const int window_tokens = cache.shape().window_pages * cache.shape().page_tokens;
     for (int i = 0; i < total; ++i) {
       if (o.on_rep) o.on_rep(i, total);
       if (i == o.warmup) be.reset_dispatch_stats(cache);  // count the measured runs only
       session.truncate(L - 1);
       const GenerateResult r = session.generate(prompt, g);
-      KVQ_CHECK(r.n_prompt == 1, Errc::internal, "bench: a decode run re-fed ", r.n_prompt,
-                " prompt tokens instead of the last one");
+      KVQ_CHECK(r.n_prompt == 1 || (r.n_prompt >= 1 && r.n_prompt <= window_tokens), Errc::internal,
+                "bench: a decode run re-fed ", r.n_prompt, " prompt tokens instead of the last one",
+                window_tokens ? " or its window's" : "");
+      if (i >= o.warmup && r.n_prompt == 1) ++single_refeeds;
       KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
                 r.tokens.size(), " (", to_string(r.stop_reason), ")");
       RepResult x = rep_result(r);
@@ -189,7 +198,7 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
 
   c.dispatch = be.dispatch_stats(cache);
   if (c.dispatch.counted) {
-    const uint64_t want = expected_decode_calls(L, o.gen, chunk, o.reps, o.prefill_every_run);
+    const uint64_t want = expected_decode_calls(L, o.gen, chunk, o.reps, o.prefill_every_run, single_refeeds);
     std::vector<uint64_t> per_layer(size_t(sh.n_layers), 0);
     for (const auto& k : c.dispatch.attention)
       if (k.decode && k.layer >= 0 && k.layer < sh.n_layers) per_layer[size_t(k.layer)] += k.calls;

@@ -9,13 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "backend/batch.hpp"
 #include "backend/cuda/attention.hpp"
@@ -27,6 +24,7 @@
 #include "core/rng.hpp"
 #include "engine/batch_decoder.hpp"
 #include "gpu_test_util.hpp"
+#include "paged_test_util.hpp"
 #include "kv/cache.hpp"
 #include "kv/codec_table.hpp"
 #include "kv/page.hpp"
@@ -34,38 +32,15 @@
 #include "model/synth.hpp"
 
 using namespace kvq;
+using gputest::codec;
+using gputest::download_bytes;
 using gputest::Guarded;
+using gputest::label_of;
 using gputest::normal;
+using gputest::store_of;
+using gputest::tiny_synthetic_model;
 
 namespace {
-
-namespace fs = std::filesystem;
-
-kv::CodecOptions codec(const std::string& name) {
-  kv::CodecOptions o;
-  const size_t slash = name.find('/');
-  if (slash == std::string::npos) {
-    o.kv = name;
-  } else {
-    o.ctk = name.substr(0, slash);
-    o.ctv = name.substr(slash + 1);
-  }
-  return o;
-}
-std::string label_of(const std::string& name) {
-  std::string l = name;
-  for (char& c : l)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return l;
-}
-const cuda::GpuKvLayer& store_of(kv::Cache& c, int layer) {
-  return dynamic_cast<cuda::CudaLayerCache&>(c.layer(layer)).view();
-}
-std::vector<uint8_t> download_bytes(const uint8_t* p, size_t n) {
-  std::vector<uint8_t> h(n);
-  if (n) KVQ_CUDA_CHECK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
-  return h;
-}
 
 // Sequences over a store of 64-token pages whose block tables are scrambled
 // (not in page order, pages of different sequences interleaved), with odd
@@ -460,19 +435,6 @@ TEST(CudaPagedPrefill, ChunkOverScrambledPagesMatchesCpu) {
 // not the 1e-4 attention alone keeps: CudaBatchedDecode): greedy tokens
 // are compared where the solo top-1 margin is clear, logits within the e2e
 // bound of test_forward_cuda.cpp.
-// A synthetic tiny model (kvq synth, `seed`) on `be`, through a temporary GGUF file.
-std::unique_ptr<Model> tiny_synthetic_model(Backend& be, uint64_t seed) {
-  const fs::path path = fs::temp_directory_path() /
-                        ("kvq_gpu_batch_" + std::to_string(::getpid()) + "_" + std::to_string(seed) + ".gguf");
-  SynthOptions so;
-  so.shape = "tiny";
-  so.seed = seed;
-  write_synthetic(so, path.string());
-  auto model = Model::open(path.string(), be);
-  fs::remove(path);
-  return model;
-}
-
 class CudaBatchDecoder : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }

@@ -316,9 +316,11 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
     flash_decode_batch(plan, layer, one, q, n_heads, scale, out, scratch, stream, nullptr, ctx);
     return;
   }
-  // A `none` store is read in place through the table (bf16_view).
-  const KvLayerView rows =
-      plan.dequant_prefix ? dequantized_prefix(layer, pos + n, scratch, stream, ctx, pages) : bf16_view(layer, pages);
+  // A `none` store is read in place through the table (bf16_view); a store
+  // with an exact window is gathered (its window's rows copied as they are).
+  const KvLayerView rows = plan.dequant_prefix || layer.has_window()
+                               ? dequantized_prefix(layer, pos + n, scratch, stream, ctx, pages)
+                               : bf16_view(layer, pages);
   if (plan.kernel == AttentionKernel::prefill_tc) {
     flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream, 0, ctx);
     return;
@@ -330,6 +332,8 @@ void flash_attention_decode_at(const GpuKvLayer& layer, const int* pos_dev, cons
                                float* out, AttentionScratch& scratch, cudaStream_t stream, const QPrep* prep,
                                const DeviceContext& ctx) {
   KVQ_CHECK(pos_dev, Errc::internal, "flash_attention_decode_at without a position");
+  KVQ_CHECK(!layer.has_window(), Errc::internal,
+            "flash_attention_decode_at: a store with an exact window is attended through block tables");
   const AttentionPlan plan = checked_plan(layer, n_heads, true);
   if (runs_decode_instance(plan)) {
     flash_decode(plan, layer, 0, pos_dev, q, n_heads, scale, out, scratch, stream, prep, ctx);

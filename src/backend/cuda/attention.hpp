@@ -91,6 +91,12 @@ void write_kv_slots(const GpuKvLayer& layer, const int32_t* slots_dev, int n, co
 void copy_kv_pages(uint8_t* base, size_t layer_stride, int n_layers, size_t page_bytes, const int32_t* pairs_dev,
                    int n, cudaStream_t stream);
 
+// Moves window pages into the codec's pages (kv::Cache::pack_pages) in one
+// layer: for i < n, every row of exact page pairs_dev[2 i] (its index in the
+// window's store, not its id) is encoded into packed page pairs_dev[2 i + 1]
+// from its bf16 values (device memory, checked by the caller). kv_encode.cu.
+void pack_kv_pages(const GpuKvLayer& layer, const int32_t* pairs_dev, int n, cudaStream_t stream);
+
 // write_kv() of one token whose position is read from device memory
 // (*pos_dev, already range-checked by the caller): a recorded launch (CUDA
 // graph) serves every position.

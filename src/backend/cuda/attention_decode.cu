@@ -146,6 +146,15 @@ struct DecodeParams {
   float q_scale;         // scale * log2(e)
   int prefetch_tiles;    // tiles per warp prefetched before the wait (KernelSettings::attn_prefetch_tiles)
   unsigned long long* trace;  // kernel-lab timeline (KernelSettings::decode_trace), or null
+  // The exact recent window (GpuKvLayer::xk / xv; window_pages 0: none). A
+  // sequence's window is the exact suffix of its table (page ids >=
+  // n_packed_pages, at most window_pages of them), its keys [w, len): CTAs
+  // split < packed_splits take the packed keys [0, w) as above, the others
+  // (exact_window_part) the window's keys from bf16 rows.
+  GpuKvSide xk, xv;
+  int window_pages;
+  int n_packed_pages;
+  int packed_splits;     // gridDim.x without a window
 };
 
 __host__ __device__ constexpr size_t qfrag_bytes(int D) { return size_t(D / 16) * kQFragEntries * 32 * 16; }
@@ -252,6 +261,125 @@ struct WarpOLayout<D, true> {
   __device__ static int offset(int d) { return d; }
 };
 
+// N consecutive bf16 values (N = 2, 4 or 8) in one load of 4, 8 or 16
+// bytes (aligned to that), read as floats.
+template <int N>
+struct Bf16Run {
+  uint32_t w[N / 2];
+  __device__ __forceinline__ void load(const uint16_t* p) {
+    if constexpr (N == 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p);
+      w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else if constexpr (N == 4) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      w[0] = u.x, w[1] = u.y;
+    } else {
+      static_assert(N == 2, "runs of 2, 4 or 8 values");
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+  }
+  __device__ __forceinline__ float operator[](int i) const {
+    const uint32_t x = w[i / 2];
+    return __uint_as_float(i % 2 ? x & 0xffff0000u : x << 16);
+  }
+};
+
+// The exact window's part of one (sequence, KV head) (DecodeParams::xk / xv):
+// keys [begin, end) from bf16 rows on CUDA cores (at most window_pages pages:
+// a few tiles), q as given (the original basis: exact rows are not rotated).
+// Warp w takes the 16-key tiles from begin + 16 w on, every 4th; a tile's
+// loads are all issued before its arithmetic (one memory round trip per
+// tile: the window is read while the packed CTAs stream the cache, at loaded
+// latency). Scores: lanes (key, half) dot a key's half row with q, for 4
+// heads at a time; o: lane l accumulates dims [l D/32, (l + 1) D/32). Leaves
+// each warp's state where the tensor-core path leaves its own: warp_m /
+// warp_l [warp][kMaxGroup] (log2 domain: scores are scaled by q_scale),
+// warp_o [warp][G] rows in the layout the CTA merge reads (OL::offset).
+template <int D, class OL>
+__device__ void exact_window_part(const DecodeParams& p, const float* q_group, int kvh, const SeqRows& rows, int begin,
+                                  int end, float* warp_m, float* warp_l, float* warp_o) {
+  constexpr int kHeads = 4, kPer = D / 32, kChunks = D / 16;  // a lane's half row: kChunks runs of 8
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = p.G;
+  const int key_lane = lane & 15, half = lane >> 4;
+  const uint16_t* xk = reinterpret_cast<const uint16_t*>(p.xk.code);
+  const uint16_t* xv = reinterpret_cast<const uint16_t*>(p.xv.code);
+  for (int h0 = 0; h0 < G; h0 += kHeads) {
+    float o[kHeads][kPer], m[kHeads], l[kHeads];
+#pragma unroll
+    for (int r = 0; r < kHeads; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) o[r][j] = 0.0f;
+    }
+    for (int kb = begin + warp * kTileKeys; kb < end; kb += kWarps * kTileKeys) {
+      // The tile's 16 keys are rows row0 .. row0 + 15 of one page (kv_store.hpp).
+      const int i = rows.index_of(kb);
+      const size_t row0 = rows.geo.row(rows.pages[i] - p.n_packed_pages, kvh, kb - i * rows.geo.page_tokens);
+      Bf16Run<8> kk[kChunks];
+      const uint16_t* krow = xk + (row0 + key_lane) * D + half * (D / 2);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) kk[c].load(krow + 8 * c);
+      Bf16Run<kPer> vv[kTileKeys];
+#pragma unroll
+      for (int k = 0; k < kTileKeys; ++k) vv[k].load(xv + (row0 + k) * D + lane * kPer);
+      const bool valid = kb + key_lane < end;  // keys past the sequence's last are masked
+#pragma unroll
+      for (int r = 0; r < kHeads; ++r) {
+        float s = 0.0f;
+        if (h0 + r < G) {
+          const float* qh = q_group + size_t(h0 + r) * D + half * (D / 2);
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(qh + 8 * c));
+            const float4 b = __ldg(reinterpret_cast<const float4*>(qh + 8 * c + 4));
+            s = fmaf(a.x, kk[c][0], s);
+            s = fmaf(a.y, kk[c][1], s);
+            s = fmaf(a.z, kk[c][2], s);
+            s = fmaf(a.w, kk[c][3], s);
+            s = fmaf(b.x, kk[c][4], s);
+            s = fmaf(b.y, kk[c][5], s);
+            s = fmaf(b.z, kk[c][6], s);
+            s = fmaf(b.w, kk[c][7], s);
+          }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 16);  // the other half row
+        s = valid ? s * p.q_scale : -INFINITY;
+        float mx = s;
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float m_new = fmaxf(m[r], mx);  // finite: the tile's first key is the sequence's
+        const float alpha = exp2f(m[r] - m_new), e = exp2f(s - m_new);
+        float sum = e;
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) o[r][j] *= alpha;
+#pragma unroll
+        for (int k = 0; k < kTileKeys; ++k) {
+          const float pk = __shfl_sync(0xffffffffu, e, k);
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) o[r][j] = fmaf(pk, vv[k][j], o[r][j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kHeads; ++r) {
+      const int head = h0 + r;
+      if (head >= G) break;
+      if (lane == 0) {
+        warp_m[warp * kMaxGroup + head] = m[r];
+        warp_l[warp * kMaxGroup + head] = l[r];
+      }
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        warp_o[(warp * G + head) * merge_row_stride(D) + OL::offset(lane * kPer + j)] = o[r][j];
+    }
+  }
+}
+
 // Two resident CTAs per SM (8 warps) for every instance: bf16 tiles need
 // ~240 registers. q8 was tried at 3 CTAs (registers capped at 168): it spills
 // and decodes 10-17 % slower (docs/perf.md).
@@ -320,13 +448,27 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   struct Range {
     int key0, key_end, n_tiles;
   };
+  // With a window, keys [0, w) of the packed store are split over the packed
+  // CTAs (range_of(w)); the others take the window (exact_window_part).
+  const int range_splits = p.window_pages ? p.packed_splits : n_splits;
+  const bool exact_cta = p.window_pages && split >= p.packed_splits;
   auto range_of = [&](int len) {
-    const int chunk = ((len + n_splits - 1) / n_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+    const int chunk = ((len + range_splits - 1) / range_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
     Range r;
     r.key0 = split * chunk;
     r.key_end = min(r.key0 + chunk, len);
-    r.n_tiles = r.key_end > r.key0 ? (r.key_end - r.key0 + kTileKeys - 1) / kTileKeys : 0;
+    r.n_tiles = r.key_end > r.key0 && !exact_cta ? (r.key_end - r.key0 + kTileKeys - 1) / kTileKeys : 0;
     return r;
+  };
+  // The first key of a sequence of len keys that is in its window (len
+  // without one): its table's exact suffix (page ids >= n_packed_pages, at
+  // most window_pages entries; kv_store.hpp) among the pages holding keys.
+  auto window_begin = [&](int len) {
+    if (!p.window_pages) return len;
+    const int used = seq_rows.index_of(len - 1) + 1;
+    int i = used;
+    while (i > 0 && used - i < p.window_pages && seq_rows.pages[i - 1] >= p.n_packed_pages) --i;
+    return min(len, i * seq_rows.geo.page_tokens);
   };
   // Lane 0 asks L2 for the K and V rows of one of this CTA's tiles (a hint:
   // see l2_prefetch.cuh), clamped to the cache.
@@ -354,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   allow_dependents();
   if (p.prefetch_tiles > 0) {
     const int early_pos = p.pos_dev ? reinterpret_cast<const volatile int*>(p.pos_dev)[seq] : p.pos;
-    const Range early = range_of(min(max(early_pos, 0), p.capacity - 1) + 1);
+    const Range early = range_of(window_begin(min(max(early_pos, 0), p.capacity - 1) + 1));
     for (int j = 0; j < p.prefetch_tiles; ++j) prefetch_tile(early, warp + j * kWarps);
   }
   // Fused q: nothing this kernel reads before the step's own K/V row was
@@ -370,9 +512,15 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   // From L2: with the fused q path no wait has made this grid's view of
   // memory current (the position changes every step).
   const int len = (p.pos_dev ? __ldcg(p.pos_dev + seq) : p.pos) + 1;
-  const Range range = range_of(len);
+  const int packed_end = window_begin(len);  // keys [packed_end, len): the window's
+  if (exact_cta) {
+    exact_window_part<D, OL>(p, p.q + size_t(seq_head) * G * D, kvh, seq_rows, packed_end, len, warp_m, warp_l,
+                             warp_o);
+    __syncthreads();
+  } else {
+  const Range range = range_of(packed_end);
   const int key0 = range.key0, n_tiles = range.n_tiles;
-  const int last_key = len - 1;
+  const int last_key = packed_end - 1;
   // This CTA's tile holding key len - 1 (fused q only; -1 if none): kept out
   // of the tile loops (n_main: the tiles before it), so that they have no
   // branch for it; its warp takes it after the loop, after the wait, from L2.
@@ -545,7 +693,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   auto stage_copy = [&](int i) {
     const int tile = warp + i * kWarps;
     const int kb = key0 + tile * kTileKeys;
-    const int n_valid = min(kTileKeys, len - kb);
+    const int n_valid = min(kTileKeys, packed_end - kb);
     const size_t row = tile_row(kb);
     if constexpr (kKStaged) KH::stage(p.k, row, n_valid, slot_k(i), lane);
     if constexpr (kVStaged) VH::stage(p.v, row, n_valid, slot_v(i), lane);
@@ -767,6 +915,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   __syncthreads();
 
   }
+  }  // the packed keys (exact_cta: the window's, above)
 
   const size_t part_base = (size_t(seq_head) * n_splits + split) * G;  // this CTA's first (split, row) record
   const int n_vec = G * (D / 4);
@@ -834,11 +983,15 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     }
   }
   __syncthreads();
+  // A rotated V side's packed partials are in its rotated basis and the
+  // window's (exact_window_part) in the original one: the first are summed,
+  // un-rotated, and the second added after.
+  const int rotated_splits = p.o_rot && p.window_pages ? p.packed_splits : n_splits;
   for (int e = tid; e < n_vec; e += kThreads) {
     const int row = e / (D / 4), d = (e % (D / 4)) * 4;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = 0; s < rotated_splits; ++s) {
       const float w = split_w[s * G + row];
       const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_o + (head_base + size_t(s) * G + row) * D + d));
       acc.x += w * x.x;
@@ -854,6 +1007,23 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
     for (int row = warp; row < G; row += kWarps)
       warp_rotate_row(rotation_kind(p.v.family), p.o_rot + size_t(kvh) * p.v.rot_stride, rot_rows + row * D,
                       p.out + (size_t(seq_head) * G + row) * D, D, lane, true);
+    if (rotated_splits < n_splits) {  // the window's partials, in the original basis
+      __syncthreads();
+      for (int e = tid; e < n_vec; e += kThreads) {
+        const int row = e / (D / 4), d = (e % (D / 4)) * 4;
+        float4* dst = reinterpret_cast<float4*>(p.out + (size_t(seq_head) * G + row) * D + d);
+        float4 acc = *dst;
+        for (int s = rotated_splits; s < n_splits; ++s) {
+          const float w = split_w[s * G + row];
+          const float4 x = __ldcg(reinterpret_cast<const float4*>(p.part_o + (head_base + size_t(s) * G + row) * D + d));
+          acc.x += w * x.x;
+          acc.y += w * x.y;
+          acc.z += w * x.z;
+          acc.w += w * x.w;
+        }
+        *dst = acc;
+      }
+    }
   }
   if (p.trace) {
     __syncthreads();
@@ -1093,7 +1263,7 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
             n_heads, " heads, ", n_kv, " KV heads, head_dim ", D, ") or q / out not 16-byte aligned");
   KVQ_CHECK(b.n_seq >= 1 && b.n_seq <= 65535 && (b.n_seq == 1 || (b.pos_dev && b.pages)), Errc::internal,
             "flash_decode: ", b.n_seq, " sequences (more than one need device positions and block tables)");
-  KVQ_CHECK(!b.pages || (b.table_stride >= 1 && b.table_stride <= layer.n_pages), Errc::internal,
+  KVQ_CHECK(!b.pages || (b.table_stride >= 1 && b.table_stride <= layer.n_pages + layer.n_exact_pages), Errc::internal,
             "flash_decode: block tables of ", b.table_stride, " entries over a store of ", layer.n_pages, " pages");
   KVQ_CHECK(layer.page_tokens % kTileKeys == 0 || layer.n_pages == 1, Errc::internal, "flash_decode: pages of ",
             layer.page_tokens, " tokens (a 16-key tile must not straddle two)");
@@ -1111,6 +1281,16 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   // A known position needs no more splits than it has key tiles to share
   // (fewer partial states to merge); a device position gets the full split.
   if (!b.pos_dev) n_splits = std::min(n_splits, (b.pos + kMinKeysPerSplit) / kMinKeysPerSplit);
+  // The exact window: one CTA per (sequence, KV head) takes the window's keys
+  // (at most window_pages pages) from the bf16 rows, in place of one of the
+  // packed splits when there are several (a split sized to fill one wave
+  // stays one wave).
+  const int packed_splits = layer.has_window() ? std::max(1, std::min(n_splits, kMaxDecodeSplits) - 1) : n_splits;
+  if (layer.has_window()) {
+    KVQ_CHECK(b.pages && !prep && layer.xk.code && layer.xv.code, Errc::internal,
+              "flash_decode: a store with an exact window needs block tables (and a prepared q)");
+    n_splits = packed_splits + 1;
+  }
 
   const size_t heads = size_t(b.n_seq) * n_kv;  // (sequence, KV head) pairs
   const size_t records = heads * n_splits * G;
@@ -1144,6 +1324,11 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   p.q_scale = scale * kLog2e;
   p.prefetch_tiles = std::max(0, ctx.settings.attn_prefetch_tiles);
   p.trace = ctx.settings.decode_trace;
+  p.xk = layer.xk;
+  p.xv = layer.xv;
+  p.window_pages = layer.has_window() ? layer.window_pages : 0;
+  p.n_packed_pages = layer.n_pages;
+  p.packed_splits = packed_splits;
   p.q_rot = is_rotated(layer.k.family) ? layer.k.rot : nullptr;
   p.o_rot = is_rotated(layer.v.family) ? layer.v.rot : nullptr;
   KVQ_CHECK((!is_rotated(layer.k.family) || p.q_rot) && (!is_rotated(layer.v.family) || p.o_rot) &&

@@ -602,12 +602,11 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<kv::Cache> make_cache(const kv::CodecOptions& opts, const kv::CacheShape& shape) override {
     ctx_.make_current();
+    // The serving form of the window (shape.window_pages) is the store's;
+    // the evaluation form keeps every row twice and is the CPU store's.
     KVQ_CHECK(opts.exact_window_pages == 0, Errc::unsupported,
-              "the exact recent window (--kv-window) exists on the CPU backend only so far (a quality measurement; "
-              "issue 28): use --device cpu");
-    KVQ_CHECK(shape.window_pages == 0 && shape.exact_pages == 0, Errc::unsupported,
-              "the exact recent window (--kv-window) is built in the CPU store only so far (issue 28): the CUDA "
-              "store has no exact pages yet; use --device cpu or --kv-window 0");
+              "the evaluation form of the exact window (kvq eval --kv-window) runs on the CPU backend only: use "
+              "--device cpu");
     return make_cuda_kv_cache(opts, shape);
   }
 
@@ -807,7 +806,9 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(n_tok > 0 && b.n_seq() > 0 && int(b.pos.size()) == n_tok && int(b.slot.size()) == n_tok,
               Errc::internal, op, ": a step batch of ", n_tok, " tokens with ", b.pos.size(), " positions and ",
               b.slot.size(), " slots");
-    const int64_t n_slots = int64_t(store.n_pages) * store.page_tokens;
+    // Page ids: the packed pages, then (a store with an exact window) its exact ones.
+    const int all_pages = store.n_pages + store.n_exact_pages;
+    const int64_t n_slots = int64_t(all_pages) * store.page_tokens;
     int stride = 1;
     for (const kv::QueryRun& r : b.runs) {
       KVQ_CHECK(r.n >= 1 && r.pos >= 0 && r.first >= 0 && r.first + r.n <= n_tok &&
@@ -815,12 +816,13 @@ class CudaBackend final : public Backend {
                 Errc::out_of_range, op, ": a run of ", r.n, " tokens at position ", r.pos, " over ", r.n_pages,
                 " pages of ", store.page_tokens, " tokens");
       for (int i = 0; i < r.n_pages; ++i)
-        KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < store.n_pages, Errc::out_of_range, op, ": page ", r.pages[i],
-                  " of a block table outside the GPU KV store's ", store.n_pages, " pages");
+        KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < all_pages, Errc::out_of_range, op, ": page ", r.pages[i],
+                  " of a block table outside the GPU KV store's ", all_pages, " pages");
+      if (store.has_window()) check_window_table(store, r.pages, kv::pages_for(r.pos + r.n, store.page_tokens));
       stride = std::max(stride, r.n_pages);
     }
-    KVQ_CHECK(stride <= store.n_pages, Errc::out_of_range, op, ": a block table of ", stride,
-              " pages over a store of ", store.n_pages);
+    KVQ_CHECK(stride <= all_pages, Errc::out_of_range, op, ": a block table of ", stride, " pages over a store of ",
+              all_pages);
     for (int t = 0; t < n_tok; ++t)
       KVQ_CHECK(b.slot[size_t(t)] >= 0 && b.slot[size_t(t)] < n_slots, Errc::out_of_range, op, ": slot ",
                 b.slot[size_t(t)], " outside the GPU KV store's ", n_slots, " slots");

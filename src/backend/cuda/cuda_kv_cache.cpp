@@ -32,7 +32,7 @@ const int32_t* to_device(DeviceBuffer<int32_t>& dst, const std::vector<int32_t>&
 
 void CudaLayerCache::write_slots(const int32_t* slots, int n, const float* k, const float* v) {
   if (n <= 0) return;
-  const int32_t n_slots = store_.n_pages * store_.page_tokens;
+  const int32_t n_slots = (store_.n_pages + store_.n_exact_pages) * store_.page_tokens;
   for (int i = 0; i < n; ++i)
     KVQ_CHECK(slots[i] >= 0 && slots[i] < n_slots, Errc::out_of_range, "GPU KV cache write at slot ", slots[i],
               " outside its ", n_slots, " slots");
@@ -49,13 +49,15 @@ void CudaLayerCache::attend_runs(const kv::QueryRun* runs, int n_runs, const flo
   bool decode_batch = true;  // every run one token, run z at row z: one batched launch
   for (int z = 0; z < n_runs; ++z) {
     const kv::QueryRun& r = runs[z];
+    const int all_pages = store_.n_pages + store_.n_exact_pages;
     KVQ_CHECK(r.n >= 1 && r.pos >= 0 && kv::pages_for(r.pos + r.n, store_.page_tokens) <= r.n_pages &&
-                  r.n_pages <= store_.n_pages,
+                  r.n_pages <= all_pages,
               Errc::out_of_range, "GPU attention: a run of ", r.n, " tokens at position ", r.pos, " over ", r.n_pages,
-              " pages of ", store_.page_tokens, " tokens (the store has ", store_.n_pages, ")");
+              " pages of ", store_.page_tokens, " tokens (the store has ", all_pages, ")");
     for (int i = 0; i < r.n_pages; ++i)
-      KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < store_.n_pages, Errc::out_of_range, "GPU attention: page ",
-                r.pages[i], " of a block table outside the store's ", store_.n_pages);
+      KVQ_CHECK(r.pages[i] >= 0 && r.pages[i] < all_pages, Errc::out_of_range, "GPU attention: page ", r.pages[i],
+                " of a block table outside the store's ", all_pages);
+    if (store_.has_window()) check_window_table(store_, r.pages, kv::pages_for(r.pos + r.n, store_.page_tokens));
     stride = std::max(stride, r.n_pages);
     decode_batch = decode_batch && r.n == 1 && r.first == z;
   }
@@ -102,6 +104,7 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
             " KV heads, head_dim ", shape.head_dim, ", ", shape.max_tokens, " tokens)");
   KVQ_CHECK(codec.head_dim == shape.head_dim, Errc::internal, "GPU KV cache: codec described for head_dim ",
             codec.head_dim, ", cache head_dim ", shape.head_dim);
+  bool decode_tc = false;  // the decode plan is the tensor-core kernel (the exact window needs it)
   for (bool decode : {true, false}) {
     const AttentionPlan plan = choose_attention(
         AttentionCase::of(codec.k.spec, codec.v.spec, shape.head_dim, n_heads, shape.n_kv_heads, decode));
@@ -114,11 +117,30 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     KVQ_CHECK(plan.supported(), Errc::unsupported, "KV codec ", codec.name, " has no GPU kernels (", plan.why,
               "); use --device cpu for it, or a codec that `kvq codecs` marks as GPU");
     (decode ? decode_kernel_ : prefill_kernel_) = plan.name();
+    if (decode)
+      decode_tc = plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
   }
   const int n_pages = shape_.n_pages();
   const size_t rows_per_layer = size_t(n_pages) * shape.n_kv_heads * shape_.page_tokens;
   const size_t rows = rows_per_layer * shape.n_layers;
-  const uint64_t bytes = uint64_t(rows) * codec.bytes_per_token_per_head();
+  // The exact window's store (kv_store.hpp): bf16 rows of exact_pages pages.
+  KVQ_CHECK((shape.window_pages > 0) == (shape.exact_pages > 0) && shape.window_pages >= 0 && shape.exact_pages >= 0,
+            Errc::invalid_argument, "GPU KV cache: a window of ", shape.window_pages, " pages with a pool of ",
+            shape.exact_pages, " exact pages (each needs the other)");
+  if (shape.exact_pages > 0) {
+    KVQ_CHECK(shape.head_dim <= 256, Errc::unsupported, "GPU KV cache: the exact window at head_dim ",
+              shape.head_dim, " (the GPU stages rows of at most 256 values)");
+    KVQ_CHECK(!require_attention || decode_tc, Errc::unsupported,
+              "GPU KV cache: the exact window needs the tensor-core decode kernel, and ", codec.name,
+              " decodes with ", decode_kernel_);
+    KVQ_CHECK(shape.page_tokens % 16 == 0 && shape.page_tokens <= shape.max_tokens, Errc::invalid_argument,
+              "GPU KV cache: the exact window needs pages of a multiple of 16 tokens, not ", shape.page_tokens,
+              " over a capacity of ", shape.max_tokens);
+  }
+  const size_t exact_rows_per_layer = size_t(shape.exact_pages) * shape.n_kv_heads * shape_.page_tokens;
+  const size_t exact_row_bytes = size_t(2) * shape.head_dim;
+  const uint64_t bytes = uint64_t(rows) * codec.bytes_per_token_per_head() +
+                         uint64_t(exact_rows_per_layer) * shape.n_layers * exact_row_bytes * 2;
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
     KVQ_CHECK(bytes < free_b, Errc::out_of_range, "GPU KV cache (", codec.name, ") for ", n_pages * shape_.page_tokens,
@@ -127,10 +149,15 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
   v_code_.resize(rows * codec.v.code_bytes);
   if (codec.k.side_bytes) k_side_.resize(rows * codec.k.side_bytes);
   if (codec.v.side_bytes) v_side_.resize(rows * codec.v.side_bytes);
-  allocated_ = k_code_.bytes() + v_code_.bytes() + k_side_.bytes() + v_side_.bytes();
+  if (exact_rows_per_layer) {
+    k_exact_.resize(exact_rows_per_layer * shape.n_layers * exact_row_bytes);
+    v_exact_.resize(exact_rows_per_layer * shape.n_layers * exact_row_bytes);
+  }
+  allocated_ = k_code_.bytes() + v_code_.bytes() + k_side_.bytes() + v_side_.bytes() + k_exact_.bytes() +
+               v_exact_.bytes();
   // Zeroed once so unwritten rows decode to finite values (they are never
   // read: attention is causal and masks the tail of its last tile).
-  for (DeviceBuffer<uint8_t>* b : {&k_code_, &v_code_, &k_side_, &v_side_})
+  for (DeviceBuffer<uint8_t>* b : {&k_code_, &v_code_, &k_side_, &v_side_, &k_exact_, &v_exact_})
     if (b->size()) KVQ_CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
   // Rotation tables, codebooks and QJL sketches of each side, from the CPU
   // blocks themselves (the same seed, layer, head and side: the same maps and
@@ -203,6 +230,16 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     store.max_tokens = shape.max_tokens;
     store.page_tokens = shape_.page_tokens;
     store.n_pages = n_pages;
+    if (exact_rows_per_layer) {
+      for (auto [side, buf] : {std::pair{&store.xk, &k_exact_}, std::pair{&store.xv, &v_exact_}}) {
+        side->family = kv::Family::bf16;
+        side->bits = 16;
+        side->code_bytes = uint32_t(exact_row_bytes);
+        side->code = buf->data() + exact_rows_per_layer * exact_row_bytes * l;
+      }
+      store.n_exact_pages = shape.exact_pages;
+      store.window_pages = shape.window_pages;
+    }
     layers_.emplace_back(store, &scratch_, this, l);
   }
 }
@@ -216,36 +253,82 @@ uint64_t CudaKvCache::bytes_for_tokens(int n_tokens) const {
   return uint64_t(n_tokens) * shape_.n_layers * shape_.n_kv_heads * codec_.bytes_per_token_per_head();
 }
 
-void CudaKvCache::copy_pages(const int32_t* src, const int32_t* dst, int n) {
-  const int n_pages = shape_.n_pages();
-  kv::check_page_copy(src, dst, n, n_pages);
-  if (n == 0) return;
-  std::vector<int32_t> pairs(2 * size_t(n));
-  for (int i = 0; i < n; ++i) {
-    pairs[2 * size_t(i)] = src[i];
-    pairs[2 * size_t(i) + 1] = dst[i];
-  }
+const int32_t* CudaKvCache::upload_pairs(const std::vector<int32_t>& pairs) {
   // Synchronous upload: the previous copy's kernels have read the old pairs.
   if (copy_pairs_.size() < pairs.size()) copy_pairs_.resize(pairs.size());
   KVQ_CUDA_CHECK(cudaMemcpy(copy_pairs_.data(), pairs.data(), pairs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return copy_pairs_.data();
+}
+
+void CudaKvCache::copy_pages(const int32_t* src, const int32_t* dst, int n) {
+  const int n_pages = shape_.n_pages();
+  kv::check_page_copy(src, dst, n, shape_.total_pages());
+  // Pairs within the packed store, then pairs within the window's store
+  // (ids less n_pages there).
+  std::vector<int32_t> packed, exact;
+  for (int i = 0; i < n; ++i) {
+    KVQ_CHECK(shape_.is_exact_page(src[i]) == shape_.is_exact_page(dst[i]), Errc::invalid_argument,
+              "a copy of KV page ", src[i], " to page ", dst[i],
+              " crosses between the packed and the exact store (pack_pages moves rows there)");
+    std::vector<int32_t>& to = shape_.is_exact_page(src[i]) ? exact : packed;
+    const int32_t base = shape_.is_exact_page(src[i]) ? n_pages : 0;
+    to.push_back(src[i] - base);
+    to.push_back(dst[i] - base);
+  }
   const size_t rows_per_page = size_t(shape_.n_kv_heads) * shape_.page_tokens;
-  const size_t rows_per_layer = rows_per_page * size_t(n_pages);
-  auto copy = [&](DeviceBuffer<uint8_t>& array, uint32_t row_bytes) {
-    if (!array.size() || !row_bytes) return;
-    copy_kv_pages(array.data(), rows_per_layer * row_bytes, shape_.n_layers, rows_per_page * row_bytes,
-                  copy_pairs_.data(), n, nullptr);
+  auto copy = [&](DeviceBuffer<uint8_t>& array, uint32_t row_bytes, int pages, const int32_t* pairs, int count) {
+    if (!array.size() || !row_bytes || !count) return;
+    copy_kv_pages(array.data(), rows_per_page * size_t(pages) * row_bytes, shape_.n_layers, rows_per_page * row_bytes,
+                  pairs, count, nullptr);
   };
-  copy(k_code_, codec_.k.code_bytes);
-  copy(k_side_, codec_.k.side_bytes);
-  copy(v_code_, codec_.v.code_bytes);
-  copy(v_side_, codec_.v.side_bytes);
+  if (!packed.empty()) {
+    const int32_t* pairs = upload_pairs(packed);
+    const int count = int(packed.size() / 2);
+    copy(k_code_, codec_.k.code_bytes, n_pages, pairs, count);
+    copy(k_side_, codec_.k.side_bytes, n_pages, pairs, count);
+    copy(v_code_, codec_.v.code_bytes, n_pages, pairs, count);
+    copy(v_side_, codec_.v.side_bytes, n_pages, pairs, count);
+  }
+  if (!exact.empty()) {
+    const int32_t* pairs = upload_pairs(exact);
+    const int count = int(exact.size() / 2);
+    const uint32_t row_bytes = uint32_t(2 * shape_.head_dim);
+    copy(k_exact_, row_bytes, shape_.exact_pages, pairs, count);
+    copy(v_exact_, row_bytes, shape_.exact_pages, pairs, count);
+  }
+}
+
+void CudaKvCache::pack_pages(const int32_t* exact, const int32_t* packed, int n) {
+  KVQ_CHECK(shape_.exact_pages > 0, Errc::unsupported, "this KV store has no exact window to pack pages from");
+  kv::check_page_copy(exact, packed, n, shape_.total_pages());
+  std::vector<int32_t> pairs;
+  for (int i = 0; i < n; ++i) {
+    KVQ_CHECK(shape_.is_exact_page(exact[i]) && !shape_.is_exact_page(packed[i]), Errc::invalid_argument,
+              "pack_pages from page ", exact[i], " to page ", packed[i], ": the first must be an exact page (>= ",
+              shape_.n_pages(), "), the second a packed one");
+    pairs.push_back(exact[i] - shape_.n_pages());
+    pairs.push_back(packed[i]);
+  }
+  if (n == 0) return;
+  const int32_t* dev = upload_pairs(pairs);
+  for (const CudaLayerCache& l : layers_) pack_kv_pages(l.view(), dev, n, nullptr);
+}
+
+void check_window_table(const GpuKvLayer& store, const int32_t* pages, int used) {
+  int first_exact = used;
+  while (first_exact > 0 && pages[first_exact - 1] >= store.n_pages) --first_exact;
+  for (int i = 0; i < first_exact; ++i)
+    KVQ_CHECK(pages[i] < store.n_pages, Errc::invalid_argument, "GPU attention: exact page ", pages[i],
+              " at entry ", i, " of a block table before packed ones (a window is the table's last pages)");
+  KVQ_CHECK(used - first_exact <= store.window_pages, Errc::invalid_argument, "GPU attention: a block table with ",
+            used - first_exact, " exact pages in a window of ", store.window_pages);
 }
 
 std::vector<const void*> CudaKvCache::graph_addresses() const {
   // The cache's id first: a new cache whose buffers land at a freed one's
   // addresses (its shape or codec may differ) never replays its recording.
   return {reinterpret_cast<const void*>(uintptr_t(id())), k_code_.data(), k_side_.data(), v_code_.data(),
-          v_side_.data(), k_tables_.rot.data(), v_tables_.rot.data(), k_tables_.qjl.data(), k_tables_.codebook.data(),
+          v_side_.data(), k_exact_.data(), v_exact_.data(), k_tables_.rot.data(), v_tables_.rot.data(), k_tables_.qjl.data(), k_tables_.codebook.data(),
           v_tables_.codebook.data(), scratch_.part.data(), scratch_.decode_counters.data()};
 }
 

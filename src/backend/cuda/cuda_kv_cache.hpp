@@ -66,12 +66,16 @@ class CudaKvCache final : public kv::Cache {
   CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape& shape, uint64_t seed,
               bool require_attention = true);
   const kv::CacheShape& shape() const override { return shape_; }
-  std::string codec_name() const override { return codec_.name; }
+  std::string codec_name() const override { return codec_.name + kv::exact_window_suffix(shape_.window_pages); }
   kv::LayerCache& layer(int i) override;
   uint64_t bytes_for_tokens(int n_tokens) const override;
   // On the device (the legacy stream, ordered with the backend's), every
   // array of every layer; returns once the copies are queued.
   void copy_pages(const int32_t* src, const int32_t* dst, int n) override;
+  // The window's pages into the codec's (kv::Cache::pack_pages): every
+  // layer's bf16 rows re-encoded on the device (pack_kv_pages), queued on
+  // the legacy stream like copy_pages.
+  void pack_pages(const int32_t* exact, const int32_t* packed, int n) override;
   const kv::CodecDescriptor& codec() const { return codec_; }
   // Every device address a recorded decode step (CUDA graph) bakes in from
   // this cache: the stores and the attention scratch. A recording replays
@@ -88,6 +92,9 @@ class CudaKvCache final : public kv::Cache {
   kv::CacheShape shape_;
   // One allocation per array, [layer][page][kv_head][page_tokens][row bytes].
   DeviceBuffer<uint8_t> k_code_, k_side_, v_code_, v_side_;
+  // The exact window's bf16 rows, [layer][exact page][kv_head][page_tokens][2 D]
+  // (GpuKvLayer::xk / xv); empty without a window.
+  DeviceBuffer<uint8_t> k_exact_, v_exact_;
   // Per side: rotation tables [layer][kv_head][rot_stride], the codebook (one
   // for all layers), QJL sketches [layer][kv_head][D][D] (GpuKvSide).
   struct SideTables {
@@ -96,11 +103,18 @@ class CudaKvCache final : public kv::Cache {
   };
   SideTables k_tables_, v_tables_;
   AttentionScratch scratch_;  // shared by the layers (one runs at a time)
-  DeviceBuffer<int32_t> copy_pairs_;  // copy_pages' (src, dst) pairs
+  DeviceBuffer<int32_t> copy_pairs_;  // copy_pages' and pack_pages' (from, to) pairs
+  const int32_t* upload_pairs(const std::vector<int32_t>& pairs);
   std::vector<CudaLayerCache> layers_;
   uint64_t allocated_ = 0;
   std::string decode_kernel_, prefill_kernel_;
 };
+
+// The checks a block table of a windowed store passes before its attention
+// (the decode kernel finds a sequence's window as the exact suffix of its
+// first `used` entries): its exact pages are a suffix, at most
+// store.window_pages long. Errc::invalid_argument otherwise.
+void check_window_table(const GpuKvLayer& store, const int32_t* pages, int used);
 
 // The GPU cache for a codec request (--kv, --ctk/--ctv). Unknown names:
 // invalid_argument listing the valid ones; a codec with no GPU kernels for

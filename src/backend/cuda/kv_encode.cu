@@ -22,42 +22,71 @@ constexpr bool qjl_encode_supported(int D) { return D % 32 == 0 && D >= 32 && D 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
+constexpr int kMaxRowD = 256;  // rows staged in shared memory (windowed stores, rotated dequantization)
+
+// The exact window's part of a write (GpuKvLayer::xk / xv): the side's bf16
+// rows, and the first page id that is exact (the store's packed pages).
+// exact.code == nullptr: a store without a window.
+struct ExactTarget {
+  GpuKvSide exact;
+  int first_page = 0;
+};
+
 // One warp per (token, KV head) row of one side: token t of x [n][n_kv][D]
 // fp32 goes to slot slots[t] (device memory) or, without slots, slot0 + t
 // (a one-sequence store's identity table: slot = position); its row is
-// PageGeometry::slot_row(slot, head).
+// PageGeometry::slot_row(slot, head). A store with a window writes a slot of
+// an exact page as the bf16 row (as the `none` block does) and encodes the
+// bf16 values of the others (kv_store.hpp, GpuKvLayer).
 template <kv::Family F>
-__global__ void encode_rows_kernel(GpuKvSide side, const float* __restrict__ x, int slot0, const int* slots, int n,
-                                   int n_kv, int D, kv::PageGeometry geo) {
+__global__ void encode_rows_kernel(GpuKvSide side, ExactTarget window, const float* __restrict__ x, int slot0,
+                                   const int* slots, int n, int n_kv, int D, kv::PageGeometry geo) {
+  __shared__ float staged[kWarpsPerBlock][kMaxRowD];
   const int row = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= n * n_kv) return;
   const int t = row / n_kv, h = row % n_kv;
-  const size_t r = geo.slot_row(slots ? slots[t] : slot0 + t, h);
+  const int32_t slot = slots ? slots[t] : slot0 + t;
+  const float* src = x + size_t(row) * D;
+  if (window.exact.code) {
+    const int page = slot / geo.page_tokens;
+    if (page >= window.first_page) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(window.exact.code) +
+                      geo.row(page - window.first_page, h, slot - page * geo.page_tokens) * size_t(D);
+      for (int d = lane; d < D; d += 32) dst[d] = ::kvq::f32_to_bf16(sanitize_kv(src[d]));
+      return;
+    }
+    float* y = staged[threadIdx.x >> 5];
+    for (int d = lane; d < D; d += 32) y[d] = ::kvq::bf16_to_f32(::kvq::f32_to_bf16(sanitize_kv(src[d])));
+    __syncwarp();
+    src = y;
+  }
+  const size_t r = geo.slot_row(slot, h);
   uint8_t* code = side.code + side.code_offset(r);
   uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
-  encode_row_with<F>(side, h, x + size_t(row) * D, D, code, s, lane);
+  encode_row_with<F>(side, h, src, D, code, s, lane);
 }
 
 template <kv::Family F>
-void launch_encode(const GpuKvSide& side, const float* x, int slot0, const int* slots, int n, int n_kv, int D,
-                   kv::PageGeometry geo, cudaStream_t stream) {
+void launch_encode(const GpuKvSide& side, const ExactTarget& window, const float* x, int slot0, const int* slots,
+                   int n, int n_kv, int D, kv::PageGeometry geo, cudaStream_t stream) {
   const int rows = n * n_kv;
   encode_rows_kernel<F><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kThreads, 0, stream>>>(
-      side, x, slot0, slots, n, n_kv, D, geo);
+      side, window, x, slot0, slots, n, n_kv, D, geo);
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void encode_side(const GpuKvSide& side, const float* x, int slot0, const int* slots, int n, int n_kv, int D,
-                 kv::PageGeometry geo, cudaStream_t stream) {
+void encode_side(const GpuKvSide& side, const ExactTarget& window, const float* x, int slot0, const int* slots, int n,
+                 int n_kv, int D, kv::PageGeometry geo, cudaStream_t stream) {
   KVQ_CHECK(!is_rotated(side.family) || side.rot, Errc::internal, kv::family_name(side.family),
             " store without its rotation table");
   KVQ_CHECK(!uses_codebook(side.family) || side.codebook, Errc::internal, kv::family_name(side.family),
             " store without its codebook");
   KVQ_CHECK(!side.has_qjl || (side.qjl && qjl_encode_supported(D)), Errc::internal,
             "+qjl store without its sketch, or head_dim ", D, " (the GPU sketch needs a multiple of 32 up to 256)");
-#define KVQ_ENCODE_CASE(fam)                                                         \
-  case kv::Family::fam:                                                              \
-    launch_encode<kv::Family::fam>(side, x, slot0, slots, n, n_kv, D, geo, stream); \
+  KVQ_CHECK(!window.exact.code || D <= kMaxRowD, Errc::internal, "a windowed GPU KV store of head_dim ", D);
+#define KVQ_ENCODE_CASE(fam)                                                                 \
+  case kv::Family::fam:                                                                      \
+    launch_encode<kv::Family::fam>(side, window, x, slot0, slots, n, n_kv, D, geo, stream); \
     break;
   switch (side.family) {
     KVQ_ENCODE_CASE(bf16)
@@ -75,20 +104,39 @@ void encode_side(const GpuKvSide& side, const float* x, int slot0, const int* sl
 #undef KVQ_ENCODE_CASE
 }
 
+ExactTarget exact_k(const GpuKvLayer& l) { return {l.has_window() ? l.xk : GpuKvSide{}, l.n_pages}; }
+ExactTarget exact_v(const GpuKvLayer& l) { return {l.has_window() ? l.xv : GpuKvSide{}, l.n_pages}; }
+
+// The row of a sequence's token t of KV head h through its table `src`:
+// a packed row, or (a store with a window, a page >= window.first_page) a
+// row of the exact bf16 side.
+__device__ __forceinline__ StoreRow token_row(const SeqRows& src, const ExactTarget& window, int h, int t) {
+  const int i = src.index_of(t);
+  const int page = src.pages ? src.pages[i] : i, entry = t - i * src.geo.page_tokens;
+  if (window.exact.code && page >= window.first_page) return {true, src.geo.row(page - window.first_page, h, entry)};
+  return {false, src.geo.row(page, h, entry)};
+}
+
 // dst rows (dst.row(h, t): bf16, D values each) <- token t < n_tokens of
 // every head of the side, found through `src` (the sequence's block table)
-// (unrotated families without a sketch: one thread per value).
-__global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, SeqRows src,
+// (unrotated families without a sketch: one thread per value). Exact rows
+// (a window's pages) are copied as they are.
+__global__ void dequantize_kernel(GpuKvSide side, ExactTarget window, int n_tokens, int n_kv, int D, SeqRows src,
                                   uint16_t* __restrict__ dst, SeqRows dst_rows) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
     const int d = int(i % D);
     const int t = int((i / D) % n_tokens);
     const int h = int(i / (size_t(D) * n_tokens));
-    const size_t r = src.row(h, t);
-    const uint8_t* code = side.code + side.code_offset(r);
-    const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
-    dst[dst_rows.row(h, t) * D + d] = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
+    const StoreRow r = token_row(src, window, h, t);
+    uint16_t& out = dst[dst_rows.row(h, t) * D + d];
+    if (r.exact) {
+      out = reinterpret_cast<const uint16_t*>(window.exact.code)[r.row * D + d];
+      continue;
+    }
+    const uint8_t* code = side.code + side.code_offset(r.row);
+    const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
+    out = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
   }
 }
 
@@ -96,40 +144,91 @@ __global__ void dequantize_kernel(GpuKvSide side, int n_tokens, int n_kv, int D,
 // in the rotated basis into shared memory (the CPU block's decode_rotated,
 // +qjl: plus its sketch term), un-rotates it in place with the side's
 // inverse rotation (kv_rotation.cuh) and writes bf16 in the original basis:
-// bf16 of the CPU block's decode(), exactly. D <= kMaxRowD.
-constexpr int kMaxRowD = 256;
-__global__ void dequantize_rows_kernel(GpuKvSide side, int n_tokens, int n_kv, int D, SeqRows src,
+// bf16 of the CPU block's decode(), exactly. D <= kMaxRowD. Exact rows are
+// copied as they are.
+__global__ void dequantize_rows_kernel(GpuKvSide side, ExactTarget window, int n_tokens, int n_kv, int D, SeqRows src,
                                        uint16_t* __restrict__ dst, SeqRows dst_rows) {
   __shared__ float rows[kWarpsPerBlock][kMaxRowD];
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int row = int(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= n_kv * n_tokens) return;
   const int h = row / n_tokens, t = row % n_tokens;
-  const size_t r = src.row(h, t);
-  const uint8_t* code = side.code + side.code_offset(r);
-  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
+  const StoreRow r = token_row(src, window, h, t);
+  uint16_t* out = dst + dst_rows.row(h, t) * D;
+  if (r.exact) {
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(window.exact.code) + r.row * D;
+    for (int d = lane; d < D; d += 32) out[d] = x[d];
+    return;
+  }
+  const uint8_t* code = side.code + side.code_offset(r.row);
+  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
   float* y = rows[warp];
   for (int d = lane; d < D; d += 32)
     y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
   const RotationKind kind = rotation_kind(side.family);
   if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), y, y, D, lane, true);
   __syncwarp();
-  uint16_t* out = dst + dst_rows.row(h, t) * D;
   for (int d = lane; d < D; d += 32) out[d] = ::kvq::f32_to_bf16(y[d]);
 }
 
-void dequantize_side(const GpuKvSide& side, int n_tokens, int n_kv, int D, SeqRows src, uint16_t* dst,
-                     SeqRows dst_rows, cudaStream_t stream, const DeviceContext& ctx) {
+void dequantize_side(const GpuKvSide& side, const ExactTarget& window, int n_tokens, int n_kv, int D, SeqRows src,
+                     uint16_t* dst, SeqRows dst_rows, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
   if (is_rotated(side.family) || side.has_qjl) {
     KVQ_CHECK(D <= kMaxRowD, Errc::internal, "dequantize_kv_bf16: a rotated or +qjl store with head_dim ", D);
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, n_tokens, n_kv, D, src, dst, dst_rows);
+    dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, D, src, dst, dst_rows);
   } else {
     const int grid = int(std::min<size_t>((total + 255) / 256, size_t(ctx.sm_count()) * 16));
-    dequantize_kernel<<<grid, 256, 0, stream>>>(side, n_tokens, n_kv, D, src, dst, dst_rows);
+    dequantize_kernel<<<grid, 256, 0, stream>>>(side, window, n_tokens, n_kv, D, src, dst, dst_rows);
   }
+  KVQ_CUDA_CHECK_LAUNCH();
+}
+
+// One warp per row of the moved pages (pairs[2 i]: an exact page's index in
+// the window's store, pairs[2 i + 1]: a packed page), of one side: the bf16
+// row, as floats, through the side's encode: what a windowed store's write
+// of those values gives (encode_rows_kernel).
+template <kv::Family F>
+__global__ void pack_rows_kernel(GpuKvSide side, GpuKvSide exact, const int32_t* pairs, int n, int n_kv, int D,
+                                 kv::PageGeometry geo) {
+  __shared__ float staged[kWarpsPerBlock][kMaxRowD];
+  const int row = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int per_page = n_kv * geo.page_tokens;
+  if (row >= n * per_page) return;
+  const int i = row / per_page, h = (row % per_page) / geo.page_tokens, e = row % geo.page_tokens;
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(exact.code) + geo.row(pairs[2 * i], h, e) * size_t(D);
+  float* y = staged[threadIdx.x >> 5];
+  for (int d = lane; d < D; d += 32) y[d] = ::kvq::bf16_to_f32(x[d]);
+  __syncwarp();
+  const size_t r = geo.row(pairs[2 * i + 1], h, e);
+  uint8_t* code = side.code + side.code_offset(r);
+  uint8_t* s = side.side_bytes ? side.side + side.side_offset(r) : nullptr;
+  encode_row_with<F>(side, h, y, D, code, s, lane);
+}
+
+void pack_side(const GpuKvSide& side, const GpuKvSide& exact, const int32_t* pairs, int n, int n_kv, int D,
+               kv::PageGeometry geo, cudaStream_t stream) {
+  const int rows = n * n_kv * geo.page_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+#define KVQ_PACK_CASE(fam)                                                                                       \
+  case kv::Family::fam:                                                                                         \
+    pack_rows_kernel<kv::Family::fam><<<grid, kThreads, 0, stream>>>(side, exact, pairs, n, n_kv, D, geo); \
+    break;
+  switch (side.family) {
+    KVQ_PACK_CASE(bf16)
+    KVQ_PACK_CASE(q8)
+    KVQ_PACK_CASE(rq8)
+    KVQ_PACK_CASE(turbo)
+    KVQ_PACK_CASE(tcq)
+    KVQ_PACK_CASE(iso)
+    KVQ_PACK_CASE(rotor)
+    KVQ_PACK_CASE(planar)
+    KVQ_PACK_CASE(fp8)
+    default:
+      fail(Errc::unsupported, "no GPU encode kernel for KV block family ", kv::family_name(side.family));
+  }
+#undef KVQ_PACK_CASE
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -176,15 +275,19 @@ void write_kv(const GpuKvLayer& layer, int pos, int n, const float* k, const flo
   KVQ_CHECK(pos >= 0 && n >= 0 && int64_t(pos) + n <= layer.max_tokens, Errc::out_of_range, "GPU KV cache: tokens [",
             pos, ", ", int64_t(pos) + n, ") do not fit its capacity of ", layer.max_tokens, " tokens");
   if (n == 0) return;
-  encode_side(layer.k, k, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
-  encode_side(layer.v, v, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+  encode_side(layer.k, exact_k(layer), k, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(),
+              stream);
+  encode_side(layer.v, exact_v(layer), v, pos, nullptr, n, layer.n_kv_heads, layer.head_dim, layer.geometry(),
+              stream);
 }
 
 void write_kv_slots(const GpuKvLayer& layer, const int32_t* slots_dev, int n, const float* k, const float* v,
                     cudaStream_t stream) {
   if (n == 0) return;
-  encode_side(layer.k, k, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
-  encode_side(layer.v, v, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+  encode_side(layer.k, exact_k(layer), k, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(),
+              stream);
+  encode_side(layer.v, exact_v(layer), v, 0, slots_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(),
+              stream);
 }
 
 void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, const float* v, cudaStream_t stream) {
@@ -197,8 +300,18 @@ void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
   const SeqRows src = layer.rows(pages);
-  dequantize_side(layer.k, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream, ctx);
-  dequantize_side(layer.v, n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream, ctx);
+  dequantize_side(layer.k, exact_k(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream,
+                  ctx);
+  dequantize_side(layer.v, exact_v(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream,
+                  ctx);
+}
+
+void pack_kv_pages(const GpuKvLayer& layer, const int32_t* pairs_dev, int n, cudaStream_t stream) {
+  KVQ_CHECK(layer.has_window() && layer.head_dim <= kMaxRowD, Errc::internal,
+            "pack_kv_pages: a store without an exact window, or head_dim ", layer.head_dim);
+  if (n == 0) return;
+  pack_side(layer.k, layer.xk, pairs_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
+  pack_side(layer.v, layer.xv, pairs_dev, n, layer.n_kv_heads, layer.head_dim, layer.geometry(), stream);
 }
 
 void copy_kv_pages(uint8_t* base, size_t layer_stride, int n_layers, size_t page_bytes, const int32_t* pairs_dev,

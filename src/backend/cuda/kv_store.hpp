@@ -138,6 +138,13 @@ struct SeqRows {
   }
 };
 
+// Where one row of a store with an exact window lives: its packed row, or
+// (a window page) its row in the exact bf16 sides.
+struct StoreRow {
+  bool exact;
+  size_t row;
+};
+
 struct GpuKvLayer {
   GpuKvSide k, v;
   int n_kv_heads = 0;
@@ -145,11 +152,38 @@ struct GpuKvLayer {
   int max_tokens = 0;  // tokens of one sequence over the identity table (the cache's shape)
   int page_tokens = 0;  // rows per page (kv::PageGeometry); max_tokens: one page
   int n_pages = 0;      // pages of the store: n_pages * n_kv_heads * page_tokens rows per side
+  // The exact recent window (kv::CacheShape::window_pages, docs/architecture.md):
+  // n_exact_pages pages of bf16 rows (xk, xv: family bf16, code_bytes 2 D, no
+  // side array), [n_exact_pages][n_kv_heads][page_tokens] rows per side, named
+  // n_pages .. n_pages + n_exact_pages - 1 in block tables and slots (one id
+  // space). A sequence's exact pages are the last (at most window_pages)
+  // entries of its table. Such a store encodes the bf16 values of K and V
+  // into its packed pages (a row's codes do not depend on whether it was
+  // written there or packed when its page left a window). 0: no window.
+  GpuKvSide xk, xv;
+  int n_exact_pages = 0;
+  int window_pages = 0;
   bool is_bf16() const { return k.family == kv::Family::bf16 && v.family == kv::Family::bf16; }
+  KVQ_STORE_HD bool has_window() const { return n_exact_pages > 0; }
   KVQ_STORE_HD kv::PageGeometry geometry() const { return {n_kv_heads, page_tokens}; }
-  KVQ_STORE_HD SeqRows rows(const int32_t* pages = nullptr) const { return SeqRows(geometry(), pages, n_pages == 1); }
-  // Tokens a store holds in all (n_pages pages).
-  KVQ_STORE_HD int capacity() const { return n_pages * page_tokens; }
+  KVQ_STORE_HD SeqRows rows(const int32_t* pages = nullptr) const {
+    return SeqRows(geometry(), pages, n_pages == 1 && n_exact_pages == 0);
+  }
+  // Tokens a store holds in all (n_pages pages, and its exact pages): the most one sequence's table can name.
+  KVQ_STORE_HD int capacity() const { return (n_pages + n_exact_pages) * page_tokens; }
+  // The row of slot `slot` (page * page_tokens + entry, exact pages included) of KV head `head`.
+  KVQ_STORE_HD StoreRow slot_row(int32_t slot, int head) const {
+    const int page = slot / page_tokens, entry = slot - page * page_tokens;
+    if (page >= n_pages) return {true, geometry().row(page - n_pages, head, entry)};
+    return {false, geometry().row(page, head, entry)};
+  }
+  // The row of a sequence's token t of KV head `head` (rows: its table).
+  KVQ_STORE_HD StoreRow token_row(const SeqRows& rows, int head, int t) const {
+    const int i = rows.index_of(t);
+    const int page = rows.pages ? rows.pages[i] : i, entry = t - i * page_tokens;
+    if (page >= n_pages) return {true, geometry().row(page - n_pages, head, entry)};
+    return {false, geometry().row(page, head, entry)};
+  }
 };
 
 }  // namespace kvq::cuda

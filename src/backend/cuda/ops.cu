@@ -297,19 +297,26 @@ __global__ void __launch_bounds__(128)
     for (int j = 0; j < kPer; ++j) dst[dim[j]] = x[j];
   }
   if (!is_q && kv.k.code) {
-    const size_t store_row = kv.geometry().slot_row(slot_dev ? slot_dev[tok] : pos, head);
-    uint8_t* code = side.code + side.code_offset(store_row);
-    if (!kGeneric || side.family == kv::Family::bf16) {  // straight from the registers
+    // A slot of a window page (kv_store.hpp) takes the bf16 row; a windowed
+    // store encodes the bf16 values into its packed pages.
+    const StoreRow at = kv.slot_row(slot_dev ? slot_dev[tok] : pos, head);
+    uint8_t* code = at.exact ? (is_k ? kv.xk : kv.xv).code + size_t(at.row) * (2 * D) : side.code + side.code_offset(at.row);
+    if (at.exact || !kGeneric || side.family == kv::Family::bf16) {  // straight from the registers
       uint16_t* cache = reinterpret_cast<uint16_t*>(code);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) cache[dim[j]] = ::kvq::f32_to_bf16(sanitize_kv(x[j]));  // as the CPU `none` block
     } else if constexpr (kGeneric) {
       __shared__ float rows[4][D];  // one row per warp of the 128-thread CTA
       float* row = rows[threadIdx.x >> 5];
+      if (kv.has_window()) {
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) row[dim[j]] = x[j];
+        for (int j = 0; j < kPer; ++j) row[dim[j]] = ::kvq::bf16_to_f32(::kvq::f32_to_bf16(sanitize_kv(x[j])));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) row[dim[j]] = x[j];
+      }
       __syncwarp();
-      uint8_t* s = side.side_bytes ? side.side + side.side_offset(store_row) : nullptr;
+      uint8_t* s = side.side_bytes ? side.side + side.side_offset(at.row) : nullptr;
       encode_row_any(side, head, row, D, code, s, lane);
     }
   }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One GPU-machine call for the exact recent window (issue 28 item 1,
+# docs/architecture.md "The exact recent window"), with binaries built on the
+# development machine and carried (tools/device/run_carried.sh says how to
+# pack carry/ and .deps-run/):
+#   tests: kvq_gpu_tests (TEST_FILTER, 4 shards in parallel), if carried;
+#   one:   `kvq bench` of one sequence at ONE_CTX for ONE_CODECS, once per
+#          window size in WINDOWS (0: none), GEN tokens, REPS runs;
+#   batch: the same for BATCH_SETS (CTX:BATCHES ...), each sequence's KV a
+#          copy of sequence 0's (--batch-fill copy).
+# Results in $OUT: log.txt (summary), tests.txt, bench.tgz (every output).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/kvq-out}
+mkdir -p "$OUT"
+P=/tmp/kvq-window
+mkdir -p "$P"
+exec > >(tee "$OUT/log.txt") 2>&1
+source .deps-run/debs.sh unpack .deps-run >/dev/null
+for f in carry/*.xz; do [ -e "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"; done
+mkdir -p /work
+[ -e /work/main ] || ln -s "$PWD" /work/main
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+SECTIONS=${SECTIONS:-tests one batch}
+WINDOWS=${WINDOWS:-0 1}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+pack() { (cd "$P" && tar czf "$OUT/bench.tgz" .); }
+
+if want tests && [ -x carry/kvq_gpu_tests ]; then
+  echo "== gpu tests: ${TEST_FILTER:-*}"
+  pids=()
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout "${TEST_TIMEOUT:-300}" carry/kvq_gpu_tests \
+      --gtest_filter="${TEST_FILTER:-*}" >"$P/tests_$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  cat "$P"/tests_?.txt >"$OUT/tests.txt"
+  grep -h -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|tests ran" "$OUT/tests.txt" | sort | uniq -c | head -40
+fi
+
+bench() {  # bench TAG ARGS...
+  local tag=$1
+  shift
+  echo "== $tag: $*"
+  timeout "${BENCH_TIMEOUT:-300}" stdbuf -oL -eL carry/kvq bench -m synthetic:bonsai-8b --device cuda \
+    --home "$P/home" --out "$P/home/$tag" --no-plots "$@" >"$P/bench_$tag.txt" 2>&1
+  grep -E "^(codec|none|tsym|k8v|fp8|iso|rotor|turbo|q8|error|kvq:)" "$P/bench_$tag.txt" | grep -v "^fit" | cut -c1-110
+  pack
+}
+if want one; then
+  for w in $WINDOWS; do
+    bench "one_win$w" --codecs "${ONE_CODECS:-none,tsym3,k8vturbo2,fp8,k8v8}" --contexts "${ONE_CTX:-4k,16k,65408}" \
+      --gen "${GEN:-128}" --reps "${REPS:-3}" --kv-window "$w"
+  done
+fi
+if want batch; then
+  for set in ${BATCH_SETS:-4k:32,64}; do
+    for w in $WINDOWS; do
+      bench "batch_${set%%:*}_win$w" --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" --contexts "${set%%:*}" \
+        --batch "${set#*:}" --batch-fill copy --gen "${GEN:-64}" --reps "${REPS:-3}" --kv-window "$w"
+    done
+  done
+fi
+echo "== done"
