@@ -45,9 +45,9 @@ RepResult rep_result(const GenerateResult& r) {
 
 // Single-token attention calls per layer that `reps` measured runs must
 // show: the G-1 decode steps, plus, prefill-every-run, a prefill chunk of
-// one token (L mod chunk == 1), or, prefill-once, the re-fed prompt tokens
-// of the runs that re-fed one (`single_refeeds` of them; with an exact
-// window a run may re-feed the window's packed pages: one prefill chunk).
+// one token (L mod chunk == 1), or, prefill-once, the single-token chunks
+// of the runs' re-feeds (`single_refeeds`: the last prompt token, or with
+// an exact window the window's packed pages, whose chunks may end in one).
 uint64_t expected_decode_calls(int prompt, int gen, int chunk, int reps, bool prefill_every_run,
                                int single_refeeds) {
   if (!prefill_every_run) return uint64_t(reps) * uint64_t(gen - 1) + uint64_t(single_refeeds);
@@ -99,7 +99,7 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
   c.reps = o.reps;
   std::vector<std::string> digests;
   const int total = o.warmup + o.reps;
-  int single_refeeds = 0;  // measured decode runs that re-fed one prompt token (prefill-once)
+  int single_refeeds = 0;  // single-token chunks of the measured decode runs' re-feeds (prefill-once)
   if (o.prefill_every_run) {
     c.prefill_n = o.reps;
     for (int i = 0; i < total; ++i) {
@@ -147,7 +147,9 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
       KVQ_CHECK(r.n_prompt == 1 || (r.n_prompt >= 1 && r.n_prompt <= window_tokens), Errc::internal,
                 "bench: a decode run re-fed ", r.n_prompt, " prompt tokens instead of the last one",
                 window_tokens ? " or its window's" : "");
-      if (i >= o.warmup && r.n_prompt == 1) ++single_refeeds;
+      // The re-fed tokens' single-token chunks: all of them in chunks of 1,
+      // else a last chunk of one token.
+      if (i >= o.warmup) single_refeeds += chunk == 1 ? r.n_prompt : (r.n_prompt % chunk == 1 ? 1 : 0);
       KVQ_CHECK(int(r.tokens.size()) == o.gen, Errc::internal, "bench: asked for ", o.gen, " tokens, got ",
                 r.tokens.size(), " (", to_string(r.stop_reason), ")");
       RepResult x = rep_result(r);

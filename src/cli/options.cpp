@@ -86,7 +86,7 @@ void add_kv_window_option(CLI::App& app, int& pages) {
   app.add_option("--kv-window", pages,
                  "Exact recent window: each sequence's newest W 64-token pages (the partial one included) stay bf16 "
                  "beside the codec's pages and are attended exactly; a page is encoded when it leaves (rows named "
-                 "NAME+winW; CPU backend only so far). 0: none")
+                 "NAME+winW). 0: none")
       ->check(in_range(0, 1 << 16, false, " pages"))
       ->capture_default_str();
 }

@@ -3,6 +3,8 @@
 # docs/architecture.md "The exact recent window"), with binaries built on the
 # development machine and carried (tools/device/run_carried.sh says how to
 # pack carry/ and .deps-run/):
+#   build: with .deps carried instead of binaries, builds kvq and
+#          kvq_gpu_tests there (build-gpu/, sm_90) and runs those (~3.5 min);
 #   tests: kvq_gpu_tests (TEST_FILTER, 4 shards in parallel), if carried;
 #   one:   `kvq bench` of one sequence at ONE_CTX for ONE_CODECS, once per
 #          window size in WINDOWS (0: none), GEN tokens, REPS runs;
@@ -16,14 +18,24 @@ mkdir -p "$OUT"
 P=/tmp/kvq-window
 mkdir -p "$P"
 exec > >(tee "$OUT/log.txt") 2>&1
-source .deps-run/debs.sh unpack .deps-run >/dev/null
-for f in carry/*.xz; do [ -e "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"; done
-mkdir -p /work
-[ -e /work/main ] || ln -s "$PWD" /work/main
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 SECTIONS=${SECTIONS:-tests one batch}
 WINDOWS=${WINDOWS:-0 1}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+mkdir -p /work
+[ -e /work/main ] || ln -s "$PWD" /work/main
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+if want build; then
+  source .deps/debs.sh unpack .deps >/dev/null
+  source tools/device/pkgconfig_stubs.sh
+  echo "== build"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$P/cmake.txt" 2>&1 && cmake --build build-gpu -j16 --target kvq kvq_gpu_tests >"$P/build.txt" 2>&1 ||
+    { tail -30 "$P/cmake.txt" "$P/build.txt"; exit 1; }
+  mkdir -p carry && cp build-gpu/kvq build-gpu/tests/kvq_gpu_tests carry/
+else
+  source .deps-run/debs.sh unpack .deps-run >/dev/null
+  for f in carry/*.xz; do [ -e "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"; done
+fi
 pack() { (cd "$P" && tar czf "$OUT/bench.tgz" .); }
 
 if want tests && [ -x carry/kvq_gpu_tests ]; then

@@ -331,8 +331,8 @@ __device__ void exact_window_part(const DecodeParams& p, const float* q_group, i
           const float* qh = q_group + size_t(h0 + r) * D + half * (D / 2);
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
-            const float4 a = __ldg(reinterpret_cast<const float4*>(qh + 8 * c));
-            const float4 b = __ldg(reinterpret_cast<const float4*>(qh + 8 * c + 4));
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(qh + 8 * c));  // L2: written by a kernel before
+            const float4 b = __ldcg(reinterpret_cast<const float4*>(qh + 8 * c + 4));
             s = fmaf(a.x, kk[c][0], s);
             s = fmaf(a.y, kk[c][1], s);
             s = fmaf(a.z, kk[c][2], s);
@@ -1264,7 +1264,8 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   KVQ_CHECK(b.n_seq >= 1 && b.n_seq <= 65535 && (b.n_seq == 1 || (b.pos_dev && b.pages)), Errc::internal,
             "flash_decode: ", b.n_seq, " sequences (more than one need device positions and block tables)");
   KVQ_CHECK(!b.pages || (b.table_stride >= 1 && b.table_stride <= layer.n_pages + layer.n_exact_pages), Errc::internal,
-            "flash_decode: block tables of ", b.table_stride, " entries over a store of ", layer.n_pages, " pages");
+            "flash_decode: block tables of ", b.table_stride, " entries over a store of ", layer.n_pages + layer.n_exact_pages,
+            " pages");
   KVQ_CHECK(layer.page_tokens % kTileKeys == 0 || layer.n_pages == 1, Errc::internal, "flash_decode: pages of ",
             layer.page_tokens, " tokens (a 16-key tile must not straddle two)");
   // Tokens one sequence can hold: its table's pages, or the one-sequence
@@ -1285,10 +1286,12 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   // (at most window_pages pages) from the bf16 rows, in place of one of the
   // packed splits when there are several (a split sized to fill one wave
   // stays one wave).
-  const int packed_splits = layer.has_window() ? std::max(1, std::min(n_splits, kMaxDecodeSplits) - 1) : n_splits;
-  if (layer.has_window()) {
-    KVQ_CHECK(b.pages && !prep && layer.xk.code && layer.xv.code, Errc::internal,
-              "flash_decode: a store with an exact window needs block tables (and a prepared q)");
+  // An identity table (b.pages null) names packed pages only: no window then.
+  const bool window = layer.has_window() && b.pages;
+  const int packed_splits = window ? std::max(1, std::min(n_splits, kMaxDecodeSplits) - 1) : n_splits;
+  if (window) {
+    KVQ_CHECK(!prep && layer.xk.code && layer.xv.code, Errc::internal,
+              "flash_decode: a store with an exact window takes q prepared (RoPE applied), not raw");
     n_splits = packed_splits + 1;
   }
 
@@ -1326,7 +1329,7 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   p.trace = ctx.settings.decode_trace;
   p.xk = layer.xk;
   p.xv = layer.xv;
-  p.window_pages = layer.has_window() ? layer.window_pages : 0;
+  p.window_pages = window ? layer.window_pages : 0;
   p.n_packed_pages = layer.n_pages;
   p.packed_splits = packed_splits;
   p.q_rot = is_rotated(layer.k.family) ? layer.k.rot : nullptr;

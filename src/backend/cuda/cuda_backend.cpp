@@ -380,7 +380,9 @@ class CudaBackend final : public Backend {
                         int n_heads, int n_kv_heads, int head_dim, const float* q_norm, const float* k_norm, float eps,
                         const Rope& r) override {
     ctx_.make_current();
-    if (!batch.is_one_contiguous_sequence()) {
+    // A store with an exact window always takes the paged path: its block
+    // tables say where the window is (an identity table names packed pages only).
+    if (!batch.is_one_contiguous_sequence() || gpu_layer(layer).view().has_window()) {
       qk_rope_write_kv_paged(layer, batch, q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, r);
       return;
     }
@@ -422,7 +424,7 @@ class CudaBackend final : public Backend {
   void write_kv(kv::LayerCache& layer, const StepBatch& batch, const float* k, const float* v) override {
     ctx_.make_current();
     const CudaLayerCache& g = gpu_layer(layer);
-    if (!batch.is_one_contiguous_sequence()) {
+    if (!batch.is_one_contiguous_sequence() || g.view().has_window()) {
       const BatchMirror m = mirror(batch, g.view(), "write_kv");
       cuda::write_kv_slots(g.view(), m.slot, batch.n_tok(), k, v, stream_);
       return;
@@ -442,7 +444,7 @@ class CudaBackend final : public Backend {
                  float* out) override {
     ctx_.make_current();
     const CudaLayerCache& g = gpu_layer(layer);
-    if (!batch.is_one_contiguous_sequence()) {
+    if (!batch.is_one_contiguous_sequence() || g.view().has_window()) {
       attention_paged(g, batch, q, n_heads, scale, out);
       return;
     }

@@ -133,9 +133,9 @@ CudaKvCache::CudaKvCache(const kv::CodecDescriptor& codec, const kv::CacheShape&
     KVQ_CHECK(!require_attention || decode_tc, Errc::unsupported,
               "GPU KV cache: the exact window needs the tensor-core decode kernel, and ", codec.name,
               " decodes with ", decode_kernel_);
-    KVQ_CHECK(shape.page_tokens % 16 == 0 && shape.page_tokens <= shape.max_tokens, Errc::invalid_argument,
-              "GPU KV cache: the exact window needs pages of a multiple of 16 tokens, not ", shape.page_tokens,
-              " over a capacity of ", shape.max_tokens);
+    KVQ_CHECK(shape_.page_tokens % 16 == 0 && shape.page_tokens > 0 && shape.page_tokens <= shape.max_tokens,
+              Errc::invalid_argument, "GPU KV cache: the exact window needs pages of a multiple of 16 tokens, not ",
+              shape.page_tokens, " over a capacity of ", shape.max_tokens);
   }
   const size_t exact_rows_per_layer = size_t(shape.exact_pages) * shape.n_kv_heads * shape_.page_tokens;
   const size_t exact_row_bytes = size_t(2) * shape.head_dim;

@@ -75,14 +75,19 @@ void launch_encode(const GpuKvSide& side, const ExactTarget& window, const float
   KVQ_CUDA_CHECK_LAUNCH();
 }
 
-void encode_side(const GpuKvSide& side, const ExactTarget& window, const float* x, int slot0, const int* slots, int n,
-                 int n_kv, int D, kv::PageGeometry geo, cudaStream_t stream) {
+// The tables an encode of `side` reads are there (Errc::internal otherwise).
+void check_encode_tables(const GpuKvSide& side, int D) {
   KVQ_CHECK(!is_rotated(side.family) || side.rot, Errc::internal, kv::family_name(side.family),
             " store without its rotation table");
   KVQ_CHECK(!uses_codebook(side.family) || side.codebook, Errc::internal, kv::family_name(side.family),
             " store without its codebook");
   KVQ_CHECK(!side.has_qjl || (side.qjl && qjl_encode_supported(D)), Errc::internal,
             "+qjl store without its sketch, or head_dim ", D, " (the GPU sketch needs a multiple of 32 up to 256)");
+}
+
+void encode_side(const GpuKvSide& side, const ExactTarget& window, const float* x, int slot0, const int* slots, int n,
+                 int n_kv, int D, kv::PageGeometry geo, cudaStream_t stream) {
+  check_encode_tables(side, D);
   KVQ_CHECK(!window.exact.code || D <= kMaxRowD, Errc::internal, "a windowed GPU KV store of head_dim ", D);
 #define KVQ_ENCODE_CASE(fam)                                                                 \
   case kv::Family::fam:                                                                      \
@@ -210,6 +215,7 @@ __global__ void pack_rows_kernel(GpuKvSide side, GpuKvSide exact, const int32_t*
 
 void pack_side(const GpuKvSide& side, const GpuKvSide& exact, const int32_t* pairs, int n, int n_kv, int D,
                kv::PageGeometry geo, cudaStream_t stream) {
+  check_encode_tables(side, D);
   const int rows = n * n_kv * geo.page_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
 #define KVQ_PACK_CASE(fam)                                                                                       \
   case kv::Family::fam:                                                                                         \
