@@ -69,7 +69,9 @@ std::string read(const fs::path& p) {
 
 size_t count_lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
 
-const char* kSweep = "bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128,256 --gen 8 --reps 2 -t 1";
+// --kv-window 0: the codecs alone (the default window would name the k8v4
+// rows k8v4+win1 and add its bf16 page to their bytes).
+const char* kSweep = "bench -m synthetic:tiny --codecs none,k8v4 --contexts 64,128,256 --gen 8 --reps 2 -t 1 --kv-window 0";
 
 }  // namespace
 
@@ -231,7 +233,7 @@ TEST(BenchCli, CtrlCStopsAfterTheCurrentCellWithAConsistentDatabase) {
 }
 
 TEST(BenchCli, RunRepeatUsesTheBenchMeasurement) {
-  const Out r = run_kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 -t 1");
+  const Out r = run_kvq("run -m synthetic:tiny --random-prompt 48 -n 6 --repeat 2 --kv k8v4 --kv-window 0 -t 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err.find("kvq: warm-up"), std::string::npos) << "progress lines only on a terminal: " << r.err;
   EXPECT_NE(r.err.find("kvq: run 2/2: prefill 48 tokens"), std::string::npos) << r.err;
@@ -258,7 +260,7 @@ TEST(BenchCli, ExactWindowCellsAreNamedAndCountTheirPages) {
   EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE codec = 'tsym3+win1' AND status = 'ok'"), "2");
   // 139 tokens: 128 packed (2 pages) and one exact page of 64 bf16 rows.
   const Out plain = run_kvq("bench -m synthetic:tiny --codecs tsym3 --contexts 100 --gen 40 --reps 1 --warmup 0 "
-                            "--no-plots" + home);
+                            "--kv-window 0 --no-plots" + home);
   ASSERT_EQ(plain.rc, 0) << plain.err;
   const double with = std::stod(sql(h.db(), "SELECT kv_bytes FROM bench_cells WHERE codec = 'tsym3+win1' AND batch = 1"));
   const double without = std::stod(sql(h.db(), "SELECT kv_bytes FROM bench_cells WHERE codec = 'tsym3'"));
@@ -269,12 +271,18 @@ TEST(BenchCli, ExactWindowCellsAreNamedAndCountTheirPages) {
   EXPECT_EQ(serve.rc, 2) << serve.err;
   EXPECT_NE(serve.err.find("exact windows"), std::string::npos) << serve.err;
   // Capacity: a sequence of one page is that bf16 page, so a budget holds as
-  // many as of `none`.
+  // many as of `none`. Both without --kv-window: the default window is one
+  // page for tsym3 and none for `none`.
   const std::string max = " --contexts 60 --gen 4 --reps 1 --batch max --kv-budget 1M --no-plots";
-  const Out cap = run_kvq("bench -m synthetic:tiny --codecs tsym3 --kv-window 1" + max + home);
+  const Out cap = run_kvq("bench -m synthetic:tiny --codecs tsym3" + max + home);
   const Out cap_none = run_kvq("bench -m synthetic:tiny --codecs none" + max + home);
   ASSERT_EQ(cap.rc, 0) << cap.err;
   ASSERT_EQ(cap_none.rc, 0) << cap_none.err;
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE codec = 'tsym3+win1' AND capacity = 1"), "1");
+  EXPECT_EQ(sql(h.db(), "SELECT count(*) FROM bench_cells WHERE codec = 'none' AND capacity = 1"), "1");
+  const Out bad = run_kvq("bench -m synthetic:tiny --codecs tsym3 --kv-window 1.5" + max + home);
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("is not a number of pages"), std::string::npos) << bad.err;
   auto admitted = [](const std::string& err) {
     const size_t at = err.find("@ 60 x ");
     return at == std::string::npos ? std::string() : err.substr(at + 7, err.find(' ', at + 7) - at - 7);

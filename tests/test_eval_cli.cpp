@@ -60,7 +60,7 @@ std::map<std::string, Row> kl_rows(const std::string& args) {
 // 2-bit floor against `none`; the trellis beats turbo at equal bits.
 TEST(EvalCli, KlFloorsOnTrainedModel) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
-  auto r = kl_rows("--ctx 256 --max-windows 1 --codecs none,k8v8,k8vturbo2,k8vturbo2tcq");
+  auto r = kl_rows("--ctx 256 --max-windows 1 --kv-window 0 --codecs none,k8v8,k8vturbo2,k8vturbo2tcq");
   ASSERT_EQ(r.size(), 4u);
   EXPECT_EQ(r["none"].kl, 0.0);
   EXPECT_EQ(r["none"].top1, 100.0);
@@ -81,7 +81,7 @@ TEST(EvalCli, KlFloorsOnTrainedModel) {
 // 0.030. The bounds sit between the two.
 TEST(EvalCli, TurboKQualityRegression) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
-  auto r = kl_rows("--ctx 512 --max-windows 2 --ref f32 "
+  auto r = kl_rows("--ctx 512 --max-windows 2 --ref f32 --kv-window 0 "
                    "--codecs turbo3/bf16,turbo2/bf16,tsym3,tcq3/bf16,tcq2/bf16,k8vturbo2");
   ASSERT_EQ(r.size(), 6u);
   EXPECT_LE(r["turbo3/bf16"].kl, 0.035);
@@ -98,18 +98,25 @@ TEST(EvalCli, TurboKQualityRegression) {
 // --kv-window: each codec row becomes NAME+winW and the exact newest page
 // lowers its KL (session 14, 4 windows of 1024 tokens: tsym3 0.030 -> 0.011,
 // k8vturbo2 0.029 -> 0.008 with W = 1; at 256 tokens the page covers more).
+// The default (auto) is that window for every codec but none, which keeps
+// its name; --kv-window 0 measures the codec alone.
 TEST(EvalCli, ExactWindowLowersKl) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
-  auto plain = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2");
+  auto plain = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2 --kv-window 0");
+  auto dflt = kl_rows("--ctx 256 --max-windows 1 --codecs none,tsym3,k8vturbo2");
   auto win = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2 --kv-window 1");
   ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(dflt.size(), 3u);
   ASSERT_EQ(win.size(), 2u);
+  EXPECT_TRUE(dflt.count("none"));
   for (const char* c : {"tsym3", "k8vturbo2"}) {
     const std::string w = std::string(c) + "+win1";
     ASSERT_TRUE(win.count(w)) << w;
+    ASSERT_TRUE(dflt.count(w)) << w;
     EXPECT_GT(plain[c].kl, 0.0) << c;
     EXPECT_LT(win[w].kl, 0.6 * plain[c].kl) << c;
     EXPECT_GE(win[w].top1, plain[c].top1) << c;
+    EXPECT_EQ(dflt[w].kl, win[w].kl) << c;
   }
 }
 
@@ -117,7 +124,7 @@ TEST(EvalCli, KlTextTable) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   int st = -1;
   const auto out =
-      run("eval kl --no-record -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 2 --codecs none,tsym3", &st);
+      run("eval kl --no-record -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 2 --kv-window 0 --codecs none,tsym3", &st);
   ASSERT_EQ(st, 0) << out;
   EXPECT_NE(out.find("2 window(s) of 64 tokens, stride 64; 126 scored positions; reference none"), std::string::npos)
       << out;
@@ -192,7 +199,7 @@ TEST(EvalCli, RecordsInRunsDb) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string home = tmpl;
   int st = -1;
-  auto out = run("eval kl --home " + home + " -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 1 --codecs none,k8v4",
+  auto out = run("eval kl --home " + home + " -m " + kModel + " -f " + kText + " --ctx 64 --max-windows 1 --kv-window 0 --codecs none,k8v4",
                  &st);
   ASSERT_EQ(st, 0) << out;
   out = run("eval needle --home " + home + " -m " + kModel + " --ctx 160 --depths 0.5 --trials 1 --codecs none", &st);

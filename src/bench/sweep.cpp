@@ -229,7 +229,10 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   KVQ_CHECK(cfg.prefill_reps >= 1, Errc::invalid_argument, "--prefill-reps must be at least 1 (got ",
             cfg.prefill_reps, "): every cell prefills its prompt at least once");
   for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
-  KVQ_CHECK(cfg.window_pages >= 0, Errc::invalid_argument, "--kv-window ", cfg.window_pages, " pages (0: none)");
+  KVQ_CHECK(cfg.window_pages >= CodecRequest::kWindowAuto, Errc::invalid_argument, "--kv-window ", cfg.window_pages,
+            " pages (0: none)");
+  // Each codec's window: --kv-window, or by default the codec's own (CodecRequest::window_for).
+  auto window_of = [&](const std::string& codec) { return CodecRequest{codec_options(codec)}.window_for(cfg.window_pages); };
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const std::string home = resolve_home(cfg.home);
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
@@ -257,7 +260,8 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       {"contexts", cfg.contexts},
       {"batches", cfg.batches},
       {"kv_budget", cfg.kv_budget},
-      {"kv_window", cfg.window_pages},
+      {"kv_window", cfg.window_pages == CodecRequest::kWindowAuto ? nlohmann::ordered_json("auto")
+                                                                  : nlohmann::ordered_json(cfg.window_pages)},
       {"batch_fill", cfg.batch_fill == SweepConfig::BatchFill::copy      ? "copy"
                      : cfg.batch_fill == SweepConfig::BatchFill::prefill ? "prefill"
                                                                          : "auto"},
@@ -301,7 +305,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
         // Capacity mode: the codec's sequences of ctx + gen tokens that the budget holds.
         const int admitted = b != kBatchMax ? b
                                             : sequences_in_budget(c, ctx + cfg.gen, mc.n_layers, mc.n_kv_heads,
-                                                                  mc.head_dim, cfg.kv_budget, cfg.window_pages);
+                                                                  mc.head_dim, cfg.kv_budget, window_of(c));
         plan.push_back({c, ctx, admitted, b == kBatchMax});
       }
   std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec
@@ -380,7 +384,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
                 cell.ctx + cfg.gen, " tokens with ", cell.codec);
       CodecRequest request{codec_options(cell.codec)};
-      request.window_pages = cfg.window_pages;
+      request.window_pages = window_of(cell.codec);
       if (cell.batch == 1 && !cell.capacity) {
         r = measure_cell(*model, request, prompt, mo);
       } else {
@@ -404,7 +408,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     }
     // The sweep's name ("+qjl" forms included, equal to the canonical one)
     // and its window, measured or not.
-    r.codec = cell.codec + kv::exact_window_suffix(cfg.window_pages);
+    r.codec = cell.codec + kv::exact_window_suffix(window_of(cell.codec));
     r.batch = cell.batch;
     r.capacity = cell.capacity;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all

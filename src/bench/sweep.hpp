@@ -31,7 +31,9 @@ struct SweepConfig {
   enum class BatchFill { automatic, prefill, copy };
   BatchFill batch_fill = BatchFill::automatic;
   // --kv-window: every codec's cells with an exact window of this many pages
-  // per sequence (CodecRequest::window_pages; rows named NAME+winW). 0: none.
+  // per sequence (CodecRequest::window_pages; rows named NAME+winW). 0: none;
+  // CodecRequest::kWindowAuto (the CLI's default): each codec's default
+  // window (CodecRequest::window_for).
   int window_pages = 0;
   int gen = 128;                     // tokens generated per repetition (>= 2)
   int reps = 3;                      // measured repetitions per cell

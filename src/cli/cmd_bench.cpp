@@ -28,7 +28,7 @@ struct BenchArgs {
   std::string batches = "1";
   std::string kv_budget;
   std::string batch_fill = "auto";
-  int kv_window = 0;
+  int kv_window = CodecRequest::kWindowAuto;
   int gen = 128;
   int reps = 3;
   int warmup = 1;

@@ -19,6 +19,7 @@
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "core/log.hpp"
 #include "eval/needle.hpp"
 #include "eval/text_eval.hpp"
 
@@ -35,7 +36,7 @@ struct EvalArgs {
   int stride = 0;
   int max_windows = 0;
   std::string ref = "none";
-  int kv_window = 0;  // --kv-window: exact window pages for every codec entry
+  int kv_window = CodecRequest::kWindowAuto;  // --kv-window: exact window pages for every codec entry
   bool json = false;
   std::string home;        // runs.db location (--home)
   bool no_record = false;  // --no-record
@@ -48,11 +49,26 @@ struct EvalArgs {
 
 constexpr double kIntMaxD = 2147483647.0;
 
-// --codecs, each entry but f32 with --kv-window's exact window.
-std::vector<eval::EvalCodec> eval_codecs(const EvalArgs& a) {
+// --codecs, each entry but f32 with --kv-window's exact window (by default
+// the codec's own, CodecRequest::window_for). The evaluation form of the
+// window is the CPU store's: on another backend the default is no window, and
+// an explicit --kv-window fails there as unsupported.
+std::vector<eval::EvalCodec> eval_codecs(const EvalArgs& a, const Backend& backend) {
   std::vector<eval::EvalCodec> codecs = eval::parse_eval_codecs(a.codecs);
-  for (eval::EvalCodec& c : codecs)
-    if (!c.f32) c.codec.exact_window_pages = a.kv_window;
+  const bool cpu = std::string(backend.name()) == "cpu";
+  bool dropped = false;
+  for (eval::EvalCodec& c : codecs) {
+    if (c.f32) continue;
+    const int w = c.window_for(a.kv_window);
+    if (a.kv_window == CodecRequest::kWindowAuto && !cpu) {
+      dropped = dropped || w > 0;
+      continue;
+    }
+    c.codec.exact_window_pages = w;
+  }
+  if (dropped)
+    log_warn("kvq eval on ", backend.name(), " measures the codecs without their default exact window (its ",
+             "evaluation form runs on the CPU backend: --device cpu)");
   return codecs;
 }
 
@@ -179,7 +195,7 @@ int run_text(EvalArgs& a, bool kl) {
       std::fprintf(stderr, "\rkvq eval: window %d/%d: %-24s", w + 1, nw, label.c_str());
       std::fflush(stderr);
     };
-  const auto codecs = eval_codecs(a);
+  const auto codecs = eval_codecs(a, *l.backend);
   const auto rep = eval::evaluate_text(m, tokens, codecs, o);
   if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
 
@@ -285,7 +301,7 @@ int run_needle(EvalArgs& a) {
       std::fprintf(stderr, "\rkvq eval needle: %-24s case %d/%d", label.c_str(), i + 1, n);
       std::fflush(stderr);
     };
-  const auto codecs = eval_codecs(a);
+  const auto codecs = eval_codecs(a, *l.backend);
   const auto rep = eval::run_needle(m, *l.tokenizer, codecs, o);
   if (!a.quiet) std::fprintf(stderr, "\r%60s\r", "");
 
@@ -369,12 +385,10 @@ void add_common(CLI::App& s, EvalArgs& a) {
       ->capture_default_str();
   s.add_option("--ctx", a.ctx, "Context (window) length in tokens (default: the model's trained context)")
       ->check(in_range(1, kIntMaxD, false, " tokens"));
-  s.add_option("--kv-window", a.kv_window,
-               "Exact recent window for every codec entry but f32: a query reads its newest W 64-token pages as "
-               "exact bf16 rows, older tokens through the codec (rows labelled NAME+winW; CPU backend only; it "
-               "measures quality and saves no memory)")
-      ->check(in_range(0, 1 << 20, false, " pages"))
-      ->capture_default_str();
+  add_kv_window_option(s, a.kv_window,
+                       "Exact recent window for every codec entry but f32: a query reads its newest W 64-token pages "
+                       "as exact bf16 rows, older tokens through the codec (rows labelled NAME+winW; it measures "
+                       "quality and saves no memory; CPU backend only: elsewhere auto means 0)");
   s.add_flag("--json", a.json, "Machine-readable output");
   s.add_flag("-q,--quiet", a.quiet, "No progress on standard error (default when it is not a terminal)");
   s.add_option("--home", a.home, "kvq home folder holding runs.db (default: $KVQ_HOME or ~/.kvq)");

@@ -82,13 +82,29 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   add_backend_lab_options(app, o.backend);
 }
 
-void add_kv_window_option(CLI::App& app, int& pages) {
-  app.add_option("--kv-window", pages,
-                 "Exact recent window: each sequence's newest W 64-token pages (the partial one included) stay bf16 "
-                 "beside the codec's pages and are attended exactly; a page is encoded when it leaves (rows named "
-                 "NAME+winW). 0: none")
-      ->check(in_range(0, 1 << 16, false, " pages"))
-      ->capture_default_str();
+void add_kv_window_option(CLI::App& app, int& pages, const std::string& description) {
+  pages = CodecRequest::kWindowAuto;
+  app.add_option_function<std::string>(
+         "--kv-window",
+         [&pages](const std::string& v) {
+           pages = v == "auto" ? CodecRequest::kWindowAuto : std::stoi(v);
+         },
+         (description.empty()
+              ? "Exact recent window: each sequence's newest W 64-token pages (the partial one included) stay bf16 "
+                "beside the codec's pages and are attended exactly; a page is encoded when it leaves (rows named "
+                "NAME+winW)"
+              : description) +
+             ". 0: none; auto: " + std::to_string(CodecRequest::kDefaultWindowPages) +
+             " page for every codec but none (docs/quality.md)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return {};
+            if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos)
+              return "'" + v + "' is not a number of pages (0, 1, 2, ...) or auto";
+            return in_range(0, 1 << 16, false, " pages")(v);
+          },
+          "W|auto"))
+      ->default_str("auto");
 }
 
 void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
@@ -250,7 +266,7 @@ int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
 
 CodecRequest codec_request(const ModelOptions& o) {
   CodecRequest r = CodecRequest::from_flags(o.codec, o.rotor_qjl, o.f32_kv);
-  if (!r.f32) r.window_pages = o.kv_window;
+  r.window_pages = r.window_for(o.kv_window);
   return r;
 }
 

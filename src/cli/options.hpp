@@ -33,13 +33,15 @@ struct ModelOptions {
   kv::CodecOptions codec;     // --kv, --ctk, --ctv, --rotor-qjl
   std::string rotor_qjl = "off";
   bool f32_kv = false;        // --f32-kv: exact fp32 reference cache instead of a codec
-  int kv_window = 0;          // --kv-window: exact recent window, pages per sequence
+  int kv_window = CodecRequest::kWindowAuto;  // --kv-window: exact recent window, pages per sequence (auto: per codec)
   BackendOptions backend;     // experiment knobs: --no-step-graphs, --no-pdl, --gemv-warps, --batch-gemm-rows, --attn-prefetch
 };
 // -m, -t, --device, --prefill-chunk: a model on a device (run, chat, bench).
 void add_model_source_options(CLI::App& app, ModelOptions& o);
 // --kv-window (the serving form of the exact window) into `pages`.
-void add_kv_window_option(CLI::App& app, int& pages);
+// --kv-window W|auto into `pages` (auto: CodecRequest::kWindowAuto, which
+// CodecRequest::window_for resolves per codec).
+void add_kv_window_option(CLI::App& app, int& pages, const std::string& description = {});
 // The above plus --ctx and the KV cache options (run, chat).
 void add_model_options(CLI::App& app, ModelOptions& o);
 // The backends' experiment knobs (--no-step-graphs, --gemv-warps, ...), for

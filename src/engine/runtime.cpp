@@ -64,6 +64,15 @@ std::optional<kv::ResolvedCodec> CodecRequest::resolve() const {
   return kv::resolve_codec(codec);
 }
 
+int CodecRequest::window_for(int asked) const {
+  KVQ_CHECK(asked >= kWindowAuto, Errc::invalid_argument, "--kv-window ", asked, " pages (0: none; auto: the default)");
+  if (asked != kWindowAuto) return asked;
+  if (f32) return 0;
+  const kv::ResolvedCodec r = kv::resolve_codec(codec);
+  const kv::BlockSpec bf16{};
+  return r.k == bf16 && r.v == bf16 ? 0 : kDefaultWindowPages;
+}
+
 std::string CodecRequest::label() const {
   if (f32) return "f32";
   const kv::ResolvedCodec r = kv::resolve_codec(codec);

@@ -37,7 +37,22 @@ struct CodecRequest {
   bool f32 = false;        // --f32-kv, or `f32` in a list
   // --kv-window: the exact recent window of each sequence, in pages
   // (kv::CacheShape::window_pages; the stores made below take it). 0: none.
+  // The CLI's default (kWindowAuto) becomes window_for(kWindowAuto).
   int window_pages = 0;
+
+  // What --kv-window's default means: the codec's default window, resolved
+  // per codec by window_for().
+  static constexpr int kWindowAuto = -1;
+  // The default window: one 64-token page. Measured (docs/quality.md,
+  // docs/perf.md): it takes tsym3's mean KL on held-out text to 0.44x and
+  // k8vturbo2's to 0.30x at 4k, and its rows leave the codec's encode off
+  // the decode step's critical path.
+  static constexpr int kDefaultWindowPages = 1;
+  // The window for this request given --kv-window's value `asked`: asked
+  // itself when >= 0; for kWindowAuto, 0 for f32 and for a codec whose two
+  // sides are bf16 (`none`: there is nothing to keep exact) and
+  // kDefaultWindowPages for every other codec.
+  int window_for(int asked) const;
 
   // One text entry, case-insensitive: a codec name or alias ("k8v4"), a rotor
   // codec with the QJL sketch ("rotor3_sym+qjl"), a K/V block pair
