@@ -102,6 +102,34 @@ TEST(CodecRequest, FlagsBuildAFreshValue) {
   EXPECT_EQ(CodecRequest::from_flags(c, "off", false).label(), "q8/turbo2");
 }
 
+// --kv-window's default (auto): one exact page for every codec but none and
+// f32, an explicit value as given; a one-sequence cache that the default
+// window would fill whole takes none, an explicit one keeps it.
+TEST(CodecRequest, DefaultWindowPerCodec) {
+  Tiny t;
+  const int A = CodecRequest::kWindowAuto;
+  EXPECT_EQ(CodecRequest::parse("none").window_for(A), 0);
+  EXPECT_EQ(CodecRequest::parse("f32").window_for(A), 0);
+  for (const char* name : {"tsym3", "k8v8", "fp8", "rotor3_sym+qjl", "turbo3/bf16", "bf16/q8"}) {
+    EXPECT_EQ(CodecRequest::parse(name).window_for(A), CodecRequest::kDefaultWindowPages) << name;
+    EXPECT_EQ(CodecRequest::parse(name).window_for(0), 0) << name;
+    EXPECT_EQ(CodecRequest::parse(name).window_for(3), 3) << name;
+  }
+  EXPECT_TRUE(has(error_of([] { CodecRequest::parse("tsym3").window_for(-2); }), "--kv-window -2"));
+  CodecRequest r = CodecRequest::parse("tsym3");
+  r.set_window(A);
+  EXPECT_TRUE(r.window_auto);
+  EXPECT_EQ(r.label(), "tsym3+win1");
+  EXPECT_EQ(session_window_pages(*t.model, r, 64), 0);  // the window would hold all 64 tokens
+  EXPECT_EQ(session_window_pages(*t.model, r, 65), 1);
+  EXPECT_EQ(make_session_cache(*t.model, r, 40)->shape().window_pages, 0);
+  EXPECT_EQ(make_session_cache(*t.model, r, 200)->shape().window_pages, 1);
+  EXPECT_EQ(make_session_cache(*t.model, r, 200)->codec_name(), "tsym3+win1");
+  r.set_window(1);
+  EXPECT_FALSE(r.window_auto);
+  EXPECT_EQ(session_window_pages(*t.model, r, 40), 1);
+}
+
 TEST(Runtime, SessionCachesAndPagedPoolsForSeveralCodecs) {
   Tiny t;
   for (const char* name : {"none", "k8v4", "tsym3", "rotor3_sym+qjl", "turbo3/bf16", "f32"}) {

@@ -384,7 +384,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
       KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
                 cell.ctx + cfg.gen, " tokens with ", cell.codec);
       CodecRequest request{codec_options(cell.codec)};
-      request.window_pages = window_of(cell.codec);
+      request.set_window(cfg.window_pages);
       if (cell.batch == 1 && !cell.capacity) {
         r = measure_cell(*model, request, prompt, mo);
       } else {
@@ -408,7 +408,13 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     }
     // The sweep's name ("+qjl" forms included, equal to the canonical one)
     // and its window, measured or not.
-    r.codec = cell.codec + kv::exact_window_suffix(window_of(cell.codec));
+    {
+      CodecRequest named{codec_options(cell.codec)};
+      named.set_window(cfg.window_pages);
+      const bool one_sequence = cell.batch == 1 && !cell.capacity;
+      r.codec = cell.codec + kv::exact_window_suffix(one_sequence ? session_window_pages(*model, named, cell.ctx + cfg.gen)
+                                                                  : named.window_pages);
+    }
     r.batch = cell.batch;
     r.capacity = cell.capacity;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all

@@ -266,7 +266,7 @@ int resolve_ctx(const ModelOptions& o, const ModelConfig& cfg, int wanted) {
 
 CodecRequest codec_request(const ModelOptions& o) {
   CodecRequest r = CodecRequest::from_flags(o.codec, o.rotor_qjl, o.f32_kv);
-  r.window_pages = r.window_for(o.kv_window);
+  r.set_window(o.kv_window);
   return r;
 }
 

@@ -121,7 +121,16 @@ std::unique_ptr<kv::Cache> make_store(Model& m, const CodecRequest& r, kv::Cache
 
 }  // namespace
 
-std::unique_ptr<kv::Cache> make_session_cache(Model& m, const CodecRequest& r, int ctx) {
+int session_window_pages(const Model& m, const CodecRequest& r, int ctx) {
+  if (!r.window_auto || r.window_pages == 0) return r.window_pages;
+  const kv::CacheShape s = session_shape(m, ctx);
+  const bool one_page = m.backend().options().session_one_page;
+  return one_page || int64_t(ctx) <= int64_t(r.window_pages) * s.page_tokens ? 0 : r.window_pages;
+}
+
+std::unique_ptr<kv::Cache> make_session_cache(Model& m, const CodecRequest& asked, int ctx) {
+  CodecRequest r = asked;
+  r.window_pages = session_window_pages(m, asked, ctx);
   KVQ_CHECK(r.window_pages == 0 || !m.backend().options().session_one_page, Errc::invalid_argument,
             "--kv-window with --kv-one-page: a window is counted in pages, and that cache is one page");
   return make_store(m, r, session_shape(m, ctx), 1);

@@ -53,6 +53,16 @@ struct CodecRequest {
   // sides are bf16 (`none`: there is nothing to keep exact) and
   // kDefaultWindowPages for every other codec.
   int window_for(int asked) const;
+  // Sets window_pages from --kv-window's value (window_for) and notes
+  // whether it was the default.
+  void set_window(int asked) {
+    window_pages = window_for(asked);
+    window_auto = asked == kWindowAuto;
+  }
+  // window_pages is the default's (set_window(kWindowAuto)): a one-sequence
+  // cache that the window would fill whole, or one of a single page
+  // (--kv-one-page), takes none (session_window_pages).
+  bool window_auto = false;
 
   // One text entry, case-insensitive: a codec name or alias ("k8v4"), a rotor
   // codec with the QJL sketch ("rotor3_sym+qjl"), a K/V block pair
@@ -84,6 +94,11 @@ kv::CacheShape pool_shape(const Model& m, int pages, int page_tokens = kv::kDefa
 // CUDA). f32 on a backend without it, or a codec the backend has no kernels
 // for: Errc::unsupported.
 std::unique_ptr<kv::Cache> make_session_cache(Model& m, const CodecRequest& r, int ctx);
+// The window pages such a cache gets: r.window_pages, but none for a default
+// window (CodecRequest::window_auto) where the window would hold the whole
+// context (ctx <= its tokens: no row would ever be encoded) or the cache is
+// one page (--kv-one-page).
+int session_window_pages(const Model& m, const CodecRequest& r, int ctx);
 // A paged pool of `pages` pages of `page_tokens` rows; a backend that would
 // not page it so: Errc::unsupported. With an exact window, `max_seqs`
 // sequences' windows in a second pool (exact pages), which must be given.
