@@ -7,7 +7,8 @@
 #          kvq_gpu_tests there (build-gpu/, sm_90) and runs those (~3.5 min);
 #   tests: kvq_gpu_tests (TEST_FILTER, 4 shards in parallel), if carried;
 #   one:   `kvq bench` of one sequence at ONE_CTX for ONE_CODECS, once per
-#          window size in WINDOWS (0: none), GEN tokens, REPS runs;
+#          window size in WINDOWS (0: none; auto: the default), GEN tokens,
+#          REPS runs;
 #   batch: the same for BATCH_SETS (CTX:BATCHES ...), each sequence's KV a
 #          copy of sequence 0's (--batch-fill copy).
 # Results in $OUT: log.txt (summary), tests.txt, bench.tgz (every output).
@@ -17,7 +18,7 @@ OUT=${OUT:-/tmp/kvq-out}
 mkdir -p "$OUT"
 P=/tmp/kvq-window
 mkdir -p "$P"
-exec > >(tee "$OUT/log.txt") 2>&1
+exec > >(tee -a "$OUT/log.txt") 2>&1  # appends: several invocations in one call
 SECTIONS=${SECTIONS:-tests one batch}
 WINDOWS=${WINDOWS:-0 1}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
@@ -57,7 +58,7 @@ bench() {  # bench TAG ARGS...
   echo "== $tag: $*"
   timeout "${BENCH_TIMEOUT:-300}" stdbuf -oL -eL carry/kvq bench -m synthetic:bonsai-8b --device cuda \
     --home "$P/home" --out "$P/home/$tag" --no-plots "$@" >"$P/bench_$tag.txt" 2>&1
-  grep -E "^(codec|none|tsym|k8v|fp8|iso|rotor|turbo|q8|error|kvq:)" "$P/bench_$tag.txt" | grep -v "^fit" | cut -c1-110
+  grep -E "^(codec|none|tsym|k8v|fp8|iso|rotor|turbo|q8|planar|k_|rot_|error|kvq:)" "$P/bench_$tag.txt" | grep -v "^fit" | cut -c1-110
   pack
 }
 if want one; then
