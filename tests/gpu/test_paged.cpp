@@ -221,24 +221,7 @@ TEST_P(CudaPagedStore, BatchedRopeStoreEqualsWriteKvSlots) {
     slots.push_back(geo.slot_of(seqs.tables[s].data(), seqs.lengths[s] - 1));
   }
   const int n = int(pos.size());
-  std::vector<float> inv_freq;
-  for (int i = 0; i < D / 2; ++i) inv_freq.push_back(float(std::pow(1e6, -2.0 * i / D)));
-  Rng rng(5);
-  const auto q = normal(rng, size_t(n) * nh * D), kn = normal(rng, D), qn = normal(rng, D);
-  const auto k = normal(rng, size_t(n) * n_kv * D), v = normal(rng, size_t(n) * n_kv * D);
-  cuda::DeviceBuffer<float> freq(inv_freq.size()), dkn(D), dqn(D);
-  freq.upload(inv_freq);
-  dkn.upload(kn);
-  dqn.upload(qn);
-  cuda::DeviceBuffer<int32_t> dpos(pos.size()), dslots(slots.size());
-  dpos.upload(pos);
-  dslots.upload(slots);
-  Guarded dq(q.size(), &q), dk(k.size(), &k), dv(v.size(), &v);
-  cuda::qk_rope_store(dq.data(), dk.data(), dv.data(), nh, n_kv, D, dqn.data(), dkn.data(), 1e-6f, 0, dpos.data(),
-                      freq.data(), true, 1.0, store_of(*fused, 0), nullptr, false, cuda::default_context(), n,
-                      dslots.data());
-  cuda::write_kv_slots(store_of(*plain, 0), dslots.data(), n, dk.data(), dv.data(), nullptr);  // dk: the rotated k
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> qr = gputest::store_fused_and_plain(*fused, *plain, nh, n_kv, D, pos, slots);
   const size_t rows = size_t(seqs.n_pages) * n_kv * kPageTokens;
   for (bool k_side : {true, false}) {
     const cuda::GpuKvSide& a = k_side ? store_of(*fused, 0).k : store_of(*fused, 0).v;
@@ -258,7 +241,6 @@ TEST_P(CudaPagedStore, BatchedRopeStoreEqualsWriteKvSlots) {
   // differs from a q rotated at another token's position, so a kernel that
   // used one position for all would be caught by the model test; here only
   // check every element was written.
-  const auto qr = dq.result();
   for (float x : qr) ASSERT_TRUE(std::isfinite(x));
 }
 
@@ -299,16 +281,7 @@ TEST_P(CudaBatchedDecode, MatchesCpuAttendRuns) {
   const int n = int(slots.size());
   Rng rng(uint64_t(c.G) * 1009 + c.n_kv);
   const size_t kv_row = size_t(c.n_kv) * D, q_row = size_t(n_heads) * D;
-  auto k = normal(rng, size_t(n) * kv_row), v = normal(rng, size_t(n) * kv_row);
-  for (int t = 0; t < n; ++t)
-    for (size_t i = 0; i < kv_row; ++i) k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;  // peaked softmax
-  for (size_t i = 0; i < v.size(); i += 97) v[i] *= 20.0f;                               // outliers in V
-  cpu->layer(0).write_slots(slots.data(), n, k.data(), v.data());
-  {
-    Guarded dk(k.size(), &k), dv(v.size(), &v);
-    gpu->layer(0).write_slots(slots.data(), n, dk.data(), dv.data());
-    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  }
+  const auto [k, v] = gputest::write_peaked_rows(*cpu, *gpu, slots, c.n_kv, D, rng);
   // One query per sequence, at its last token; run z is row z.
   std::vector<kv::QueryRun> runs;
   for (size_t s = 0; s < lengths.size(); ++s) {

@@ -241,24 +241,7 @@ TEST_P(CudaWindowStore, FusedRopeStoreEqualsWriteKvSlots) {
       slots.push_back(geo.slot_of(seqs.tables[s].data(), t));
     }
   const int n = int(pos.size());
-  std::vector<float> inv_freq;
-  for (int i = 0; i < D / 2; ++i) inv_freq.push_back(float(std::pow(1e6, -2.0 * i / D)));
-  Rng rng(5);
-  const auto q = normal(rng, size_t(n) * nh * D), kn = normal(rng, D), qn = normal(rng, D);
-  const auto k = normal(rng, size_t(n) * n_kv * D), v = normal(rng, size_t(n) * n_kv * D);
-  cuda::DeviceBuffer<float> freq(inv_freq.size()), dkn(D), dqn(D);
-  freq.upload(inv_freq);
-  dkn.upload(kn);
-  dqn.upload(qn);
-  cuda::DeviceBuffer<int32_t> dpos(pos.size()), dslots(slots.size());
-  dpos.upload(pos);
-  dslots.upload(slots);
-  Guarded dq(q.size(), &q), dk(k.size(), &k), dv(v.size(), &v);
-  cuda::qk_rope_store(dq.data(), dk.data(), dv.data(), nh, n_kv, D, dqn.data(), dkn.data(), 1e-6f, 0, dpos.data(),
-                      freq.data(), true, 1.0, store_of(*fused, 0), nullptr, false, cuda::default_context(), n,
-                      dslots.data());
-  cuda::write_kv_slots(store_of(*plain, 0), dslots.data(), n, dk.data(), dv.data(), nullptr);  // dk: the rotated k
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  (void)gputest::store_fused_and_plain(*fused, *plain, nh, n_kv, D, pos, slots);
   const cuda::GpuKvLayer &a = store_of(*fused, 0), &b = store_of(*plain, 0);
   const size_t packed_rows = size_t(a.n_pages) * n_kv * P, exact_rows = size_t(a.n_exact_pages) * n_kv * P;
   // The rows of the window pages' tokens, and only those, were written in the window's store.
@@ -315,17 +298,8 @@ TEST_P(CudaWindowAttention, MatchesCpuAttendRuns) {
   const std::vector<int32_t> slots = all_slots(seqs, shape.geometry());
   const int n = int(slots.size());
   Rng rng(uint64_t(c.G) * 1009 + c.n_kv * 7 + c.W);
-  const size_t kv_row = size_t(c.n_kv) * D, q_row = size_t(n_heads) * D;
-  auto k = normal(rng, size_t(n) * kv_row), v = normal(rng, size_t(n) * kv_row);
-  for (int t = 0; t < n; ++t)
-    for (size_t i = 0; i < kv_row; ++i) k[t * kv_row + i] += (i % 3 == 0) ? 1.5f : 0.0f;  // peaked softmax
-  for (size_t i = 0; i < v.size(); i += 97) v[i] *= 20.0f;                               // outliers in V
-  cpu->layer(0).write_slots(slots.data(), n, k.data(), v.data());
-  {
-    Guarded dk(k.size(), &k), dv(v.size(), &v);
-    gpu->layer(0).write_slots(slots.data(), n, dk.data(), dv.data());
-    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  }
+  const size_t q_row = size_t(n_heads) * D;
+  (void)gputest::write_peaked_rows(*cpu, *gpu, slots, c.n_kv, D, rng);
   std::vector<kv::QueryRun> runs;
   for (size_t s = 0; s < lengths.size(); ++s)
     runs.push_back({seqs.tables[s].data(), int(seqs.tables[s].size()), int(s), 1, lengths[s] - 1});
