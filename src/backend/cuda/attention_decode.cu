@@ -295,7 +295,9 @@ struct Bf16Run {
 // each warp's state where the tensor-core path leaves its own: warp_m /
 // warp_l [warp][kMaxGroup] (log2 domain: scores are scaled by q_scale),
 // warp_o [warp][G] rows in the layout the CTA merge reads (OL::offset).
-template <int D, class OL>
+// q_group: the group's G rows of D floats, in global memory (written by a
+// kernel before: read through L2) or, kQShared, in this CTA's shared memory.
+template <int D, class OL, bool kQShared>
 __device__ void exact_window_part(const DecodeParams& p, const float* q_group, int kvh, const SeqRows& rows, int begin,
                                   int end, float* warp_m, float* warp_l, float* warp_o) {
   constexpr int kHeads = 4, kPer = D / 32, kChunks = D / 16;  // a lane's half row: kChunks runs of 8
@@ -331,8 +333,8 @@ __device__ void exact_window_part(const DecodeParams& p, const float* q_group, i
           const float* qh = q_group + size_t(h0 + r) * D + half * (D / 2);
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(qh + 8 * c));  // L2: written by a kernel before
-            const float4 b = __ldcg(reinterpret_cast<const float4*>(qh + 8 * c + 4));
+            const float4* q4 = reinterpret_cast<const float4*>(qh + 8 * c);
+            const float4 a = kQShared ? q4[0] : __ldcg(q4), b = kQShared ? q4[1] : __ldcg(q4 + 1);
             s = fmaf(a.x, kk[c][0], s);
             s = fmaf(a.y, kk[c][1], s);
             s = fmaf(a.z, kk[c][2], s);
@@ -514,8 +516,30 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   const int len = (p.pos_dev ? __ldcg(p.pos_dev + seq) : p.pos) + 1;
   const int packed_end = window_begin(len);  // keys [packed_end, len): the window's
   if (exact_cta) {
-    exact_window_part<D, OL>(p, p.q + size_t(seq_head) * G * D, kvh, seq_rows, packed_end, len, warp_m, warp_l,
-                             warp_o);
+    const float* q_raw = p.q + size_t(seq_head) * G * D;
+    if (p.q_fused) {
+      // The window holds the step's own row, which the predecessor (the
+      // store) writes: this CTA's wait is the grid's only one (no packed key
+      // is written in the step), and it keeps the launch chain transitive.
+      // Its q = RoPE(norm(q_raw)) into shared memory [G][D], in the original
+      // basis (window rows are not rotated).
+      wait_for_predecessor();
+      constexpr int kPer = D / 32;
+      for (int row = warp; row < G; row += kWarps) {
+        int dim[kPer];
+        rope_lane_dims<kPer>(p.rope.neox, lane, dim);
+        float x[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) x[j] = __ldcg(q_raw + size_t(row) * D + dim[j]);
+        norm_rope_row<kPer>(x, dim, p.q_norm, p.q_eps, len - 1, p.rope);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) rot_rows[row * D + dim[j]] = x[j];
+      }
+      __syncthreads();
+      exact_window_part<D, OL, true>(p, rot_rows, kvh, seq_rows, packed_end, len, warp_m, warp_l, warp_o);
+    } else {
+      exact_window_part<D, OL, false>(p, q_raw, kvh, seq_rows, packed_end, len, warp_m, warp_l, warp_o);
+    }
     __syncthreads();
   } else {
   const Range range = range_of(packed_end);
@@ -1282,18 +1306,23 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   // A known position needs no more splits than it has key tiles to share
   // (fewer partial states to merge); a device position gets the full split.
   if (!b.pos_dev) n_splits = std::min(n_splits, (b.pos + kMinKeysPerSplit) / kMinKeysPerSplit);
-  // The exact window: one CTA per (sequence, KV head) takes the window's keys
-  // (at most window_pages pages) from the bf16 rows, in place of one of the
-  // packed splits when there are several (a split sized to fill one wave
-  // stays one wave).
+  // The exact window: one more CTA per (sequence, KV head) takes the
+  // window's keys (at most window_pages pages) from the bf16 rows; the packed
+  // keys keep their splits (taking one of them for the window left each
+  // packed split 1.5x the keys at B = 32 and 3 splits: -11 % tok/s, session
+  // 18).
   // An identity table (b.pages null) names packed pages only: no window then.
   const bool window = layer.has_window() && b.pages;
-  const int packed_splits = window ? std::max(1, std::min(n_splits, kMaxDecodeSplits) - 1) : n_splits;
+  const int packed_splits = window ? std::min(n_splits, kMaxDecodeSplits - 1) : n_splits;
   if (window) {
-    KVQ_CHECK(!prep && layer.xk.code && layer.xv.code, Errc::internal,
-              "flash_decode: a store with an exact window takes q prepared (RoPE applied), not raw");
+    KVQ_CHECK(layer.xk.code && layer.xv.code, Errc::internal, "flash_decode: a windowed store without its bf16 rows");
     n_splits = packed_splits + 1;
   }
+  // q left raw (prep: the attention applies q's norm and RoPE) lets the
+  // packed CTAs start before the step's store has written; only over a
+  // window, where the step writes no packed key, may a batch do that.
+  KVQ_CHECK(!prep || b.n_seq == 1 || window, Errc::internal,
+            "flash_decode: q left raw for a batch over a store without an exact window");
 
   const size_t heads = size_t(b.n_seq) * n_kv;  // (sequence, KV head) pairs
   const size_t records = heads * n_splits * G;

@@ -879,8 +879,22 @@ class CudaBackend final : public Backend {
     const BatchMirror m = mirror(batch, g.view(), "qk_rope_write_kv");
     set_rope_table(r, head_dim);
     pending_q_ = {};
+    // A decode step over an exact window writes only window rows, which the
+    // attention's window CTA reads after waiting for this kernel: q can be
+    // left raw to the attention (as for one sequence without a window), and
+    // the packed CTAs start without waiting for this store.
+    const bool q_in_attention = (in_step_ || in_batch_step_) && options().attn_fused_q && g.view().has_window() &&
+                                is_decode_step(batch) &&
+                                choose_attention(AttentionCase::of(g.view(), n_heads, true)).fused_q;
     qk_rope_store(q, k, v, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, 0, m.pos, inv_freq_.data(), r.neox,
-                  r.pos_scale, g.view(), stream_, false, ctx_, batch.n_tok(), m.slot);
+                  r.pos_scale, g.view(), stream_, q_in_attention, ctx_, batch.n_tok(), m.slot);
+    if (q_in_attention) pending_q_ = {q, &g, QPrep{q_norm, eps, RopeParams{inv_freq_.data(), r.neox, r.pos_scale}}};
+  }
+  // Every run one token, run z at row z.
+  static bool is_decode_step(const StepBatch& batch) {
+    for (int z = 0; z < batch.n_seq(); ++z)
+      if (batch.runs[size_t(z)].n != 1 || batch.runs[size_t(z)].first != z) return false;
+    return true;
   }
 
   // One batched decode launch when every run is one token and run z is row
@@ -890,8 +904,13 @@ class CudaBackend final : public Backend {
                        float* out) {
     const BatchMirror m = mirror(batch, g.view(), "attention");
     const int n_seq = batch.n_seq();
-    bool decode = true;
-    for (int z = 0; z < n_seq; ++z) decode = decode && batch.runs[size_t(z)].n == 1 && batch.runs[size_t(z)].first == z;
+    const bool decode = is_decode_step(batch);
+    // The q of this layer's qk_rope_write_kv_paged, left raw for this call.
+    const bool raw_q = pending_q_.q != nullptr;
+    KVQ_CHECK(!raw_q || (pending_q_.q == q && pending_q_.layer == &g), Errc::internal,
+              "attention: q was left raw for another call");
+    const QPrep prep = pending_q_.prep;
+    pending_q_ = {};
     const AttentionPlan plan = choose_attention(AttentionCase::of(g.view(), n_heads, true));
     const bool tensor_core = plan.kernel == AttentionKernel::decode_tc || plan.kernel == AttentionKernel::decode_km;
     if (decode && n_seq <= 65535 && tensor_core && flash_decode_supported(n_heads, g.view().n_kv_heads,
@@ -901,12 +920,13 @@ class CudaBackend final : public Backend {
       b.pos_dev = m.run_pos;
       b.pages = m.pages;
       b.table_stride = m.stride;
-      flash_decode_batch(plan, g.view(), b, q, n_heads, scale, out, g.scratch(), stream_, nullptr, ctx_);
+      flash_decode_batch(plan, g.view(), b, q, n_heads, scale, out, g.scratch(), stream_, raw_q ? &prep : nullptr, ctx_);
       note_recorded_cache(g);
       if (recording_) recorded_attention_.push_back(&g);
       else count_attention(g, true);
       return;
     }
+    KVQ_CHECK(!raw_q, Errc::internal, "attention: q left raw for a per-run attention");
     // Per-run launches take each run's position from the host: they cannot
     // be replayed for another step.
     KVQ_CHECK(!recording_, Errc::unsupported, "the ", plan.name(),
