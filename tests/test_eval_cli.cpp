@@ -98,17 +98,19 @@ TEST(EvalCli, TurboKQualityRegression) {
 // --kv-window: each codec row becomes NAME+winW and the exact newest page
 // lowers its KL (session 14, 4 windows of 1024 tokens: tsym3 0.030 -> 0.011,
 // k8vturbo2 0.029 -> 0.008 with W = 1; at 256 tokens the page covers more).
-// The default (auto) is that window for every codec but none, which keeps
-// its name; --kv-window 0 measures the codec alone.
+// The default (auto) is that window for the low-bit codecs (a K side under 8
+// bits or a V side of 3 bits or fewer); none and k8v8 keep their names and
+// have none. --kv-window 0 measures a codec alone.
 TEST(EvalCli, ExactWindowLowersKl) {
   if (!have_model()) GTEST_SKIP() << "no " << kModel;
   auto plain = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2 --kv-window 0");
-  auto dflt = kl_rows("--ctx 256 --max-windows 1 --codecs none,tsym3,k8vturbo2");
+  auto dflt = kl_rows("--ctx 256 --max-windows 1 --codecs none,k8v8,tsym3,k8vturbo2");
   auto win = kl_rows("--ctx 256 --max-windows 1 --codecs tsym3,k8vturbo2 --kv-window 1");
   ASSERT_EQ(plain.size(), 2u);
-  ASSERT_EQ(dflt.size(), 3u);
+  ASSERT_EQ(dflt.size(), 4u);
   ASSERT_EQ(win.size(), 2u);
   EXPECT_TRUE(dflt.count("none"));
+  EXPECT_TRUE(dflt.count("k8v8"));
   for (const char* c : {"tsym3", "k8vturbo2"}) {
     const std::string w = std::string(c) + "+win1";
     ASSERT_TRUE(win.count(w)) << w;

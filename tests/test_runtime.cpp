@@ -108,9 +108,10 @@ TEST(CodecRequest, FlagsBuildAFreshValue) {
 TEST(CodecRequest, DefaultWindowPerCodec) {
   Tiny t;
   const int A = CodecRequest::kWindowAuto;
-  EXPECT_EQ(CodecRequest::parse("none").window_for(A), 0);
-  EXPECT_EQ(CodecRequest::parse("f32").window_for(A), 0);
-  for (const char* name : {"tsym3", "k8v8", "fp8", "rotor3_sym+qjl", "turbo3/bf16", "bf16/q8"}) {
+  for (const char* name : {"none", "f32", "k8v8", "fp8", "k8v4", "iso4", "rot_k_tq4v", "bf16/q8"})
+    EXPECT_EQ(CodecRequest::parse(name).window_for(A), 0) << name;
+  for (const char* name : {"tsym3", "tsym4", "k8vturbo3", "k8vturbo2tcq", "iso3", "k_rotor4", "rotor3_sym+qjl",
+                           "turbo3/bf16", "q8/turbo2"}) {
     EXPECT_EQ(CodecRequest::parse(name).window_for(A), CodecRequest::kDefaultWindowPages) << name;
     EXPECT_EQ(CodecRequest::parse(name).window_for(0), 0) << name;
     EXPECT_EQ(CodecRequest::parse(name).window_for(3), 3) << name;

@@ -136,13 +136,19 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
     // The decode runs, each from the cache holding the prompt: drop the last
     // prompt token (and whatever the previous run generated), so generate()
     // reuses rows 0..L-2 and feeds only prompt[L-1] at position L-1. With an
-    // exact window, the window's pages the previous run packed are fed
-    // again too (Session::truncate): at most its W pages.
-    const int window_tokens = cache.shape().window_pages * cache.shape().page_tokens;
+    // exact window, every run feeds the prompt's window pages again (at most
+    // W pages): a previous run packed them, and a run that re-fed them and
+    // one that did not would start from rows computed in other chunks
+    // (other rounding, other tokens).
+    const kv::CacheShape& shape = cache.shape();
+    const int window_tokens = shape.window_pages * shape.page_tokens;
+    const int keep = window_tokens ? std::min(L - 1, kv::window_first_page(L, shape.page_tokens, shape.window_pages) *
+                                                         shape.page_tokens)
+                                   : L - 1;
     for (int i = 0; i < total; ++i) {
       if (o.on_rep) o.on_rep(i, total);
       if (i == o.warmup) be.reset_dispatch_stats(cache);  // count the measured runs only
-      session.truncate(L - 1);
+      session.truncate(keep);
       const GenerateResult r = session.generate(prompt, g);
       KVQ_CHECK(r.n_prompt == 1 || (r.n_prompt >= 1 && r.n_prompt <= window_tokens), Errc::internal,
                 "bench: a decode run re-fed ", r.n_prompt, " prompt tokens instead of the last one",

@@ -95,7 +95,7 @@ void add_kv_window_option(CLI::App& app, int& pages, const std::string& descript
                 "NAME+winW)"
               : description) +
              ". 0: none; auto: " + std::to_string(CodecRequest::kDefaultWindowPages) +
-             " page for every codec but none (docs/quality.md)")
+             " page for a K side under 8 bits or a V side of 3 bits or fewer, else 0 (docs/quality.md)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             if (v == "auto") return {};

@@ -69,8 +69,7 @@ int CodecRequest::window_for(int asked) const {
   if (asked != kWindowAuto) return asked;
   if (f32) return 0;
   const kv::ResolvedCodec r = kv::resolve_codec(codec);
-  const kv::BlockSpec bf16{};
-  return r.k == bf16 && r.v == bf16 ? 0 : kDefaultWindowPages;
+  return r.k.bits < 8 || r.v.bits <= 3 ? kDefaultWindowPages : 0;
 }
 
 std::string CodecRequest::label() const {

@@ -43,15 +43,19 @@ struct CodecRequest {
   // What --kv-window's default means: the codec's default window, resolved
   // per codec by window_for().
   static constexpr int kWindowAuto = -1;
-  // The default window: one 64-token page. Measured (docs/quality.md,
-  // docs/perf.md): it takes tsym3's mean KL on held-out text to 0.44x and
-  // k8vturbo2's to 0.30x at 4k, and its rows leave the codec's encode off
-  // the decode step's critical path.
+  // The default window: one 64-token page, for the codecs whose error it
+  // cuts most. Measured (docs/quality.md, docs/perf.md, session 18): on
+  // held-out text at 4k it takes every codec's mean KL to 0.25-0.51x; the
+  // codecs with a K side under 8 bits or a V side of 3 bits or fewer have a
+  // mean KL of 0.004-0.065 alone (tsym3 0.032 -> 0.014, k8vturbo2 0.030 ->
+  // 0.009), the others (8-bit K with a V of 4 bits or more, fp8) 0.0016-0.0022,
+  // where the window would only cost its decode time (5-20 % on the H200
+  // today).
   static constexpr int kDefaultWindowPages = 1;
   // The window for this request given --kv-window's value `asked`: asked
-  // itself when >= 0; for kWindowAuto, 0 for f32 and for a codec whose two
-  // sides are bf16 (`none`: there is nothing to keep exact) and
-  // kDefaultWindowPages for every other codec.
+  // itself when >= 0; for kWindowAuto, kDefaultWindowPages for a codec with
+  // a K side under 8 bits or a V side of 3 bits or fewer, else 0 (`none`,
+  // f32, k8v8, k8v4, fp8, ...).
   int window_for(int asked) const;
   // Sets window_pages from --kv-window's value (window_for) and notes
   // whether it was the default.
