@@ -231,8 +231,13 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
   for (const auto& c : cfg.codecs) kv::resolve_codec(codec_options(c));  // unknown names fail before anything runs
   KVQ_CHECK(cfg.window_pages >= CodecRequest::kWindowAuto, Errc::invalid_argument, "--kv-window ", cfg.window_pages,
             " pages (0: none)");
-  // Each codec's window: --kv-window, or by default the codec's own (CodecRequest::window_for).
-  auto window_of = [&](const std::string& codec) { return CodecRequest{codec_options(codec)}.window_for(cfg.window_pages); };
+  // A codec's request with its window: --kv-window, or by default the
+  // codec's own (CodecRequest::window_for).
+  auto request_of = [&](const std::string& codec) {
+    CodecRequest r{codec_options(codec)};
+    r.set_window(cfg.window_pages);
+    return r;
+  };
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const std::string home = resolve_home(cfg.home);
   RunsDb db(runs_db_path(home));  // an unusable home fails before the model loads
@@ -305,7 +310,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
         // Capacity mode: the codec's sequences of ctx + gen tokens that the budget holds.
         const int admitted = b != kBatchMax ? b
                                             : sequences_in_budget(c, ctx + cfg.gen, mc.n_layers, mc.n_kv_heads,
-                                                                  mc.head_dim, cfg.kv_budget, window_of(c));
+                                                                  mc.head_dim, cfg.kv_budget, request_of(c).window_pages);
         plan.push_back({c, ctx, admitted, b == kBatchMax});
       }
   std::vector<std::vector<int32_t>> prompts;  // one per context, the same for every codec
@@ -383,8 +388,7 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     try {
       KVQ_CHECK(cell.batch >= 1, Errc::out_of_range, "--kv-budget ", cfg.kv_budget, " bytes holds no sequence of ",
                 cell.ctx + cfg.gen, " tokens with ", cell.codec);
-      CodecRequest request{codec_options(cell.codec)};
-      request.set_window(cfg.window_pages);
+      const CodecRequest request = request_of(cell.codec);
       if (cell.batch == 1 && !cell.capacity) {
         r = measure_cell(*model, request, prompt, mo);
       } else {
@@ -408,13 +412,10 @@ SweepResult run_sweep(const SweepConfig& cfg, const std::function<void(const Swe
     }
     // The sweep's name ("+qjl" forms included, equal to the canonical one)
     // and its window, measured or not.
-    {
-      CodecRequest named{codec_options(cell.codec)};
-      named.set_window(cfg.window_pages);
-      const bool one_sequence = cell.batch == 1 && !cell.capacity;
-      r.codec = cell.codec + kv::exact_window_suffix(one_sequence ? session_window_pages(*model, named, cell.ctx + cfg.gen)
-                                                                  : named.window_pages);
-    }
+    const CodecRequest named = request_of(cell.codec);
+    const bool one_sequence = cell.batch == 1 && !cell.capacity;
+    r.codec = cell.codec + kv::exact_window_suffix(one_sequence ? session_window_pages(*model, named, cell.ctx + cfg.gen)
+                                                                : named.window_pages);
     r.batch = cell.batch;
     r.capacity = cell.capacity;
     db.add_cell(res.run_id, r);  // one transaction: the cell is in runs.db whole or not at all
