@@ -85,8 +85,9 @@ int serve(ServeArgs& a) {
                                                  : uint64_t(a.max_seqs) * uint64_t(pool_codec.window_pages) *
                                                        kv::exact_page_bytes(pool_shape(model, 1, page));
     KVQ_CHECK(kv_budget > window_bytes, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " does not hold the ",
-              a.max_seqs, " exact windows of --kv-window ", pool_codec.window_pages, " (", window_bytes >> 20,
-              " MiB)");
+              a.max_seqs, " exact windows of ", pool_codec.window_pages, " page(s) (", window_bytes >> 20,
+              " MiB; --kv-window ", pool_codec.window_auto ? "auto, the default" : "as given",
+              "; --kv-window 0: none)");
     pages = int(std::min<uint64_t>((kv_budget - window_bytes) / page_bytes, uint64_t(1) << 24));
     KVQ_CHECK(pages >= 1, Errc::invalid_argument, "--kv-budget ", a.kv_budget, " is less than one page of ", page,
               " tokens (", page_bytes, " bytes in this codec)");
