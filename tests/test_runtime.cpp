@@ -102,8 +102,9 @@ TEST(CodecRequest, FlagsBuildAFreshValue) {
   EXPECT_EQ(CodecRequest::from_flags(c, "off", false).label(), "q8/turbo2");
 }
 
-// --kv-window's default (auto): one exact page for every codec but none and
-// f32, an explicit value as given; a one-sequence cache that the default
+// --kv-window's default (auto): one exact page for a K side under 8 bits or
+// a V side of 3 bits or fewer, none for the others and f32; an explicit
+// value as given; a one-sequence cache that the default
 // window would fill whole takes none, an explicit one keeps it.
 TEST(CodecRequest, DefaultWindowPerCodec) {
   Tiny t;

@@ -63,9 +63,9 @@ struct CodecRequest {
     window_pages = window_for(asked);
     window_auto = asked == kWindowAuto;
   }
-  // window_pages is the default's (set_window(kWindowAuto)): a one-sequence
-  // cache that the window would fill whole, or one of a single page
-  // (--kv-one-page), takes none (session_window_pages).
+  // Whether window_pages came from the default (set_window(kWindowAuto)):
+  // then a one-sequence cache that the window would fill whole, or one of a
+  // single page (--kv-one-page), takes none (session_window_pages).
   bool window_auto = false;
 
   // One text entry, case-insensitive: a codec name or alias ("k8v4"), a rotor
