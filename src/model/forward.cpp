@@ -176,7 +176,11 @@ void Model::forward_argmax(const StepBatch& b, kv::Cache& cache, int vocab, int3
 
 bool Model::batch_step(RunState& r, const StepBatch& b, kv::Cache& cache) {
   const int n = b.n_tok();
-  if (!step_graphs_ || r.graphs_failed_ || b.n_seq() < 2 || n > kBatchStepRows ||
+  // One sequence over its identity table is decode_step's; over a block
+  // table (a paged sequence alone in its step, a Session with an exact
+  // window) it is a step of this kind, recorded like the others (run
+  // directly it re-uploaded the step's tables before every layer's ops).
+  if (!step_graphs_ || r.graphs_failed_ || (b.n_seq() < 2 && b.is_one_contiguous_sequence()) || n > kBatchStepRows ||
       int(b.logit_rows.size()) != n)
     return false;
   int stride = 0;

@@ -157,7 +157,8 @@ class Model {
   void lm_head_runs(RunState& r, const StepBatch& batch, F&& use);
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
-  // A decode step of several sequences (every run one token, run z at row z,
+  // A decode step of several sequences, or of one over a block table (every
+  // run one token, run z at row z,
   // every row's logits wanted, at most kBatchStepRows rows), recorded and
   // replayed per shape when step_graphs_ (RunState::BatchGraph): leaves the
   // rows' logits in r.logits_ and returns true. False (nothing run): not
