@@ -1,7 +1,7 @@
 // Kernel lab: time one decode step's worth of GEMVs for a model shape with the
 // production gemv() (weights resident in the GPU layout, random contents),
 // against the measured device-to-device copy bandwidth.
-//   kvq_bench_gemv [bonsai-8b|qwen3-8b|q8-8b|q4-8b|q2k-8b|q3k-8b|q4k-8b|q5k-8b|q6k-8b] [iters] [timeline prefetch]
+//   kvq_bench_gemv [bonsai-8b|qwen3-8b|q8-8b|q4-8b|q2k-8b|q3k-8b|q4k-8b|q5k-8b|q6k-8b] [iters]
 // Prints per-matrix-kind and whole-step times (CUDA events, median of iters
 // after warm-up), GB/s and % of copy bandwidth.
 #include <cuda_runtime.h>
@@ -131,12 +131,9 @@ int main(int argc, char** argv) {
     act.upload(hx);
     constexpr int kEvents = 8;  // GemvRequest::trace
     cuda::DeviceContext lab_ctx(cuda::current_device());  // the lab's own knobs (GEMV warps)
-    // The step's launches in order; each names the matrices of the next
-    // `prefetch` launches (GemvRequest::prefetch, wrapping to the first
-    // layer), as the backend's WeightPrefetchPlan would.
-    auto step_requests = [&](int prefetch) {
-      std::vector<cuda::GemvRequest> reqs;
+    auto fused_step = [&](unsigned long long* trace) {
       for (int l = 0; l < layers; ++l) {
+        auto slot = [&](int i) { return trace ? trace + (4 * l + i) * kEvents : nullptr; };
         cuda::GemvRequest qkv;
         qkv.x = xr.data();
         qkv.norm_weight = norm.data();
@@ -145,12 +142,14 @@ int main(int argc, char** argv) {
         qkv.out[0] = {&mats[0][l], q.data()};
         qkv.out[1] = {&mats[1][l], k.data()};
         qkv.out[2] = {&mats[2][l], v.data()};
-        reqs.push_back(qkv);
+        qkv.trace = slot(0);
+        cuda::gemv(qkv, nullptr, lab_ctx);
         cuda::GemvRequest o;
         o.x = q.data();
         o.out[0] = {&mats[3][l], xr.data()};
         o.epilogue = cuda::GemvEpilogue::add;
-        reqs.push_back(o);
+        o.trace = slot(1);
+        cuda::gemv(o, nullptr, lab_ctx);
         cuda::GemvRequest gu;
         gu.x = xr.data();
         gu.norm_weight = norm.data();
@@ -159,26 +158,14 @@ int main(int argc, char** argv) {
         gu.out[0] = {&mats[4][l], act.data()};
         gu.out[1] = {&mats[5][l], nullptr};
         gu.epilogue = cuda::GemvEpilogue::swiglu;
-        reqs.push_back(gu);
+        gu.trace = slot(2);
+        cuda::gemv(gu, nullptr, lab_ctx);
         cuda::GemvRequest down;
         down.x = act.data();
         down.out[0] = {&mats[6][l], xr.data()};
         down.epilogue = cuda::GemvEpilogue::add;
-        reqs.push_back(down);
-      }
-      const size_t n = reqs.size();
-      for (size_t i = 0; i < n; ++i)
-        for (int d = 1; d <= prefetch; ++d)
-          for (int m = 0; m < reqs[(i + d) % n].n_out; ++m)
-            if (reqs[i].n_prefetch < cuda::GemvRequest::kMaxPrefetch)
-              reqs[i].prefetch[reqs[i].n_prefetch++] = reqs[(i + d) % n].out[m].w;
-      return reqs;
-    };
-    std::vector<cuda::GemvRequest> reqs = step_requests(0);
-    auto fused_step = [&](unsigned long long* trace) {
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        reqs[i].trace = trace ? trace + i * kEvents : nullptr;
-        cuda::gemv(reqs[i], nullptr, lab_ctx);
+        down.trace = slot(3);
+        cuda::gemv(down, nullptr, lab_ctx);
       }
     };
     double bytes = 0;
@@ -194,16 +181,6 @@ int main(int argc, char** argv) {
                   100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
     }
     lab_ctx.settings.gemv_warps = defaults;
-    // With each launch asking L2 for the weights of the next 1..3 launches.
-    for (int prefetch : {1, 2, 3}) {
-      reqs = step_requests(prefetch);
-      const double ms = lab::time_ms([&] { fused_step(nullptr); }, iters, 3);
-      std::printf("fused, %d warps, L2 prefetch of the next %d launches' weights: %.3f ms, %.0f GB/s = %.1f%% of "
-                  "copy bandwidth\n",
-                  defaults, prefetch, ms, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
-    }
-    const int timeline_prefetch = argc > 3 ? std::atoi(argv[3]) : 0;
-    reqs = step_requests(timeline_prefetch);
     // Timeline of one fused step with the default tuning: per launch kind,
     // the mean over layers 1..35 of (us, relative to the previous launch's
     // last CTA end) the first (0) and last (1) CTA to start, to return from
@@ -220,8 +197,7 @@ int main(int argc, char** argv) {
       }
       const std::vector<unsigned long long> tr = trace.download();
       const char* names[4] = {"norm+QKV", "O+add", "norm+gate/up", "down+add"};
-      std::printf("timeline, prefetch %d (us after the previous launch's last CTA end; mean of layers 1..%d):\n",
-                  timeline_prefetch, layers - 1);
+      std::printf("timeline (us after the previous launch's last CTA end; mean of layers 1..%d):\n", layers - 1);
       std::printf("%-14s %8s %8s %8s %8s %8s %8s %8s %8s\n", "launch", "start0", "start1", "wait0", "wait1",
                   "staged0", "staged1", "end0", "end1");
       for (int kind = 0; kind < 4; ++kind) {

@@ -82,9 +82,6 @@ struct BackendOptions {
   bool step_graphs = true;         // record decode steps once per shape and replay them (CUDA graphs)
   bool dependent_launches = true;  // CUDA: programmatic dependent launches between the step's kernels
   int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
-  // CUDA: a batch-1 decode GEMV asks L2 for the weights of the next N GEMV
-  // launches of the step (WeightPrefetchPlan), 0..3; 0: none.
-  int gemv_prefetch = 0;
   int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
   bool attn_fused_q = true;        // CUDA: decode attention norms/rotates q itself, beside the store's encode
   // CUDA: a decode step of at least this many sequences runs the weight

@@ -128,11 +128,6 @@ void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
       ->check(CLI::Range(1, 16))
       ->capture_default_str()
       ->group(lab);
-  app.add_option("--gemv-prefetch", b.gemv_prefetch,
-                 "CUDA: a one-sequence decode GEMV asks L2 for the weights of the next N GEMV launches (0: none)")
-      ->check(CLI::Range(0, 3))
-      ->capture_default_str()
-      ->group(lab);
   app.add_option("--batch-gemm-rows", b.batch_gemm_rows,
                  "CUDA: sequences in a decode step from which quantized weight products run on tensor cores "
                  "(0: never)")

@@ -11,10 +11,10 @@
 #          REPS runs;
 #   batch: the same for BATCH_SETS (CTX:BATCHES ...), each sequence's KV a
 #          copy of sequence 0's (--batch-fill copy);
-#   lab:   kvq_bench_gemv bonsai-8b (the decode step's GEMVs alone, with and
-#          without the L2 weight prefetch), if carried.
-# one and batch run once per GEMV prefetch distance in PREFETCHES
-# (--gemv-prefetch; default 0).
+#   lab:   kvq_bench_gemv bonsai-8b (the decode step's GEMVs alone), if
+#          carried.
+# EXTRA_ARGS are added to every kvq bench call and TAG to its output names
+# (A/B knobs, several invocations in one call).
 # Results in $OUT: log.txt (summary), tests.txt, bench.tgz (every output).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,7 +62,7 @@ fi
 
 if want lab && [ -x carry/kvq_bench_gemv ]; then
   echo "== lab: kvq_bench_gemv bonsai-8b"
-  timeout 300 carry/kvq_bench_gemv bonsai-8b 20 "${LAB_TIMELINE_PREFETCH:-1}" 2>&1 | tee "$P/lab_gemv.txt"
+  timeout 300 carry/kvq_bench_gemv bonsai-8b 20 2>&1 | tee "$P/lab_gemv.txt"
 fi
 
 bench() {  # bench TAG ARGS...
@@ -74,20 +74,19 @@ bench() {  # bench TAG ARGS...
   grep -E "^(codec|none|tsym|k8v|fp8|iso|rotor|turbo|q8|planar|k_|rot_|error|kvq:)" "$P/bench_$tag.txt" | grep -v "^fit" | cut -c1-110
   pack
 }
-for pf in ${PREFETCHES:-0}; do
-  if want one; then
+TAG=${TAG:-}  # appended to the bench tags (A/B runs in one call)
+if want one; then
+  for w in $WINDOWS; do
+    bench "one_win$w$TAG" --codecs "${ONE_CODECS:-none,tsym3,k8vturbo2,fp8,k8v8}" --contexts "${ONE_CTX:-4k,16k,65408}" \
+      --gen "${GEN:-128}" --reps "${REPS:-3}" --kv-window "$w" ${EXTRA_ARGS:-}
+  done
+fi
+if want batch; then
+  for set in ${BATCH_SETS:-4k:32,64}; do
     for w in $WINDOWS; do
-      bench "one_win${w}_pf$pf" --codecs "${ONE_CODECS:-none,tsym3,k8vturbo2,fp8,k8v8}" --contexts "${ONE_CTX:-4k,16k,65408}" \
-        --gen "${GEN:-128}" --reps "${REPS:-3}" --kv-window "$w" --gemv-prefetch "$pf"
+      bench "batch_${set%%:*}_win$w$TAG" --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" --contexts "${set%%:*}" \
+        --batch "${set#*:}" --batch-fill copy --gen "${GEN:-64}" --reps "${REPS:-3}" --kv-window "$w" ${EXTRA_ARGS:-}
     done
-  fi
-  if want batch; then
-    for set in ${BATCH_SETS:-4k:32,64}; do
-      for w in $WINDOWS; do
-        bench "batch_${set%%:*}_win${w}_pf$pf" --codecs "${BATCH_CODECS:-none,tsym3,k8vturbo2}" --contexts "${set%%:*}" \
-          --batch "${set#*:}" --batch-fill copy --gen "${GEN:-64}" --reps "${REPS:-3}" --kv-window "$w" --gemv-prefetch "$pf"
-      done
-    done
-  fi
-done
+  done
+fi
 echo "== done"

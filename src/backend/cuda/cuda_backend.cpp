@@ -23,7 +23,6 @@
 #include "backend/cuda/gemv_batch.hpp"
 #include "backend/cuda/ops.hpp"
 #include "backend/gpu_layout.hpp"
-#include "backend/weight_prefetch_plan.hpp"
 #include "core/error.hpp"
 #include "kv/cache.hpp"
 
@@ -82,8 +81,6 @@ KernelSettings kernel_settings(const BackendOptions& o) {
             o.gemv_warps);
   KVQ_CHECK(o.attn_prefetch_tiles >= 0 && o.attn_prefetch_tiles <= 8, Errc::invalid_argument,
             "attention prefetch tiles must be 0..8, not ", o.attn_prefetch_tiles);
-  KVQ_CHECK(o.gemv_prefetch >= 0 && o.gemv_prefetch <= 3, Errc::invalid_argument,
-            "GEMV prefetch distance must be 0..3 launches, not ", o.gemv_prefetch);
   KVQ_CHECK(o.batch_gemm_rows >= 0, Errc::invalid_argument, "batch GEMM rows must be >= 0, not ", o.batch_gemm_rows);
   KernelSettings s;
   s.dependent_launches = o.dependent_launches;
@@ -98,7 +95,7 @@ KernelSettings kernel_settings(const BackendOptions& o) {
 // to the current device.
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const BackendOptions& o, int device) : ctx_(device, kernel_settings(o)), prefetch_plan_(o.gemv_prefetch) {
+  CudaBackend(const BackendOptions& o, int device) : ctx_(device, kernel_settings(o)) {
     options_ = o;
     ctx_.make_current();
     // A stream of our own (not the legacy default stream, which cannot be
@@ -199,7 +196,7 @@ class CudaBackend final : public Backend {
     if (n == 1) {
       GemvRequest req = step_gemv(x);
       req.out[0] = {&m, y};
-      launch_gemv(req);
+      gemv(req, stream_, ctx_);
       return;
     }
     if (n <= 0) return;
@@ -291,7 +288,7 @@ class CudaBackend final : public Backend {
     GemvRequest req = step_gemv(x, norm_w, eps);
     req.n_out = count;
     for (int i = 0; i < count; ++i) req.out[i] = {&find(*ws[i]), ys[i]};
-    launch_gemv(req);
+    gemv(req, stream_, ctx_);
   }
   void matmul_add(const Matrix& w, const float* a, int n, float* x, float* tmp) override {
     ctx_.make_current();
@@ -317,7 +314,7 @@ class CudaBackend final : public Backend {
     GemvRequest req = step_gemv(a);
     req.out[0] = {&find(w), x};
     req.epilogue = GemvEpilogue::add;
-    launch_gemv(req);
+    gemv(req, stream_, ctx_);
   }
   void norm_swiglu(const float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
                    const Matrix& w_up, float* up, float* out) override {
@@ -348,7 +345,7 @@ class CudaBackend final : public Backend {
     req.out[0] = {&find(w_gate), out};
     req.out[1] = {&find(w_up), nullptr};
     req.epilogue = GemvEpilogue::swiglu;
-    launch_gemv(req);
+    gemv(req, stream_, ctx_);
   }
   void mlp_residual(float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
                     const Matrix& w_up, const Matrix& w_down, float* up, float* gate) override {
@@ -520,10 +517,8 @@ class CudaBackend final : public Backend {
     // step's kernels (or graph launch).
     KVQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data(), step_host_, sizeof step_host_, cudaMemcpyHostToDevice, stream_));
     in_step_ = true;
-    prefetch_plan_.begin_step();
   }
   void end_step() override {
-    if (in_step_ || in_batch_step_) prefetch_plan_.end_step();
     in_step_ = in_batch_step_ = false;
     batch_step_ = nullptr;
     pending_q_ = {};
@@ -553,7 +548,6 @@ class CudaBackend final : public Backend {
     batch_step_ = &batch;  // valid until end_step: replay() checks it against the cache
     pending_q_ = {};
     in_batch_step_ = true;
-    prefetch_plan_.begin_step();
   }
   void record_begin() override {
     ctx_.make_current();
@@ -719,21 +713,6 @@ class CudaBackend final : public Backend {
   }
   // A single-token GEMV launch over input x (RMSNorm(x) * norm_w when norm_w
   // is set), with this backend's scratch; the caller adds the outputs.
-  // Issues a single-token GEMV launch; inside a decode step it is observed
-  // for the weight prefetch plan and names the weights of the launches after
-  // it that the plan knows (GemvRequest::prefetch).
-  void launch_gemv(GemvRequest& req) {
-    if (in_step_ || in_batch_step_) {
-      const void* mats[GemvRequest::kMaxPrefetch];
-      for (int i = 0; i < req.n_out; ++i) mats[i] = req.out[i].w;
-      prefetch_plan_.observe(mats, req.n_out);
-      const void* ahead[WeightPrefetchPlan::kMaxAhead];
-      const int n = std::min(prefetch_plan_.ahead(req.out[0].w, ahead), GemvRequest::kMaxPrefetch);
-      for (int i = 0; i < n; ++i) req.prefetch[i] = static_cast<const GpuMatrix*>(ahead[i]);
-      req.n_prefetch = n;
-    }
-    gemv(req, stream_, ctx_);
-  }
   GemvRequest step_gemv(const float* x, const float* norm_w = nullptr, float eps = 0.0f) {
     GemvRequest req;
     req.x = x;
@@ -1007,9 +986,6 @@ class CudaBackend final : public Backend {
   }
 
   DeviceContext ctx_;  // first member: the others are made on its device
-  // The decode step's GEMV order, for each launch's L2 prefetch of the next
-  // ones (launch_gemv; BackendOptions::gemv_prefetch).
-  WeightPrefetchPlan prefetch_plan_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).

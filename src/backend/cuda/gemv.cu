@@ -14,8 +14,7 @@
 // step. Launched as dependent launches
 // (dependent_launch.cuh): the first weight loads (and the copy of the norm
 // weight into shared memory) are issued before waiting for the kernel that
-// produces x, and so are L2 prefetches of the weights of the launches after
-// this one when the request names them (GemvRequest::prefetch).
+// produces x.
 //
 // Shared memory:
 //   float types      float uf[cols]                 u = x (* norm weight)
@@ -404,9 +403,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
   if (task < a.n_tasks) load(cur, task, 0);
   float4* smem_g = reinterpret_cast<float4*>(smem + staged_bytes(T, a.cols));
   prefetch_norm(a, smem_g);
-  // Then the weights of the launches after this one (GemvRequest::prefetch):
-  // HBM streams them while this launch stages, computes and drains.
-  prefetch_l2_share(a.prefetch);
   wait_for_predecessor();
   trace_event(a.trace, 1);
   const float inv_rms = stage_input<T>(a, smem, smem_g);

@@ -64,13 +64,6 @@ struct GemvRequest {
   // start, predecessor wait returned, input staged, CTA end. The caller sets
   // the mins to UINT64_MAX and the maxes to 0 first. Null: no timing.
   unsigned long long* trace = nullptr;
-  // Weights of later launches (the next GEMVs of the decode step,
-  // WeightPrefetchPlan) this launch asks L2 for before it waits for its
-  // predecessor, so HBM streams them while this launch and the kernels
-  // between run. A hint: results do not depend on it.
-  static constexpr int kMaxPrefetch = 6;
-  const GpuMatrix* prefetch[kMaxPrefetch] = {};
-  int n_prefetch = 0;
 };
 
 // The launch shape (warps per CTA) is ctx.settings.gemv_warps, read when the

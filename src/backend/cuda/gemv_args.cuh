@@ -3,11 +3,9 @@
 // helpers they share. Internal to those two files.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/gemv.hpp"
-#include "backend/cuda/l2_prefetch.cuh"
 #include "core/error.hpp"
 #include "gguf/types.hpp"
 
@@ -29,35 +27,7 @@ struct KernelArgs {
   int cols;
   GemvEpilogue epilogue;
   unsigned long long* trace;  // GemvRequest::trace
-  L2PrefetchList prefetch;    // GemvRequest::prefetch: codes and scales of each matrix
 };
-
-// At most this many bytes asked of L2 per launch, about half of an H200's
-// 50 MB: more would evict the first lines asked before their launch reads
-// them (the LM head alone is 78 MB of Q1_0 codes: its first 24 MiB are
-// asked, the rows its first CTAs read).
-constexpr size_t kPrefetchBudget = size_t(24) << 20;
-
-// The byte ranges of `mats` (codes, then scales, of each) for
-// prefetch_l2_share, nearest first, cut at kPrefetchBudget.
-inline L2PrefetchList prefetch_list(const GpuMatrix* const* mats, int n) {
-  L2PrefetchList l{};
-  for (int i = 0; i < n; ++i) {
-    if (!mats[i]) continue;
-    auto add = [&l](const void* p, size_t bytes) {
-      bytes = std::min<size_t>(bytes, kPrefetchBudget - l.total);
-      if (!p || bytes == 0) return;
-      KVQ_CHECK(l.n < L2PrefetchList::kMaxRanges && bytes < (size_t(1) << 32), Errc::internal,
-                "GPU GEMV: too many or too large prefetch ranges");
-      l.ptr[l.n] = static_cast<const uint8_t*>(p);
-      l.bytes[l.n++] = uint32_t(bytes);
-      l.total += bytes;
-    };
-    add(mats[i]->codes.data(), mats[i]->codes.bytes());
-    add(mats[i]->scales.data(), mats[i]->scales.bytes());
-  }
-  return l;
-}
 
 // The launch arguments of a request whose matrices the caller has checked
 // for its kernel (type, size), with every output's consistency checks and
@@ -72,9 +42,6 @@ inline KernelArgs kernel_args(const GemvRequest& req, int rows_per_task) {
   a.cols = int(w0.cols);
   a.epilogue = req.epilogue;
   a.trace = req.trace;
-  KVQ_CHECK(req.n_prefetch >= 0 && req.n_prefetch <= GemvRequest::kMaxPrefetch, Errc::internal,
-            "GPU GEMV: ", req.n_prefetch, " matrices to prefetch");
-  a.prefetch = prefetch_list(req.prefetch, req.n_prefetch);
   int tasks = 0;
   for (int i = 0; i < req.n_out; ++i) {
     const GpuMatrix& w = *req.out[i].w;

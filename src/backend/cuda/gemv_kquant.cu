@@ -236,7 +236,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_kquant_kernel(KArgs a) {
   const int blocks = a.cols / 256;
   trace_event(a.trace, 0);
   allow_dependents();
-  prefetch_l2_share(a.prefetch);  // later launches' weights (GemvRequest::prefetch)
   wait_for_predecessor();
   trace_event(a.trace, 1);
 
