@@ -283,3 +283,166 @@ std::string fused_name(const ::testing::TestParamInfo<FusedCase>& info) {
 INSTANTIATE_TEST_SUITE_P(Fused, GemvFusedTest, ::testing::ValuesIn(fused_cases()), fused_name);
 
 }  // namespace
+
+// gemv_chain (the block after the attention in one launch, grid-wide
+// barriers between O, gate/up and down) against the three launches it
+// replaces, whose arithmetic it shares: equal bit for bit. Two chains run
+// concurrently on two streams, so that CTAs of one wait at their barriers
+// while the other holds SMs (a barrier that needed every CTA resident could
+// hang there); each launch must leave its barrier state ready for the next.
+namespace {
+
+struct ChainCase {
+  int d, ff;
+  bool with_o;
+};
+
+class GemvChainTest : public ::testing::TestWithParam<ChainCase> {
+ protected:
+  void SetUp() override {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+cuda::GpuMatrix random_q1(Rng& rng, int rows, int cols) {
+  const uint64_t rb = gguf::tensor_row_bytes(TensorType::Q1_0, cols);
+  std::vector<uint8_t> w(rb * rows);
+  std::vector<float> row(cols);
+  for (int r = 0; r < rows; ++r) {
+    for (auto& v : row) v = float(rng.normal()) * 0.05f;
+    gguf::quantize_row(TensorType::Q1_0, row.data(), w.data() + r * rb, cols);
+  }
+  return cuda::GpuMatrix::upload(pack_matrix_for_gpu(TensorType::Q1_0, rows, cols, w.data()));
+}
+
+std::vector<float> random_vector(Rng& rng, size_t n, float scale, float offset = 0.0f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = offset + float(rng.normal()) * scale;
+  return v;
+}
+
+TEST_P(GemvChainTest, EqualsTheSeparateLaunches) {
+  const ChainCase c = GetParam();
+  Rng rng(uint64_t(c.d) * 31 + c.ff + (c.with_o ? 7 : 0));
+  // Two layers' weights: one per stream.
+  struct Layer {
+    cuda::GpuMatrix wo, gate, up, down;
+  };
+  std::vector<Layer> layers;
+  for (int l = 0; l < 2; ++l)
+    layers.push_back({random_q1(rng, c.d, c.d), random_q1(rng, c.ff, c.d), random_q1(rng, c.ff, c.d),
+                      random_q1(rng, c.d, c.ff)});
+  const std::vector<float> x0 = random_vector(rng, c.d, 1.0f), attn = random_vector(rng, c.d, 1.0f),
+                           g = random_vector(rng, c.d, 0.2f, 1.0f);
+  cuda::DeviceBuffer<float> d_attn(c.d), d_g(c.d);
+  d_attn.upload(attn);
+  d_g.upload(g);
+  const float eps = 1e-6f;
+
+  // The three launches, `steps` times over x (each step feeds the next).
+  const int steps = 12;
+  auto separate = [&](const Layer& L) {
+    cuda::DeviceBuffer<float> x(c.d), act(c.ff);
+    x.upload(x0);
+    for (int s = 0; s < steps; ++s) {
+      if (c.with_o) {
+        cuda::GemvRequest o;
+        o.x = d_attn.data();
+        o.out[0] = {&L.wo, x.data()};
+        o.epilogue = cuda::GemvEpilogue::add;
+        cuda::gemv(o, nullptr);
+      }
+      cuda::GemvRequest gu;
+      gu.x = x.data();
+      gu.norm_weight = d_g.data();
+      gu.norm_eps = eps;
+      gu.n_out = 2;
+      gu.out[0] = {&L.gate, act.data()};
+      gu.out[1] = {&L.up, nullptr};
+      gu.epilogue = cuda::GemvEpilogue::swiglu;
+      cuda::gemv(gu, nullptr);
+      cuda::GemvRequest dn;
+      dn.x = act.data();
+      dn.out[0] = {&L.down, x.data()};
+      dn.epilogue = cuda::GemvEpilogue::add;
+      cuda::gemv(dn, nullptr);
+    }
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    return x.download();
+  };
+  const std::vector<float> want0 = separate(layers[0]), want1 = separate(layers[1]);
+
+  cudaStream_t streams[2];
+  for (auto& s : streams) KVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cuda::DeviceBuffer<unsigned> state(2 * cuda::gemv_chain_state_words());
+  KVQ_CUDA_CHECK(cudaMemset(state.data(), 0, state.bytes()));
+  std::vector<cuda::DeviceBuffer<float>> xs, acts;
+  std::vector<cuda::GemvChainRequest> reqs(2);
+  for (int l = 0; l < 2; ++l) {
+    xs.emplace_back(c.d);
+    xs.back().upload(x0);
+    acts.emplace_back(c.ff);
+  }
+  for (int l = 0; l < 2; ++l) {
+    cuda::GemvChainRequest& r = reqs[size_t(l)];
+    r.wo = c.with_o ? &layers[size_t(l)].wo : nullptr;
+    r.attn = d_attn.data();
+    r.x = xs[size_t(l)].data();
+    r.norm_weight = d_g.data();
+    r.norm_eps = eps;
+    r.gate = &layers[size_t(l)].gate;
+    r.up = &layers[size_t(l)].up;
+    r.down = &layers[size_t(l)].down;
+    r.act = acts[size_t(l)].data();
+    r.state = state.data() + size_t(l) * cuda::gemv_chain_state_words();
+    ASSERT_TRUE(cuda::gemv_chain_supported(r));
+  }
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int s = 0; s < steps; ++s)
+    for (int l = 0; l < 2; ++l) cuda::gemv_chain(reqs[size_t(l)], streams[l]);
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got0 = xs[0].download(), got1 = xs[1].download();
+  for (auto& s : streams) KVQ_CUDA_CHECK(cudaStreamDestroy(s));
+  ASSERT_EQ(std::memcmp(got0.data(), want0.data(), want0.size() * sizeof(float)), 0) << "chain 0";
+  ASSERT_EQ(std::memcmp(got1.data(), want1.data(), want1.size() * sizeof(float)), 0) << "chain 1";
+  for (float v : got0) ASSERT_TRUE(std::isfinite(v));
+  // Every launch left its state zeroed.
+  const std::vector<unsigned> st = state.download();
+  for (size_t i = 0; i < st.size(); ++i) ASSERT_EQ(st[i], 0u) << "state word " << i;
+}
+
+TEST(GemvChain, RejectsWhatItDoesNotFuse) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(5);
+  cuda::GpuMatrix gate = random_q1(rng, 4352, 512), up = random_q1(rng, 4352, 512), down = random_q1(rng, 512, 4352);
+  cuda::DeviceBuffer<float> x(512), act(4352);
+  cuda::DeviceBuffer<unsigned> state(cuda::gemv_chain_state_words());
+  cuda::GemvChainRequest r;
+  r.x = x.data();
+  r.gate = &gate;
+  r.up = &up;
+  r.down = &down;
+  r.act = act.data();
+  r.state = state.data();
+  EXPECT_TRUE(cuda::gemv_chain_supported(r));
+  r.state = nullptr;
+  EXPECT_FALSE(cuda::gemv_chain_supported(r));  // no barrier state
+  r.state = state.data();
+  r.down = &gate;
+  EXPECT_FALSE(cuda::gemv_chain_supported(r));  // down's shape is not gate's transpose
+  // A non-Q1_0 down.
+  std::vector<uint8_t> w(gguf::tensor_row_bytes(TensorType::Q8_0, 4352) * 512);
+  cuda::GpuMatrix q8 = cuda::GpuMatrix::upload(pack_matrix_for_gpu(TensorType::Q8_0, 512, 4352, w.data()));
+  r.down = &q8;
+  EXPECT_FALSE(cuda::gemv_chain_supported(r));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvChainTest,
+                         ::testing::Values(ChainCase{512, 4352, true}, ChainCase{512, 4352, false},
+                                           ChainCase{4096, 12288, true}, ChainCase{1024, 8192, true}),
+                         [](const ::testing::TestParamInfo<ChainCase>& i) {
+                           return "d" + std::to_string(i.param.d) + "_ff" + std::to_string(i.param.ff) +
+                                  (i.param.with_o ? "_o" : "");
+                         });
+
+}  // namespace
