@@ -181,57 +181,6 @@ int main(int argc, char** argv) {
                   100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
     }
     lab_ctx.settings.gemv_warps = defaults;
-    if (t == TensorType::Q1_0) {  // gate/up tasks of 4 rows instead of 2
-      lab_ctx.settings.gemv_q1_pair_rows = 4;
-      const double ms = lab::time_ms([&] { fused_step(nullptr); }, iters, 3);
-      std::printf("fused, gate/up tasks of 4 rows: %.3f ms, %.0f GB/s = %.1f%% of copy bandwidth\n", ms,
-                  bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
-      lab_ctx.settings.gemv_q1_pair_rows = 2;
-    }
-    // Q1_0: the same step with O, gate/up and down of each layer as one
-    // launch (gemv_chain), with and without the O product in it.
-    if (t == TensorType::Q1_0) {
-      cuda::DeviceBuffer<unsigned> state(size_t(layers) * cuda::gemv_chain_state_words());
-      KVQ_CUDA_CHECK(cudaMemset(state.data(), 0, state.bytes()));
-      for (bool with_o : {true, false}) {
-        auto chained_step = [&] {
-          for (int l = 0; l < layers; ++l) {
-            cuda::GemvRequest qkv;
-            qkv.x = xr.data();
-            qkv.norm_weight = norm.data();
-            qkv.norm_eps = 1e-6f;
-            qkv.n_out = 3;
-            qkv.out[0] = {&mats[0][l], q.data()};
-            qkv.out[1] = {&mats[1][l], k.data()};
-            qkv.out[2] = {&mats[2][l], v.data()};
-            cuda::gemv(qkv, nullptr, lab_ctx);
-            if (!with_o) {
-              cuda::GemvRequest o;
-              o.x = q.data();
-              o.out[0] = {&mats[3][l], xr.data()};
-              o.epilogue = cuda::GemvEpilogue::add;
-              cuda::gemv(o, nullptr, lab_ctx);
-            }
-            cuda::GemvChainRequest c;
-            c.wo = with_o ? &mats[3][l] : nullptr;
-            c.attn = q.data();
-            c.x = xr.data();
-            c.norm_weight = norm.data();
-            c.norm_eps = 1e-6f;
-            c.gate = &mats[4][l];
-            c.up = &mats[5][l];
-            c.down = &mats[6][l];
-            c.act = act.data();
-            c.state = state.data() + size_t(l) * cuda::gemv_chain_state_words();
-            cuda::gemv_chain(c, nullptr, lab_ctx);
-          }
-        };
-        const double ms = lab::time_ms(chained_step, iters, 3);
-        std::printf("chained: %s, %d layers: %.3f ms, %.0f GB/s = %.1f%% of copy bandwidth\n",
-                    with_o ? "QKV + (O, gate/up, down) per layer" : "QKV, O + (gate/up, down) per layer", layers, ms,
-                    bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs);
-      }
-    }
     // Timeline of one fused step with the default tuning: per launch kind,
     // the mean over layers 1..35 of (us, relative to the previous launch's
     // last CTA end) the first (0) and last (1) CTA to start, to return from

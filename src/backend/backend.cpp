@@ -74,13 +74,6 @@ void Backend::mlp_residual(float* x, const float* norm_w, int n, int dim, float 
   matmul_add(w_down, gate, n, x, h);
 }
 
-void Backend::attn_out_mlp(const Matrix& w_o, const float* attn, float* x, const float* norm_w, int n, int dim,
-                           float eps, float* h, const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down,
-                           float* up, float* gate) {
-  matmul_add(w_o, attn, n, x, h);
-  mlp_residual(x, norm_w, n, dim, eps, h, w_gate, w_up, w_down, up, gate);
-}
-
 void Backend::qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,
                                int n_heads, int n_kv_heads, int head_dim, const float* q_norm,
                                const float* k_norm, float eps, const Rope& r) {

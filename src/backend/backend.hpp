@@ -92,10 +92,6 @@ struct BackendOptions {
   // in every CTA (H200, session 12: 6,080 against 3,470 tok/s at B = 64;
   // docs/perf.md). false keeps the in-CTA path for A/B runs.
   bool gemm_tc_prestage = true;
-  // CUDA: a one-sequence decode step runs the products after the attention
-  // (O, gate/up, down) of Q1_0 models as one launch with grid-wide barriers
-  // (gemv_chain) instead of three. false: three launches, for A/B runs.
-  bool gemv_chain = true;
   // One-sequence caches (Session: run, chat, one-sequence bench and eval)
   // as a single page of the whole context, the contiguous [head][token]
   // layout of before the paged store, instead of 64-token pages: an A/B of
@@ -166,13 +162,6 @@ class Backend {
   // Default: norm_swiglu, then matmul_add.
   virtual void mlp_residual(float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
                             const Matrix& w_up, const Matrix& w_down, float* up, float* gate);
-  // The block after the attention: x += W_o attn (tmp: h), then
-  // mlp_residual. One call so that a backend can run the three products of a
-  // decode step as one launch (CUDA: gemv_chain). Default: matmul_add, then
-  // mlp_residual.
-  virtual void attn_out_mlp(const Matrix& w_o, const float* attn, float* x, const float* norm_w, int n, int dim,
-                            float eps, float* h, const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down,
-                            float* up, float* gate);
   // Per-head RMSNorm of q and k (each only when its weight is non-null), RoPE
   // of both at each token's position (in place), then write_kv(layer, batch, k, v).
   virtual void qk_rope_write_kv(kv::LayerCache& layer, const StepBatch& batch, float* q, float* k, const float* v,

@@ -134,10 +134,6 @@ void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str()
       ->group(lab);
-  app.add_flag_callback("--no-gemv-chain", [&b] { b.gemv_chain = false; },
-                        "CUDA: run a one-sequence decode step's O, gate/up and down products of Q1_0 models as three "
-                        "launches instead of one (gemv_chain)")
-      ->group(lab);
   app.add_flag("--gemm-tc-prestage,!--no-gemm-tc-prestage", b.gemm_tc_prestage,
                "CUDA: the tensor-core batched GEMM quantizes its input once per launch (default; --no-... stages "
                "it in every CTA, for A/B runs)")

@@ -363,8 +363,9 @@ void Model::run_layers(RunState& r, const StepBatch& b, kv::Cache& cache) {
     be.qk_rope_write_kv(lc, b, q, k, v, nh, nkv, hd, cfg_.qk_norm ? L.q_norm : nullptr,
                         cfg_.qk_norm ? L.k_norm : nullptr, eps, w_.rope);
     be.attention(lc, b, q, nh, scale, attn);
-    // attention output + MLP block
-    be.attn_out_mlp(L.wo, attn, x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, L.w_down, up, gate);
+    be.matmul_add(L.wo, attn, n, x, h);
+    // MLP block
+    be.mlp_residual(x, L.ffn_norm, n, d, eps, h, L.w_gate, L.w_up, L.w_down, up, gate);
   }
 }
 

@@ -12,10 +12,7 @@
 #   batch: the same for BATCH_SETS (CTX:BATCHES ...), each sequence's KV a
 #          copy of sequence 0's (--batch-fill copy);
 #   lab:   kvq_bench_gemv bonsai-8b (the decode step's GEMVs alone), if
-#          carried;
-#   same:  `kvq run` of bonsai-8b (none, and tsym3 with its window) with and
-#          without --no-gemv-chain: the decode logits must be equal bit for
-#          bit (the chained launch shares the separate launches' arithmetic).
+#          carried.
 # EXTRA_ARGS are added to every kvq bench call and TAG to its output names
 # (A/B knobs, several invocations in one call).
 # Results in $OUT: log.txt (summary), tests.txt, bench.tgz (every output).
@@ -66,21 +63,6 @@ fi
 if want lab && [ -x carry/kvq_bench_gemv ]; then
   echo "== lab: kvq_bench_gemv bonsai-8b"
   timeout 300 carry/kvq_bench_gemv bonsai-8b 20 2>&1 | tee "$P/lab_gemv.txt"
-fi
-
-if want same; then
-  echo "== same: decode logits with and without the GEMV chain"
-  for kv in none tsym3; do
-    for mode in chain nochain; do
-      flag=""
-      [ $mode = nochain ] && flag=--no-gemv-chain
-      timeout 60 carry/kvq run -m synthetic:bonsai-8b --device cuda --kv $kv --random-prompt 300 -n 24 --temp 0 \
-        --dump-logits "$P/logits_${kv}_$mode" $flag >"$P/run_${kv}_$mode.txt" 2>&1 || tail -5 "$P/run_${kv}_$mode.txt"
-    done
-    if cmp -s "$P/logits_${kv}_chain" "$P/logits_${kv}_nochain" &&
-      cmp -s "$P/logits_${kv}_chain.tokens.npy" "$P/logits_${kv}_nochain.tokens.npy"; then echo "$kv: logits identical"
-    else echo "$kv: LOGITS DIFFER"; ls -la "$P"/logits_${kv}_*; fi
-  done
 fi
 
 bench() {  # bench TAG ARGS...

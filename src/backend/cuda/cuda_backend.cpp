@@ -347,48 +347,6 @@ class CudaBackend final : public Backend {
     req.epilogue = GemvEpilogue::swiglu;
     gemv(req, stream_, ctx_);
   }
-  void attn_out_mlp(const Matrix& w_o, const float* attn, float* x, const float* norm_w, int n, int dim, float eps,
-                    float* h, const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* up,
-                    float* gate) override {
-    ctx_.make_current();
-    if (n == 1 && options().gemv_chain) {
-      GemvChainRequest req;
-      req.wo = &find(w_o);
-      req.attn = attn;
-      req.x = x;
-      req.norm_weight = norm_w;
-      req.norm_eps = eps;
-      req.gate = &find(w_gate);
-      req.up = &find(w_up);
-      req.down = &find(w_down);
-      req.act = gate;
-      req.state = chain_state(*req.down);
-      if (req.gate->cols == dim && req.wo->rows == dim && gemv_chain_supported(req)) {
-        gemv_chain(req, stream_, ctx_);
-        return;
-      }
-    }
-    Backend::attn_out_mlp(w_o, attn, x, norm_w, n, dim, eps, h, w_gate, w_up, w_down, up, gate);
-  }
-  // The barrier state of the chain ending with `down` (one per layer: with
-  // dependent launches the next layer's chain may start before this one
-  // ends), from a pool allocated once, outside any recording, so that
-  // recorded steps keep valid addresses. Null (the three launches instead)
-  // while recording before the pool exists or once it is full.
-  unsigned* chain_state(const GpuMatrix& down) {
-    constexpr int kStates = 256;
-    if (chain_states_.size() == 0) {
-      if (recording_) return nullptr;
-      chain_states_.resize(size_t(kStates) * gemv_chain_state_words());
-      KVQ_CUDA_CHECK(cudaMemset(chain_states_.data(), 0, chain_states_.bytes()));
-    }
-    auto it = chain_state_of_.find(&down);
-    if (it == chain_state_of_.end()) {
-      if (int(chain_state_of_.size()) >= kStates) return nullptr;
-      it = chain_state_of_.emplace(&down, int(chain_state_of_.size())).first;
-    }
-    return chain_states_.data() + size_t(it->second) * gemv_chain_state_words();
-  }
   void mlp_residual(float* x, const float* norm_w, int n, int dim, float eps, float* h, const Matrix& w_gate,
                     const Matrix& w_up, const Matrix& w_down, float* up, float* gate) override {
     ctx_.make_current();
@@ -1028,9 +986,6 @@ class CudaBackend final : public Backend {
   }
 
   DeviceContext ctx_;  // first member: the others are made on its device
-  // gemv_chain barrier states (chain_state), zeroed, one per layer's down matrix.
-  DeviceBuffer<unsigned> chain_states_;
-  std::map<const GpuMatrix*, int> chain_state_of_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   // Decode-step inputs: [0] token id, [1] position (device copy + host mirror).

@@ -35,9 +35,6 @@ struct KernelSettings {
   // four per SM): the bonsai-8b GEMVs of a decode step take 1.08 instead of
   // 1.22 ms (docs/perf.md). BackendOptions::gemv_warps.
   int gemv_warps = 16;
-  // Rows per task of the Q1_0 SwiGLU (gate/up) GEMV, 2 or 4: kernel lab knob
-  // (more bytes in flight per warp against more registers).
-  int gemv_q1_pair_rows = 2;
   // Tiles per warp whose K and V rows the decode attention kernel asks L2
   // for before waiting for its predecessor (0: none), 0..8.
   // BackendOptions::attn_prefetch_tiles.

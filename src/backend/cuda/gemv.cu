@@ -273,9 +273,7 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem, const flo
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
       const int i = base + b * threads + tid;
-      // L2, not L1: in gemv_chain x was written by other CTAs of this grid
-      // (an L1 line of this SM could be stale); read once per CTA anyway.
-      v[b] = i < n4 ? __ldcg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[b] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
@@ -362,17 +360,11 @@ struct RowBatch {
   }
 };
 
-// One CTA's share of a fused GEMV launch: the tasks of `slot` of `slots`
-// (warp w of the slot takes tasks slot * warps + w, strided by slots *
-// warps). It loads its first pipeline step's weights and asks for the norm
-// weight, then calls before() -- the wait for the predecessor kernel, or a
-// grid-wide barrier in gemv_chain -- which returns whether the CTA goes on
-// (false: the slot is not its to compute; every thread must get the same
-// answer), then stages the input and runs the pipeline.
-template <TensorType T, bool kPair, bool kWide, int U = Shape<T, kPair, kWide>::kUnroll,
-          int R = Shape<T, kPair, kWide>::kRows, typename Before>
-__device__ __forceinline__ void gemv_cta(const KernelArgs& a, unsigned char* smem, int slot, int slots,
-                                         Before&& before) {
+template <TensorType T, bool kPair, bool kWide>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int R = Shape<T, kPair, kWide>::kRows;
+  constexpr int U = Shape<T, kPair, kWide>::kUnroll;
   constexpr int kMats = kPair ? 2 : 1;
   const int lane = threadIdx.x & 31;
   const int chunks = a.cols / Weights<T>::kPerChunk;
@@ -380,7 +372,7 @@ __device__ __forceinline__ void gemv_cta(const KernelArgs& a, unsigned char* sme
   const int64_t row_bytes = code_row_bytes(T, a.cols);
   const int scales_per_row = Weights<T>::kPerScale > 0 ? a.cols / Weights<T>::kPerScale : 0;
   const int warps = blockDim.x / 32;
-  const int stride = slots * warps;
+  const int stride = gridDim.x * warps;
 
   // A pipeline step is (task, step within the task); the warp walks its tasks
   // (strided over the grid) step by step, loading step k+1 while computing k.
@@ -401,15 +393,17 @@ __device__ __forceinline__ void gemv_cta(const KernelArgs& a, unsigned char* sme
                     lane + step * 32 * U, chunks);
     }
   };
+  trace_event(a.trace, 0);
+  allow_dependents();
   // The first step's weights do not depend on the input: issue their loads
   // before waiting for the kernel that writes x and before staging, so HBM
   // latency overlaps the predecessor's tail and the staging's L2 round trips.
-  int task = slot * warps + (threadIdx.x >> 5), step = 0;
+  int task = blockIdx.x * warps + (threadIdx.x >> 5), step = 0;
   RowBatch<T, R, U> cur[kMats], next[kMats];
   if (task < a.n_tasks) load(cur, task, 0);
   float4* smem_g = reinterpret_cast<float4*>(smem + staged_bytes(T, a.cols));
   prefetch_norm(a, smem_g);
-  if (!before()) return;
+  wait_for_predecessor();
   trace_event(a.trace, 1);
   const float inv_rms = stage_input<T>(a, smem, smem_g);
   trace_event(a.trace, 2);
@@ -450,180 +444,20 @@ __device__ __forceinline__ void gemv_cta(const KernelArgs& a, unsigned char* sme
     task = next_task;
     step = next_step;
   }
-}
-
-template <TensorType T, bool kPair, bool kWide, int R>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  trace_event(a.trace, 0);
-  allow_dependents();
-  gemv_cta<T, kPair, kWide, Shape<T, kPair, kWide>::kUnroll, R>(a, smem, blockIdx.x, gridDim.x, [] {
-    wait_for_predecessor();
-    return true;
-  });
   if (a.trace) {
     __syncthreads();
     trace_event(a.trace, 3);
   }
 }
 
-// --- gemv_chain: several dependent products in one launch (gemv.hpp)
-//
-// Phases run in order, each a fused GEMV over the grid's "slots" (a slot is
-// what one CTA of a plain launch computes). Before phase p + 1 stages its
-// input, every slot of phase p must be done: a grid-wide barrier. A barrier
-// over CTAs that are not all resident would hang, and nothing guarantees
-// residency (another stream's kernels may hold SMs), so no CTA ever waits
-// for a slot that no running CTA holds: each CTA first claims its own slot
-// of a phase (a flag), and a CTA that finished its slots takes over any
-// slot still unclaimed before it waits. A late CTA finds its slots taken
-// and only passes through. The first weights of a CTA's next slot are
-// loaded before the barrier, so HBM streams them while the phase drains.
-//
-// State (ChainState, zeroed once; each launch leaves it zeroed: the last
-// CTA out resets it), per phase: slots done, slots claimed, a claim flag
-// per slot; and CTAs exited. One state per chain in flight (per layer: with
-// dependent launches a later layer's chain may start before this one ends).
-namespace chain {
-constexpr int kPhases = 3;
-constexpr int kDone = 0, kClaimed = kPhases, kExited = 2 * kPhases, kFlags = 8;
-__device__ __forceinline__ unsigned* flag(unsigned* st, int phase, int slot) {
-  return st + kFlags + phase * kGemvChainMaxSlots + slot;
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// One more slot done: a release, so that the outputs the CTA wrote before
-// its barrier are visible to whoever acquires the count (chain_wait_done).
-__device__ __forceinline__ void count_done(unsigned* done) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done) : "memory");
-}
-// Warp 0: claims a slot of phase p that no CTA has claimed yet, into *taken
-// (-1: none left). The 32 lanes read the flags together; only slots read as
-// free are tried with atomicCAS.
-__device__ __forceinline__ void take_unclaimed(unsigned* st, int p, int slots, int* taken) {
-  const int lane = threadIdx.x & 31;
-  int found = -1;
-  if (load_acquire(st + kClaimed + p) < unsigned(slots)) {
-    for (int base = 0; base < slots && found < 0; base += 32) {
-      const int s = base + lane;
-      unsigned free_lanes = __ballot_sync(0xffffffffu, s < slots && load_relaxed(flag(st, p, s)) == 0u);
-      while (free_lanes && found < 0) {
-        const int l = __ffs(free_lanes) - 1;
-        free_lanes &= free_lanes - 1;
-        int got = 0;
-        if (lane == l) got = atomicCAS(flag(st, p, base + l), 0u, 1u) == 0u;
-        if (__shfl_sync(0xffffffffu, got, l)) found = base + l;
-      }
-    }
-    if (lane == 0 && found >= 0) atomicAdd(st + kClaimed + p, 1u);
-  }
-  if (lane == 0) *taken = found;
-}
-}  // namespace chain
-
-constexpr int kChainDownUnroll = 3;
-
-struct ChainArgs {
-  KernelArgs phase[chain::kPhases];
-  int n_phases;
-  unsigned* state;
-};
-
-// Phase p's slot `slot` for this CTA (gemv_cta); `claimed` is thread 0's
-// atomicCAS result on the slot's flag (0: ours), `wait` what must hold
-// before the input is staged.
-template <TensorType T, bool kPair, bool kWide, int U, typename Wait>
-__device__ __forceinline__ void chain_slot(const ChainArgs& c, int p, unsigned char* smem, int slot, int slots,
-                                           Wait&& wait, int* go) {
-  // The claim's result is first used after the weight loads are issued.
-  unsigned claimed = 1;
-  if (threadIdx.x == 0) claimed = atomicCAS(chain::flag(c.state, p, slot), 0u, 1u);
-  gemv_cta<T, kPair, kWide, U>(c.phase[p], smem, slot, slots, [&] {
-    if (threadIdx.x == 0 && claimed == 0u) atomicAdd(c.state + chain::kClaimed + p, 1u);
-    wait();
-    if (threadIdx.x == 0) *go = claimed == 0u;
-    __syncthreads();
-    return *go != 0;
-  });
-}
-
-// Phase p for this CTA: its own slot, then any slot left unclaimed, each
-// counted as done once computed (the own slot before looking for others, so
-// that the barrier never waits for that look). wait: before staging the own
-// slot's input (the predecessor kernel, or the previous phase done).
-template <TensorType T, bool kPair, bool kWide, int U = Shape<T, kPair, kWide>::kUnroll, typename Wait>
-__device__ __forceinline__ void chain_phase(const ChainArgs& c, int p, unsigned char* smem, Wait&& wait) {
-  __shared__ int go, extra;
-  const int slots = gridDim.x;
-  chain_slot<T, kPair, kWide, U>(c, p, smem, blockIdx.x, slots, wait, &go);
-  bool counted = go == 0;  // a slot not ours is not counted here
-  for (;;) {
-    __syncthreads();  // every warp is done with the slot (its outputs written) and the staged input
-    if (threadIdx.x == 0 && !counted) chain::count_done(c.state + chain::kDone + p);
-    if (threadIdx.x < 32) chain::take_unclaimed(c.state, p, slots, &extra);
-    __syncthreads();
-    if (extra < 0) break;
-    gemv_cta<T, kPair, kWide, U>(c.phase[p], smem, extra, slots, [] { return true; });
-    counted = false;
-  }
-}
-
-// Every slot of phase p done (thread 0 waits; the CTA synchronises).
-__device__ __forceinline__ void chain_wait_done(const ChainArgs& c, int p) {
-  if (threadIdx.x == 0) {
-    while (chain::load_acquire(c.state + chain::kDone + p) < gridDim.x) {
-    }
-  }
-  __syncthreads();
-}
-
-// The block after a decode step's attention, Q1_0 (gemv.hpp): [O + add],
-// norm + gate/up + SwiGLU, down + add.
-template <TensorType T, bool kWithO>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_chain_kernel(ChainArgs c) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  allow_dependents();
-  int p = 0;
-  if constexpr (kWithO) {
-    chain_phase<T, false, false>(c, p, smem, [] { wait_for_predecessor(); });
-    ++p;
-  }
-  const int gu = p;
-  chain_phase<T, true, false>(c, gu, smem, [&] {
-    if (kWithO) chain_wait_done(c, gu - 1);
-    else wait_for_predecessor();
-  });
-  // down: 3 chunks per lane and row (one pipeline step, the whole task,
-  // loaded before the barrier, up to 12288 columns: Qwen3-8B's), where the
-  // plain launch takes 4: with 4 this kernel spilled 232 bytes at its 128
-  // registers, with 3 it spills 40. The sums are in the same order.
-  chain_phase<T, false, true, kChainDownUnroll>(c, gu + 1, smem, [&] { chain_wait_done(c, gu); });
-  // The last CTA out leaves the state zeroed for the next launch.
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(c.state + chain::kExited, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (last) {
-    for (int i = threadIdx.x; i < chain::kFlags + chain::kPhases * kGemvChainMaxSlots; i += blockDim.x) c.state[i] = 0u;
-  }
-}
-
-template <TensorType T, bool kPair, bool kWide = false, int R = Shape<T, kPair, kWide>::kRows>
+template <TensorType T, bool kPair, bool kWide = false>
 void launch(KernelArgs& a, int rows_total_tasks, cudaStream_t stream, const DeviceContext& ctx) {
   const size_t smem = gemv_smem_bytes(T, a.cols, a.norm != nullptr);
   const int warps = std::clamp(ctx.settings.gemv_warps, 1, kMaxWarps);
   const int needed = (rows_total_tasks + warps - 1) / warps;
-  const int per_sm = resident_ctas(ctx, gemv_kernel<T, kPair, kWide, R>, smem, warps * 32);
+  const int per_sm = resident_ctas(ctx, gemv_kernel<T, kPair, kWide>, smem, warps * 32);
   const int grid = std::max(1, std::min(needed, per_sm * ctx.sm_count()));
-  launch_dependent(ctx, gemv_kernel<T, kPair, kWide, R>, dim3(grid), dim3(warps * 32), smem, stream, a);
+  launch_dependent(ctx, gemv_kernel<T, kPair, kWide>, dim3(grid), dim3(warps * 32), smem, stream, a);
 }
 
 template <bool kPair>
@@ -636,8 +470,6 @@ void dispatch(TensorType t, KernelArgs& a, cudaStream_t stream, const DeviceCont
     case TensorType::Q4_0: return launch<TensorType::Q4_0, kPair>(a, a.n_tasks, stream, ctx);
     case TensorType::Q1_0:
       if (a.cols > kQ1NarrowCols) return launch<TensorType::Q1_0, kPair, true>(a, a.n_tasks, stream, ctx);
-      if (kPair && ctx.settings.gemv_q1_pair_rows == 4)
-        return launch<TensorType::Q1_0, kPair, false, 4>(a, a.n_tasks, stream, ctx);
       return launch<TensorType::Q1_0, kPair>(a, a.n_tasks, stream, ctx);
     default: break;
   }
@@ -687,66 +519,10 @@ void gemv(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx)
   KVQ_CHECK(staged <= 200 * 1024 &&
                 w0.rows <= (int64_t(1) << 30),
             Errc::out_of_range, "GPU GEMV: matrix of ", w0.rows, " x ", w0.cols, " is too large");
-  int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
-  if (req.epilogue == GemvEpilogue::swiglu && w0.type == TensorType::Q1_0 && w0.cols <= kQ1NarrowCols &&
-      ctx.settings.gemv_q1_pair_rows == 4)
-    R = 4;  // the lab's wider SwiGLU task (KernelSettings::gemv_q1_pair_rows)
+  const int R = req.epilogue == GemvEpilogue::swiglu ? rows_per_task<true>(w0.type) : rows_per_task<false>(w0.type);
   KernelArgs a = gemv_detail::kernel_args(req, R);
   if (req.epilogue == GemvEpilogue::swiglu) dispatch<true>(w0.type, a, stream, ctx);
   else dispatch<false>(w0.type, a, stream, ctx);
-}
-
-bool gemv_chain_supported(const GemvChainRequest& r) {
-  if (!r.gate || !r.up || !r.down || !r.x || !r.act || !r.state) return false;
-  const GpuMatrix &g = *r.gate, &u = *r.up, &d = *r.down;
-  const bool q1 = g.type == TensorType::Q1_0 && u.type == TensorType::Q1_0 && d.type == TensorType::Q1_0;
-  const bool o_ok = !r.wo || (r.attn && r.wo->type == TensorType::Q1_0 && r.wo->rows == g.cols &&
-                              r.wo->cols <= kQ1NarrowCols && gpu_gemv_supported(TensorType::Q1_0, r.wo->cols));
-  // gate/up take the narrow shape, down the wide one (Shape), as in gemv().
-  return q1 && o_ok && g.cols == u.cols && g.rows == u.rows && d.cols == g.rows && d.rows == g.cols &&
-         g.cols <= kQ1NarrowCols && d.cols > kQ1NarrowCols && gpu_gemv_supported(TensorType::Q1_0, g.cols) &&
-         gpu_gemv_supported(TensorType::Q1_0, d.cols) && gemv_smem_bytes(TensorType::Q1_0, int(d.cols), false) <= 200 * 1024;
-}
-
-void gemv_chain(const GemvChainRequest& r, cudaStream_t stream, const DeviceContext& ctx) {
-  KVQ_CHECK(gemv_chain_supported(r), Errc::internal, "GPU GEMV chain: unsupported matrices or missing buffers");
-  constexpr TensorType T = TensorType::Q1_0;
-  ChainArgs c{};
-  int p = 0;
-  if (r.wo) {
-    GemvRequest o;
-    o.x = r.attn;
-    o.out[0] = {r.wo, r.x};
-    o.epilogue = GemvEpilogue::add;
-    c.phase[p++] = gemv_detail::kernel_args(o, Shape<T, false>::kRows);
-  }
-  GemvRequest gu;
-  gu.x = r.x;
-  gu.norm_weight = r.norm_weight;
-  gu.norm_eps = r.norm_eps;
-  gu.n_out = 2;
-  gu.out[0] = {r.gate, r.act};
-  gu.out[1] = {r.up, nullptr};
-  gu.epilogue = GemvEpilogue::swiglu;
-  c.phase[p++] = gemv_detail::kernel_args(gu, Shape<T, true>::kRows);
-  GemvRequest dn;
-  dn.x = r.act;
-  dn.out[0] = {r.down, r.x};
-  dn.epilogue = GemvEpilogue::add;
-  c.phase[p++] = gemv_detail::kernel_args(dn, Shape<T, false, true>::kRows);
-  c.n_phases = p;
-  c.state = r.state;
-  size_t smem = 0;
-  int needed = 0;
-  const int warps = std::clamp(ctx.settings.gemv_warps, 1, kMaxWarps);
-  for (int i = 0; i < p; ++i) {
-    smem = std::max(smem, gemv_smem_bytes(T, c.phase[i].cols, c.phase[i].norm != nullptr));
-    needed = std::max(needed, (c.phase[i].n_tasks + warps - 1) / warps);
-  }
-  auto kernel = r.wo ? gemv_chain_kernel<T, true> : gemv_chain_kernel<T, false>;
-  const int per_sm = resident_ctas(ctx, kernel, smem, warps * 32);
-  const int grid = std::clamp(std::min(needed, per_sm * ctx.sm_count()), 1, kGemvChainMaxSlots);
-  launch_dependent(ctx, kernel, dim3(grid), dim3(warps * 32), smem, stream, c);
 }
 
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream, const DeviceContext& ctx) {

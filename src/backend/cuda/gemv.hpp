@@ -74,38 +74,6 @@ void gemv(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx 
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream,
           const DeviceContext& ctx = default_context());
 
-// The block after a decode step's attention in one launch (gemv_chain):
-//
-//   x += W_o attn                                   (when wo is set)
-//   x += W_down (silu(W_gate u) * (W_up u)),  u = RMSNorm(x) * norm_weight
-//
-// the same products, staging and epilogues as the separate gemv() launches
-// (O + add, norm + gate/up + SwiGLU, down + add), with a grid-wide barrier
-// between them instead of a kernel boundary: each boundary of the chain
-// costs a drain, a wait and the next launch's first weight loads (~4-5 us a
-// product on the H200, docs/perf.md), where the barrier lets every CTA load
-// its next product's first weights while the previous one finishes.
-// Q1_0 only (the 1-bit models whose products are that short); see
-// gemv_chain_supported.
-struct GemvChainRequest {
-  const GpuMatrix* wo = nullptr;  // null: no O product
-  const float* attn = nullptr;    // O's input, wo->cols floats
-  float* x = nullptr;             // the residual, updated in place
-  const float* norm_weight = nullptr;
-  float norm_eps = 0.0f;
-  const GpuMatrix* gate = nullptr;
-  const GpuMatrix* up = nullptr;
-  const GpuMatrix* down = nullptr;
-  float* act = nullptr;  // scratch, gate->rows floats: the SwiGLU output
-  // gemv_chain_state_words() zeroed words, one state per chain that may be
-  // in flight at once (one per layer); a launch leaves it zeroed.
-  unsigned* state = nullptr;
-};
-constexpr int kGemvChainMaxSlots = 1024;  // CTAs of one chain launch at most
-constexpr size_t gemv_chain_state_words() { return 8 + 3 * size_t(kGemvChainMaxSlots); }
-bool gemv_chain_supported(const GemvChainRequest& req);
-void gemv_chain(const GemvChainRequest& req, cudaStream_t stream, const DeviceContext& ctx = default_context());
-
 // True when gemv() of this matrix type rounds its input to integers (int8 per
 // 32 values).
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
