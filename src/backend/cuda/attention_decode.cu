@@ -397,6 +397,27 @@ __device__ void exact_window_part(const DecodeParams& p, const float* q_group, i
 #define KVQ_KM_MIN_BLOCKS 3
 #endif
 #define KVQ_KM_MIN_BLOCKS_EXPR (kKM ? KVQ_KM_MIN_BLOCKS : 2)
+// The fused q path (DecodeParams::q_fused): q = RoPE(norm(q_raw)) of the
+// group's G rows at the step's position `pos`, each warp a row at a time,
+// into dst [G][stride] (shared memory), then a CTA barrier. q_raw was written
+// by a kernel before this grid's predecessor: read through L2.
+template <int D>
+__device__ __forceinline__ void fused_q_rows(const DecodeParams& p, const float* q_raw, int G, int pos, float* dst,
+                                             int stride, int warp, int lane) {
+  constexpr int kPer = D / 32;
+  for (int row = warp; row < G; row += kWarps) {
+    int dim[kPer];
+    rope_lane_dims<kPer>(p.rope.neox, lane, dim);
+    float x[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) x[j] = __ldcg(q_raw + size_t(row) * D + dim[j]);
+    norm_rope_row<kPer>(x, dim, p.q_norm, p.q_eps, pos, p.rope);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) dst[row * stride + dim[j]] = x[j];
+  }
+  __syncthreads();
+}
+
 template <int D, kv::Family KF, int KB, bool KQ, kv::Family VF, int VB, bool kKM>
 __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode_kernel(DecodeParams p) {
   using IH = InstanceHooks<D, KF, KB, KQ, VF, VB, kKM>;
@@ -524,18 +545,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
       // Its q = RoPE(norm(q_raw)) into shared memory [G][D], in the original
       // basis (window rows are not rotated).
       wait_for_predecessor();
-      constexpr int kPer = D / 32;
-      for (int row = warp; row < G; row += kWarps) {
-        int dim[kPer];
-        rope_lane_dims<kPer>(p.rope.neox, lane, dim);
-        float x[kPer];
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) x[j] = __ldcg(q_raw + size_t(row) * D + dim[j]);
-        norm_rope_row<kPer>(x, dim, p.q_norm, p.q_eps, len - 1, p.rope);
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) rot_rows[row * D + dim[j]] = x[j];
-      }
-      __syncthreads();
+      fused_q_rows<D>(p, q_raw, G, len - 1, rot_rows, D, warp, lane);
       exact_window_part<D, OL, true>(p, rot_rows, kvh, seq_rows, packed_end, len, warp_m, warp_l, warp_o);
     } else {
       exact_window_part<D, OL, false>(p, q_raw, kvh, seq_rows, packed_end, len, warp_m, warp_l, warp_o);
@@ -565,18 +575,7 @@ __global__ void __launch_bounds__(kThreads, KVQ_KM_MIN_BLOCKS_EXPR) flash_decode
   const float* q_group = p.q + size_t(seq_head) * G * D;
   int q_stride = D;
   if (p.q_fused) {  // q = RoPE(norm(q_raw)) of the group's rows, into shared memory [G][kQDims]
-    constexpr int kPer = D / 32;
-    for (int row = warp; row < G; row += kWarps) {
-      int dim[kPer];
-      rope_lane_dims<kPer>(p.rope.neox, lane, dim);
-      float x[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) x[j] = __ldcg(q_group + size_t(row) * D + dim[j]);  // L2: written by a kernel before
-      norm_rope_row<kPer>(x, dim, p.q_norm, p.q_eps, len - 1, p.rope);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) rot_rows[row * kQDims + dim[j]] = x[j];
-    }
-    __syncthreads();
+    fused_q_rows<D>(p, q_group, G, len - 1, rot_rows, kQDims, warp, lane);
     q_group = rot_rows;
     q_stride = kQDims;
   }
