@@ -153,6 +153,19 @@ TEST(BenchStats, ParseLists) {
     EXPECT_THROW(parse_context_list(bad), Error) << bad;
   EXPECT_EQ(parse_codec_list("all").size(), kv::codec_table().size());
   EXPECT_EQ(parse_codec_list("seeds").size(), 25u);
+  {  // every: all, then the four +qjl rows
+    const std::vector<std::string> every = parse_codec_list("every");
+    ASSERT_EQ(every.size(), kv::codec_table().size() + 4);
+    EXPECT_EQ(std::vector<std::string>(every.begin(), every.begin() + long(kv::codec_table().size())),
+              parse_codec_list("all"));
+    EXPECT_EQ(std::vector<std::string>(every.end() - 4, every.end()),
+              (std::vector<std::string>{"rotor3_sym+qjl", "rotor4_sym+qjl", "k_rotor3+qjl", "k_rotor4+qjl"}));
+    for (const auto& name : every) {
+      kv::CodecOptions o;
+      o.kv = name;
+      EXPECT_EQ(kv::resolve_codec(o).name, name);  // each a valid codec name, canonical
+    }
+  }
   EXPECT_EQ(parse_codec_list("BF16,k8v4,none,rotor3_sym+qjl"),
             (std::vector<std::string>{"none", "k8v4", "rotor3_sym+qjl"}));
   try {

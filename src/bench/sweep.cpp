@@ -116,16 +116,22 @@ std::string format_progress(const SweepProgress& p) {
 std::vector<std::string> parse_codec_list(const std::string& list) {
   std::vector<std::string> names;
   const std::string l = trim_space(list);
-  if (l == "all" || l == "seeds") {
+  if (l == "all" || l == "seeds" || l == "every") {
     for (const auto& c : kv::codec_table())
-      if (l == "all" || c.seed_codec) names.push_back(c.name);
+      if (l != "seeds" || c.seed_codec) names.push_back(c.name);
+    // every: also the +qjl rows, the codecs whose K side --rotor-qjl
+    // sketches (a rotor-family K: rotor3_sym, rotor4_sym, k_rotor3, k_rotor4).
+    if (l == "every")
+      for (const auto& c : kv::codec_table())
+        if (kv::resolve_codec(codec_options(c.name)).k.family == kv::Family::rotor) names.push_back(c.name + "+qjl");
     return names;
   }
   for (const auto& item : split_list(l)) {
     const std::string canon = kv::resolve_codec(codec_options(item)).name;  // throws listing the valid names
     if (std::find(names.begin(), names.end(), canon) == names.end()) names.push_back(canon);
   }
-  KVQ_CHECK(!names.empty(), Errc::invalid_argument, "--codecs is empty; give all, seeds or a list like none,k8v4");
+  KVQ_CHECK(!names.empty(), Errc::invalid_argument,
+            "--codecs is empty; give all, seeds, every or a list like none,k8v4");
   return names;
 }
 

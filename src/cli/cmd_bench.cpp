@@ -296,7 +296,8 @@ KVQ_REGISTER_COMMAND(
       add_model_source_options(app, a->model);
       add_backend_lab_options(app, a->model.backend);
       app.add_option("--codecs", a->codecs,
-                     "Codecs: all (the codec table), seeds (the seeds' 25) or a comma list, e.g. none,k8v4,tsym3")
+                     "Codecs: all (the codec table), seeds (the seeds' 25), every (all and the +qjl rows: each "
+                     "rotor-family K side with its QJL sketch) or a comma list, e.g. none,k8v4,tsym3")
           ->capture_default_str();
       app.add_option("--contexts", a->contexts, "Prompt lengths in tokens, comma list; k = 1024 (e.g. 512,4k,64k)")
           ->capture_default_str();
