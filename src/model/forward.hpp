@@ -158,11 +158,11 @@ class Model {
   // RMSNorm + LM head of hidden row t of r.x_ into r.logits_ row 0.
   void lm_head_row(RunState& r, int t);
   // A decode step of several sequences, or of one over a block table (every
-  // run one token, run z at row z,
-  // every row's logits wanted, at most kBatchStepRows rows), recorded and
-  // replayed per shape when step_graphs_ (RunState::BatchGraph): leaves the
-  // rows' logits in r.logits_ and returns true. False (nothing run): not
-  // such a step, or graphs off; the caller runs it directly.
+  // run one token, run z at row z, every row's logits wanted, at most
+  // kBatchStepRows rows), recorded and replayed per shape when step_graphs_
+  // (RunState::BatchGraph): leaves the rows' logits in r.logits_ and returns
+  // true. False (nothing run): not such a step, or graphs off; the caller
+  // runs it directly.
   bool batch_step(RunState& r, const StepBatch& batch, kv::Cache& cache);
   // A single-token step (recorded/replayed when step_graphs_) that leaves the
   // token's logits in r.logits_ row 0.
