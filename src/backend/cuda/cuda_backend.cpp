@@ -534,9 +534,8 @@ class CudaBackend final : public Backend {
     KVQ_CHECK(n >= 1 && batch.n_seq() == n, Errc::unsupported,
               "a recorded CUDA step of several sequences is a decode step (one token each), not ", n, " tokens of ",
               batch.n_seq(), " sequences");
-    for (int z = 0; z < n; ++z)
-      KVQ_CHECK(batch.runs[size_t(z)].n == 1 && batch.runs[size_t(z)].first == z, Errc::unsupported,
-                "a recorded CUDA step of several sequences is a decode step (one token each)");
+    KVQ_CHECK(is_decode_step(batch), Errc::unsupported,
+              "a recorded CUDA step of several sequences is a decode step (one token each)");
     if (step_ids_.size() < size_t(n)) step_ids_.resize(size_t(n));
     // Pageable source: staged before the call returns (batch may change afterwards).
     KVQ_CUDA_CHECK(cudaMemcpyAsync(step_ids_.data(), batch.token.data(), size_t(n) * sizeof(int32_t),
