@@ -1227,16 +1227,20 @@ bool flash_decode_supported(int n_heads, int n_kv_heads, int head_dim, const flo
   return reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
 }
 
+// One resident wave of the decode kernel for this store: every CTA streams
+// its keys at the same time and they finish together (a second, partial
+// wave would double the latency). Less the CTAs the store's encode
+// (qk_rope_store: 2 n_kv warps, 4 CTAs at 8 KV heads) may displace while it
+// runs beside a fused-q launch (KernelSettings::decode_split_reserve).
+int decode_wave(const GpuKvLayer& layer, int G, const DeviceContext& ctx) {
+  return std::max(
+      1, resident_ctas(ctx, instance_for(layer), G) * ctx.sm_count() - std::max(0, ctx.settings.decode_split_reserve));
+}
+
 int flash_decode_splits(const GpuKvLayer& layer, int n_heads, const DeviceContext& ctx, int n_seq, int capacity) {
   const int G = n_heads / layer.n_kv_heads;
-  // One resident wave: every CTA streams its keys at the same time and they
-  // finish together (a second, partial wave would double the latency).
-  // Less the CTAs the store's encode (qk_rope_store: 2 n_kv warps, 4 CTAs
-  // at 8 KV heads) may displace while it runs beside a fused-q launch
-  // (KernelSettings::decode_split_reserve). A batch shares the wave among
-  // its sequences.
-  const int wave = std::max(
-      1, resident_ctas(ctx, instance_for(layer), G) * ctx.sm_count() - std::max(0, ctx.settings.decode_split_reserve));
+  // One resident wave (decode_wave); a batch shares it among its sequences.
+  const int wave = decode_wave(layer, G, ctx);
   const int heads = layer.n_kv_heads * std::max(n_seq, 1);
   int n = std::max(1, wave / heads);
   n = std::min(n, kMaxDecodeSplits);
@@ -1312,7 +1316,15 @@ void flash_decode_batch(const AttentionPlan& plan, const GpuKvLayer& layer, cons
   // 18).
   // An identity table (b.pages null) names packed pages only: no window then.
   const bool window = layer.has_window() && b.pages;
-  const int packed_splits = window ? std::min(n_splits, kMaxDecodeSplits - 1) : n_splits;
+  int packed_splits = window ? std::min(n_splits, kMaxDecodeSplits - 1) : n_splits;
+  // But where the packed splits fill one wave (one sequence: ~32-48 splits a
+  // head), the window's CTAs would start a second one, or take the room
+  // kept for the store's encode: one packed split fewer per head keeps the
+  // grid in the wave (each split gets 1/(n-1) more keys, ~3 %).
+  if (window && packed_splits > 1) {
+    const long heads_all = long(b.n_seq) * n_kv, wave = decode_wave(layer, G, ctx);
+    if (heads_all * packed_splits <= wave && heads_all * (packed_splits + 1) > wave) --packed_splits;
+  }
   if (window) {
     KVQ_CHECK(layer.xk.code && layer.xv.code, Errc::internal, "flash_decode: a windowed store without its bf16 rows");
     n_splits = packed_splits + 1;
