@@ -84,6 +84,7 @@ struct BackendOptions {
   int gemv_warps = 16;             // CUDA: warps per GEMV CTA (1..16)
   int attn_prefetch_tiles = 1;     // CUDA: K/V tiles per warp the decode kernel asks L2 for before its wait
   bool attn_fused_q = true;        // CUDA: decode attention norms/rotates q itself, beside the store's encode
+  bool prefill_wgmma = true;       // CUDA (sm_90a builds on Hopper): prefill attention on wgmma, else mma.sync
   // CUDA: a decode step of at least this many sequences runs the weight
   // products of types that have one on the tensor-core GEMM (gemm_tc);
   // smaller steps and other types use the batched GEMV. 0: never.
@@ -106,6 +107,10 @@ class Backend {
   const BackendOptions& options() const { return options_; }
   // Tokens per prefill forward call when the user gives none (--prefill-chunk).
   virtual int default_prefill_chunk() const { return 512; }
+  // The same for one sequence that wants only its last token's logits (run,
+  // chat, the one-sequence bench): no chunk of all logits to hold, no step
+  // budget shared with other sequences.
+  virtual int default_session_prefill_chunk() const { return default_prefill_chunk(); }
 
   // --- memory
   virtual std::unique_ptr<Buffer> alloc(size_t n_floats) = 0;

@@ -73,7 +73,7 @@ CellResult measure_cell(Model& model, const CodecRequest& codec, const std::vect
   Backend& be = model.backend();
   const int L = int(prompt.size());
   const int ctx = L + o.gen;  // the last generated token is never fed back
-  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : be.default_prefill_chunk();
+  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : be.default_session_prefill_chunk();
 
   // The cache is the only allocation between the two readings, so their
   // difference is what it takes on the device.

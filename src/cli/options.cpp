@@ -58,7 +58,8 @@ void add_model_source_options(CLI::App& app, ModelOptions& o) {
       ->check(in_range(0, 1024, false, " (0: the default)"));
   app.add_option("--device", o.device, "Compute device: cpu or cuda")->capture_default_str();
   app.add_option("--prefill-chunk", o.prefill_chunk,
-                 "Prompt tokens per forward pass during prefill (default: 512 on cpu, 2048 on cuda)")
+                 "Prompt tokens per forward pass during prefill (default: 512 on cpu; on cuda 8192 for one sequence, "
+                 "2048 for the server and eval)")
       ->check(in_range(1, kIntMax, false, ""));
 }
 
@@ -123,6 +124,9 @@ void add_backend_lab_options(CLI::App& app, BackendOptions& b) {
   app.add_flag_callback("--no-fused-q", [&b] { b.attn_fused_q = false; },
                         "CUDA: the store's encode norms and rotates q before the decode attention starts "
                         "(instead of the attention doing it beside the encode)")
+      ->group(lab);
+  app.add_flag_callback("--no-wgmma-prefill", [&b] { b.prefill_wgmma = false; },
+                        "CUDA: the prefill attention on its mma.sync kernel instead of the Hopper (wgmma) one")
       ->group(lab);
   app.add_option("--gemv-warps", b.gemv_warps, "CUDA: warps per decode GEMV CTA")
       ->check(CLI::Range(1, 16))
@@ -273,7 +277,7 @@ CodecRequest codec_request(const ModelOptions& o) {
 SessionOptions session_options(const ModelOptions& o, Model& m, int ctx) {
   SessionOptions so;
   so.ctx = ctx;
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : m.backend().default_prefill_chunk();
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : m.backend().default_session_prefill_chunk();
   return so;
 }
 

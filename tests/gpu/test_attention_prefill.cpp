@@ -5,7 +5,8 @@
 // 128, 256, with and without key chunks (split + merge). Error bounds:
 // prefill_test_util.hpp. Odd n: the cache holds exactly pos + n tokens (a read
 // past them leaves the allocation); even n: 37 more rows hold huge K/V that
-// must never be read.
+// must never be read. Head_dim 128 runs both kernels where the build has the
+// Hopper one (wgmma, sm_90a): the default context's and the mma.sync one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,10 +16,12 @@
 #include "backend/cuda/attention_prefill.hpp"
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gpu_test_util.hpp"
 #include "kv/cache.hpp"
 #include "prefill_test_util.hpp"
+#include "wgmma_test_kernels.hpp"
 
 using namespace kvq;
 using gputest::normal;
@@ -40,7 +43,8 @@ class CudaPrefillAttention : public ::testing::TestWithParam<PrefillCase> {
 
 // One case: the kernel (direct call) vs both CPU references, and the routed
 // flash_attention() for automatic splits. Fatal gtest failures on mismatch.
-void check_prefill(const PrefillCase& c) {
+// mma_sync: the mma.sync kernel even where the default is the wgmma one.
+void check_prefill(const PrefillCase& c, bool mma_sync = false) {
   const int n_heads = c.n_kv * c.G, D = c.head_dim;
   ASSERT_TRUE(cuda::flash_attention_prefill_supported(n_heads, c.n_kv, D));
   Rng rng(uint64_t(c.n_kv) * 1000003 + c.G * 10007 + D * 101 + c.pos * 7 + c.n + c.key_splits * 31);
@@ -63,8 +67,11 @@ void check_prefill(const PrefillCase& c) {
   const auto& view = dynamic_cast<cuda::CudaLayerCache&>(gpu_cache->layer(layer)).view();
   cuda::AttentionScratch scratch;
   Guarded dq(q.size(), &q), out(size_t(c.n) * q_row);
+  cuda::KernelSettings settings;
+  settings.prefill_wgmma = !mma_sync;
+  const cuda::DeviceContext ctx(cuda::current_device(), settings);
   cuda::flash_attention_prefill(cuda::bf16_view(view), c.pos, c.n, dq.data(), n_heads, scale, out.data(), scratch, nullptr,
-                                c.key_splits);
+                                c.key_splits, ctx);
   const auto y = out.result();
 
   std::vector<float> ref(y.size()), ref_bf16q(y.size());
@@ -93,7 +100,7 @@ void check_prefill(const PrefillCase& c) {
 
   // flash_attention() (the cache's attend) routes n > 1 here: same kernel,
   // same automatic split, so the same bits.
-  if (c.key_splits == 0) {
+  if (c.key_splits == 0 && !mma_sync) {
     Guarded routed(y.size());
     gpu_cache->layer(layer).attend(c.pos, c.n, dq.data(), n_heads, scale, routed.data());
     const auto yr = routed.result();
@@ -102,7 +109,12 @@ void check_prefill(const PrefillCase& c) {
   }
 }
 
-TEST_P(CudaPrefillAttention, MatchesCpuNoneCache) { check_prefill(GetParam()); }
+TEST_P(CudaPrefillAttention, MatchesCpuNoneCache) {
+  check_prefill(GetParam());
+  if (HasFatalFailure() || !cuda::flash_attention_prefill_wgmma(GetParam().head_dim)) return;
+  SCOPED_TRACE("the mma.sync kernel");
+  check_prefill(GetParam(), true);
+}
 
 // The causal diagonal at every offset within a key tile (64 keys; 32 for
 // head_dim 256): the mask must apply exactly on the tiles that reach past a
@@ -163,6 +175,64 @@ std::string prefill_name(const ::testing::TestParamInfo<PrefillCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttention, ::testing::ValuesIn(prefill_cases()), prefill_name);
+
+// The Hopper kernel runs wherever it was built (sm_90a device code on a 9.0
+// device), for head_dim 128 only, and the setting turns it off.
+TEST(CudaPrefillAttentionShapes, HopperKernelWhereBuilt) {
+  KVQ_SKIP_WITHOUT_GPU();
+  const bool built = gputest::wgmma_device_code();
+  RecordProperty("wgmma_device_code", built ? "yes" : "no");
+  EXPECT_EQ(cuda::flash_attention_prefill_wgmma(128), built);
+  EXPECT_FALSE(cuda::flash_attention_prefill_wgmma(64));
+  EXPECT_FALSE(cuda::flash_attention_prefill_wgmma(256));
+  cuda::KernelSettings off;
+  off.prefill_wgmma = false;
+  EXPECT_FALSE(cuda::flash_attention_prefill_wgmma(128, cuda::DeviceContext(cuda::current_device(), off)));
+}
+
+// The two wgmma products alone on one tile of random bf16 values, against
+// double sums of the same values (fp32 accumulation: 1e-4 relative to the
+// sum of |terms|): a wrong descriptor or fragment layout shows here by name.
+TEST(CudaWgmma, ProductsMatchCpu) {
+  KVQ_SKIP_WITHOUT_GPU();
+  if (!gputest::wgmma_device_code()) GTEST_SKIP() << "no sm_90a device code (build without 90a, or not a 9.0 device)";
+  Rng rng(2026);
+  auto bf16_tile = [&rng](size_t n) {
+    std::vector<uint16_t> bits(n);
+    for (auto& b : bits) b = f32_to_bf16(float(rng.normal()));
+    return bits;
+  };
+  const auto a = bf16_tile(64 * 128), b = bf16_tile(64 * 128), p = bf16_tile(64 * 64), v = bf16_tile(64 * 128);
+  cuda::DeviceBuffer<uint16_t> da(a.size()), db(b.size()), dp(p.size()), dv(v.size());
+  da.upload(a);
+  db.upload(b);
+  dp.upload(p);
+  dv.upload(v);
+  cuda::DeviceBuffer<float> qk(64 * 64), pv(64 * 128);
+  gputest::wgmma_qk_product(da.data(), db.data(), qk.data());
+  gputest::wgmma_pv_product(dp.data(), dv.data(), pv.data());
+  const auto got_qk = qk.download(), got_pv = pv.download();
+  for (int r = 0; r < 64; ++r)
+    for (int col = 0; col < 64; ++col) {
+      double sum = 0, mag = 0;
+      for (int k = 0; k < 128; ++k) {
+        const double t = double(bf16_to_f32(a[size_t(r) * 128 + k])) * bf16_to_f32(b[size_t(col) * 128 + k]);
+        sum += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(got_qk[size_t(r) * 64 + col], sum, 1e-4 * mag + 1e-6) << "Q.K^T row " << r << " column " << col;
+    }
+  for (int r = 0; r < 64; ++r)
+    for (int col = 0; col < 128; ++col) {
+      double sum = 0, mag = 0;
+      for (int k = 0; k < 64; ++k) {
+        const double t = double(bf16_to_f32(p[size_t(r) * 64 + k])) * bf16_to_f32(v[size_t(k) * 128 + col]);
+        sum += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(got_pv[size_t(r) * 128 + col], sum, 1e-4 * mag + 1e-6) << "P.V row " << r << " column " << col;
+    }
+}
 
 TEST(CudaPrefillAttentionShapes, UnsupportedShapesAreRefused) {
   EXPECT_TRUE(cuda::flash_attention_prefill_supported(32, 8, 128));

@@ -22,7 +22,7 @@ want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 J=$(nproc)
 source tools/device/pkgconfig_stubs.sh  # gnutls.pc for libmicrohttpd.pc
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$W/cmake.log" 2>&1 ||
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >"$W/cmake.log" 2>&1 ||
   { tail -30 "$W/cmake.log"; exit 1; }
 time cmake --build build-gpu -j "$J" --target kvq kvq_gpu_tests kvq_bench_gemv kvq_bench_attention 2>&1 | grep -E "error|FAILED" | head -20
 if want tests; then

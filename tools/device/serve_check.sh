@@ -44,7 +44,7 @@ else
     [ -x "$B/kvq" ] || { echo "PREBUILT=1 but $B/kvq is missing"; exit 1; }
   else
     source tools/device/pkgconfig_stubs.sh  # gnutls.pc for libmicrohttpd.pc
-    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$W/cmake.log" 2>&1 ||
+    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >"$W/cmake.log" 2>&1 ||
       { tail -30 "$W/cmake.log"; exit 1; }
     time cmake --build "$B" -j "$(nproc)" --target kvq 2>&1 | grep -E "error|FAILED" | head -20
   fi

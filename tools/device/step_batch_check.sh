@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 source tools/device/pkgconfig_stubs.sh  # gnutls.pc for libmicrohttpd.pc
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/tmp/cmake.log 2>&1 ||
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >/tmp/cmake.log 2>&1 ||
   { tail -30 /tmp/cmake.log; exit 1; }
 time cmake --build build-gpu -j "$(nproc)" --target kvq kvq_gpu_tests kvq_bench_gemm_tc 2>&1 | grep -E "error|FAILED" | head -20
 echo "== gpu tests (${1:-all})"

@@ -33,7 +33,7 @@ if want build; then
   source .deps/debs.sh unpack .deps >/dev/null
   source tools/device/pkgconfig_stubs.sh
   echo "== build"
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     >"$P/cmake.txt" 2>&1 && cmake --build build-gpu -j16 --target kvq kvq_gpu_tests >"$P/build.txt" 2>&1 ||
     { tail -30 "$P/cmake.txt" "$P/build.txt"; exit 1; }
   mkdir -p carry && cp build-gpu/kvq build-gpu/tests/kvq_gpu_tests carry/

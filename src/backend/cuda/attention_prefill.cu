@@ -76,6 +76,7 @@
 
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/softmax_state.cuh"
+#include "backend/cuda/wgmma.cuh"
 #include "core/error.hpp"
 
 namespace kvq::cuda {
@@ -144,23 +145,182 @@ __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf)
   return y;
 }
 
+// The two shared-memory layouts of a [rows][D] bf16 tile: element offset of
+// (row, 16-byte chunk).
+// Rows of D * 2 bytes, chunk c at c ^ (row & 7) (the mma.sync kernel).
+template <int D>
+struct RowMajorSwizzle {
+  __device__ __forceinline__ int operator()(int row, int chunk) const { return swizzled<D>(row, chunk); }
+};
+// wgmma's 128-byte-swizzle atoms (wgmma.cuh): the tile as D / 64 blocks of
+// [rows][64], each row 128 bytes, chunk c & 7 at (c & 7) ^ (row & 7).
+template <int kTileRows>
+struct Sw128Blocks {
+  __device__ __forceinline__ int operator()(int row, int chunk) const {
+    return (chunk >> 3) * (kTileRows * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+  }
+};
+
 // K and V rows [kt, kt + kKeys) of KV head kvh into one stage; rows at or past
 // key_end are zero-filled without reading memory.
-template <int D>
+template <int D, int kKeys, class Layout>
 __device__ __forceinline__ void load_kv_tile(const Params& p, int kvh, int kt, int key_end, uint16_t* sk,
-                                             uint16_t* sv, int tid) {
-  using T = Tile<D>;
+                                             uint16_t* sv, int tid, Layout layout) {
+  constexpr int kRowChunks = D / 8;
 #pragma unroll
-  for (int i = 0; i < T::kKeys * T::kRowChunks / kThreads; ++i) {
+  for (int i = 0; i < kKeys * kRowChunks / kThreads; ++i) {
     const int e = tid + i * kThreads;
-    const int r = e / T::kRowChunks, c = e % T::kRowChunks;
+    const int r = e / kRowChunks, c = e % kRowChunks;
     const int key = kt + r;
     const bool inside = key < key_end;
     // kt < key_end always: an outside row points at the tile's first row (valid, not read).
     const size_t src = p.rows.row(kvh, inside ? key : kt) * D + c * 8;
-    const int off = swizzled<D>(r, c);
+    const int off = layout(r, c);
     cp_async_16(smem_u32(sk + off), p.k + src, inside ? 16 : 0);
     cp_async_16(smem_u32(sv + off), p.v + src, inside ? 16 : 0);
+  }
+}
+
+// The CTA's 64 query rows -> bf16 (x scale * log2 e) -> shared memory in
+// `layout`; padding rows 0.
+template <int D, class Layout>
+__device__ __forceinline__ void stage_queries(const Params& p, uint16_t* sq, int kvh, int t0, int nt, int tid,
+                                              Layout layout) {
+  constexpr int kRowChunks = D / 8;
+  const int G = p.G;
+#pragma unroll
+  for (int i = 0; i < kRows * kRowChunks / kThreads; ++i) {
+    const int e = tid + i * kThreads;
+    const int r = e / kRowChunks, c = e % kRowChunks;
+    const int tq = r / G;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (tq < nt) {
+      const float* src = p.q + (size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (r - tq * G)) * D + c * 8;
+      const float f = p.q_factor;
+      packed.x = pack_bf16(src[0] * f, src[1] * f);
+      packed.y = pack_bf16(src[2] * f, src[3] * f);
+      packed.z = pack_bf16(src[4] * f, src[5] * f);
+      packed.w = pack_bf16(src[6] * f, src[7] * f);
+    }
+    *reinterpret_cast<uint4*>(sq + layout(r, c)) = packed;
+  }
+}
+
+// One thread's two query rows (gid and gid + 8 of its warp's 16): online
+// softmax state and the last key each sees.
+struct RowPair {
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max (log2 units), quad-uniform
+  float l_lo = 0.0f, l_hi = 0.0f;            // running sum, this thread's columns only
+  int limit_lo = 0, limit_hi = 0;            // padding rows: larger, harmless
+};
+
+// One key tile's scores s (keys kt .. kt + K - 1, log2 units, the C
+// fragments of S = Q K^T) -> probabilities P = exp2(s - m') in s: the causal
+// mask, the online-softmax update of (m, l) and the rescale of o.
+template <int K, int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D / 8][4], RowPair& r, int kt,
+                                             int first_limit, int tig) {
+  // Causal mask: only tiles that reach past the first row's limit (this
+  // includes the zero-filled keys past key_end, which lie past every valid
+  // row's limit).
+  if (kt + K - 1 > first_limit) {
+#pragma unroll
+    for (int nb = 0; nb < K / 8; ++nb) {
+      const int key = kt + nb * 8 + 2 * tig;
+      if (key > r.limit_lo) s[nb][0] = -INFINITY;
+      if (key + 1 > r.limit_lo) s[nb][1] = -INFINITY;
+      if (key > r.limit_hi) s[nb][2] = -INFINITY;
+      if (key + 1 > r.limit_hi) s[nb][3] = -INFINITY;
+    }
+  }
+  float mx_lo = r.m_lo, mx_hi = r.m_hi;
+#pragma unroll
+  for (int nb = 0; nb < K / 8; ++nb) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  // A row that has seen no key yet (key chunks; or a tile wholly past a
+  // row's limit) keeps m = -inf; subtracting 0 instead gives p = 0, alpha =
+  // 0, no NaN.
+  const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
+  const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
+  const float alpha_lo = fast_exp2(r.m_lo - base_lo), alpha_hi = fast_exp2(r.m_hi - base_hi);
+  r.m_lo = mx_lo;
+  r.m_hi = mx_hi;
+  float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+  for (int nb = 0; nb < K / 8; ++nb) {
+    s[nb][0] = fast_exp2(s[nb][0] - base_lo);
+    s[nb][1] = fast_exp2(s[nb][1] - base_lo);
+    s[nb][2] = fast_exp2(s[nb][2] - base_hi);
+    s[nb][3] = fast_exp2(s[nb][3] - base_hi);
+    sum_lo += s[nb][0] + s[nb][1];
+    sum_hi += s[nb][2] + s[nb][3];
+  }
+  r.l_lo = r.l_lo * alpha_lo + sum_lo;
+  r.l_hi = r.l_hi * alpha_hi + sum_hi;
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    o[db][0] *= alpha_lo;
+    o[db][1] *= alpha_lo;
+    o[db][2] *= alpha_hi;
+    o[db][3] *= alpha_hi;
+  }
+}
+
+// P of keys 16c .. 16c + 15 as a bf16 A fragment: the C fragments of S
+// n-blocks 2c and 2c + 1 (no shuffle, see the header).
+template <int K>
+__device__ __forceinline__ void p_fragment(const float (&s)[K / 8][4], int c, uint32_t (&a)[4]) {
+  a[0] = pack_bf16(s[2 * c][0], s[2 * c][1]);
+  a[1] = pack_bf16(s[2 * c][2], s[2 * c][3]);
+  a[2] = pack_bf16(s[2 * c + 1][0], s[2 * c + 1][1]);
+  a[3] = pack_bf16(s[2 * c + 1][2], s[2 * c + 1][3]);
+}
+
+// Row sums over the quad (each thread summed its own columns), then this
+// thread's part of its two rows: normalised output (one key chunk) or the
+// partial state.
+template <int D>
+__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], RowPair& r, int kvh, int t0,
+                                           int nt, int chunk, int warp, int gid, int tig) {
+  r.l_lo += __shfl_xor_sync(0xffffffffu, r.l_lo, 1);
+  r.l_lo += __shfl_xor_sync(0xffffffffu, r.l_lo, 2);
+  r.l_hi += __shfl_xor_sync(0xffffffffu, r.l_hi, 1);
+  r.l_hi += __shfl_xor_sync(0xffffffffu, r.l_hi, 2);
+  const int G = p.G;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp * 16 + gid + 8 * half;
+    const int tq = row / G;
+    if (tq >= nt) continue;  // padding row
+    const size_t q_index = size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (row - tq * G);
+    const float m = half ? r.m_hi : r.m_lo, l = half ? r.l_hi : r.l_lo;
+    if (p.n_chunks == 1) {
+      const float inv_l = 1.0f / l;  // l >= 1: every row sees key 0 (its max scores 2^0)
+      float* dst = p.out + q_index * D + 2 * tig;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        dst[db * 8] = o[db][2 * half] * inv_l;
+        dst[db * 8 + 1] = o[db][2 * half + 1] * inv_l;
+      }
+    } else {
+      const size_t part = q_index * p.n_chunks + chunk;
+      float* dst = p.part_o + part * D + 2 * tig;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        dst[db * 8] = o[db][2 * half];
+        dst[db * 8 + 1] = o[db][2 * half + 1];
+      }
+      if (tig == 0) {
+        p.part_m[part] = m;
+        p.part_l[part] = l;
+      }
+    }
   }
 }
 
@@ -173,6 +333,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   // Stage s starts at smem + s * kStageElems (arithmetic, not a pointer
   // array: a dynamically indexed array would go to local memory).
   uint16_t* const sq = smem + (T::kQInRegs ? T::kStageElems : 2 * T::kStageElems);
+  const RowMajorSwizzle<D> layout;
 
   const int kvh = blockIdx.x;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
@@ -189,36 +350,18 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   const int key_end = min(first_limit + nt, key_begin + p.chunk_len);
   const int n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
 
-  // This thread's two rows (gid and gid + 8 of the warp's 16): last visible key.
-  const int row_lo = warp * 16 + gid, row_hi = row_lo + 8;
-  const int tq_lo = row_lo / G, tq_hi = row_hi / G;
-  const int limit_lo = first_limit + tq_lo, limit_hi = first_limit + tq_hi;  // padding rows: larger, harmless
+  RowPair rows;
+  rows.limit_lo = first_limit + (warp * 16 + gid) / G;
+  rows.limit_hi = first_limit + (warp * 16 + gid + 8) / G;
   // Last key any valid row of this warp sees (-1: the warp has no valid row).
   const int warp_last_key = (warp * 16) / G < nt ? first_limit + min((warp * 16 + 15) / G, nt - 1) : -1;
 
-  if (n_tiles > 0) {
-    load_kv_tile<D>(p, kvh, key_begin, key_end, smem, smem + T::kTileElems, tid);
-    cp_async_commit();
-  }
-  // Q rows -> bf16 (x scale * log2 e) -> swizzled shared memory; padding rows
-  // 0. (A CTA without keys, a key chunk past its tile's last token, only
+  // (A CTA without keys, a key chunk past its tile's last token, only
   // writes its empty partial state.)
-#pragma unroll
-  for (int i = 0; i < kRows * T::kRowChunks / kThreads; ++i) {
-    if (n_tiles == 0) break;
-    const int e = tid + i * kThreads;
-    const int r = e / T::kRowChunks, c = e % T::kRowChunks;
-    const int tq = r / G;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (tq < nt) {
-      const float* src = p.q + (size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (r - tq * G)) * D + c * 8;
-      const float f = p.q_factor;
-      packed.x = pack_bf16(src[0] * f, src[1] * f);
-      packed.y = pack_bf16(src[2] * f, src[3] * f);
-      packed.z = pack_bf16(src[4] * f, src[5] * f);
-      packed.w = pack_bf16(src[6] * f, src[7] * f);
-    }
-    *reinterpret_cast<uint4*>(sq + swizzled<D>(r, c)) = packed;
+  if (n_tiles > 0) {
+    load_kv_tile<D, K>(p, kvh, key_begin, key_end, smem, smem + T::kTileElems, tid, layout);
+    cp_async_commit();
+    stage_queries<D>(p, sq, kvh, t0, nt, tid, layout);
   }
   __syncthreads();
 
@@ -240,14 +383,12 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   float o[D / 8][4];
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max (log2 units), quad-uniform
-  float l_lo = 0.0f, l_hi = 0.0f;            // running sum, this thread's columns only
 
   for (int it = 0; it < n_tiles; ++it) {
     const int kt = key_begin + it * K;
     if (it + 1 < n_tiles) {
       uint16_t* next = smem + ((it + 1) & 1) * T::kStageElems;
-      load_kv_tile<D>(p, kvh, kt + K, key_end, next, next + T::kTileElems, tid);
+      load_kv_tile<D, K>(p, kvh, kt + K, key_end, next, next + T::kTileElems, tid, layout);
       cp_async_commit();
       cp_async_wait<1>();  // tile `it` has landed, tile it+1 may still be in flight
     } else {
@@ -255,6 +396,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
     }
     __syncthreads();
 
+    // A warp skips the compute of a tile none of its valid rows can see.
     if (kt <= warp_last_key) {
       const uint16_t* sk = smem + (it & 1) * T::kStageElems;
       const uint16_t* sv = sk + T::kTileElems;
@@ -283,64 +425,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
         }
       }
 
-      // Causal mask: only tiles that reach past the first row's limit (this
-      // includes the zero-filled keys past key_end, which lie past every
-      // valid row's limit).
-      if (kt + K - 1 > first_limit) {
-#pragma unroll
-        for (int nb = 0; nb < K / 8; ++nb) {
-          const int key = kt + nb * 8 + 2 * tig;
-          if (key > limit_lo) s[nb][0] = -INFINITY;
-          if (key + 1 > limit_lo) s[nb][1] = -INFINITY;
-          if (key > limit_hi) s[nb][2] = -INFINITY;
-          if (key + 1 > limit_hi) s[nb][3] = -INFINITY;
-        }
-      }
+      softmax_tile<K, D>(s, o, rows, kt, first_limit, tig);
 
-      // Online softmax (log2 units).
-      float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-      for (int nb = 0; nb < K / 8; ++nb) {
-        mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      // A row that has seen no key yet (only possible with key chunks) keeps
-      // m = -inf; subtracting 0 instead gives p = 0, alpha = 0, no NaN.
-      const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
-      const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
-      const float alpha_lo = fast_exp2(m_lo - base_lo), alpha_hi = fast_exp2(m_hi - base_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
-      float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-      for (int nb = 0; nb < K / 8; ++nb) {
-        s[nb][0] = fast_exp2(s[nb][0] - base_lo);
-        s[nb][1] = fast_exp2(s[nb][1] - base_lo);
-        s[nb][2] = fast_exp2(s[nb][2] - base_hi);
-        s[nb][3] = fast_exp2(s[nb][3] - base_hi);
-        sum_lo += s[nb][0] + s[nb][1];
-        sum_hi += s[nb][2] + s[nb][3];
-      }
-      l_lo = l_lo * alpha_lo + sum_lo;
-      l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        o[db][0] *= alpha_lo;
-        o[db][1] *= alpha_lo;
-        o[db][2] *= alpha_hi;
-        o[db][3] *= alpha_hi;
-      }
-
-      // O += P V, P from the S accumulators (no shuffle, see the header).
+      // O += P V
 #pragma unroll
       for (int kc = 0; kc < K / 16; ++kc) {
-        const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                               pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                               pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        uint32_t a[4];
+        p_fragment<K>(s, kc, a);
 #pragma unroll
         for (int db2 = 0; db2 < D / 16; ++db2) {
           uint32_t b[4];
@@ -353,56 +444,140 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
 
-  // Row sums over the quad (each thread summed its own columns).
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int tq = half ? tq_hi : tq_lo;
-    if (tq >= nt) continue;  // padding row
-    const int row = half ? row_hi : row_lo;
-    const size_t q_index = size_t(t0 + tq) * p.n_heads + size_t(kvh) * G + (row - tq * G);
-    const float m = half ? m_hi : m_lo, l = half ? l_hi : l_lo;
-    if (p.n_chunks == 1) {
-      const float inv_l = 1.0f / l;  // l >= 1: every row sees key 0 (its max scores 2^0)
-      float* dst = p.out + q_index * D + 2 * tig;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        dst[db * 8] = o[db][2 * half] * inv_l;
-        dst[db * 8 + 1] = o[db][2 * half + 1] * inv_l;
-      }
-    } else {
-      const size_t part = q_index * p.n_chunks + chunk;
-      float* dst = p.part_o + part * D + 2 * tig;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        dst[db * 8] = o[db][2 * half];
-        dst[db * 8 + 1] = o[db][2 * half + 1];
-      }
-      if (tig == 0) {
-        p.part_m[part] = m;
-        p.part_l[part] = l;
-      }
-    }
-  }
+  write_rows<D>(p, o, rows, kvh, t0, nt, chunk, warp, gid, tig);
 }
 
-// Opts the kernel into its dynamic shared memory and returns how many of
-// its CTAs fit on one SM (both once per device: ctx.kernels()).
-template <int D>
-int configure_kernel(const DeviceContext& ctx) {
-  const void* key = reinterpret_cast<const void*>(prefill_attn_kernel<D>);
+#if defined(KVQ_WGMMA)
+// THE HOPPER KERNEL (head_dim 128, sm_90a): the same CTA, work split,
+// causal mask, softmax and epilogue as prefill_attn_kernel, with the two
+// products on warpgroup MMA (wgmma.cuh), the CTA's 4 warps one warpgroup:
+//   S[64][64]  = Q[64][128] . K_tile^T   8 x m64n64k16, A = Q and B = K from
+//                                         shared memory (both K-major)
+//   O[64][128] += bf16(P)[64][64] . V    4 x m64n128k16, A = P from registers
+//                                         (the S accumulators, as in the
+//                                         mma.sync kernel), B = V N-major
+// Every tile is 64 rows x 128 dims = two 128-byte-swizzle blocks of
+// [64][64] (Sw128Blocks): stage s holds K at s * 32 KiB and V 16 KiB after
+// it, Q sits after the two stages; 80 KiB + alignment, two CTAs per SM. The
+// warpgroup computes every tile together (no per-warp skip: wgmma is
+// warpgroup-wide; rows past their limit get p = 0 from the mask).
+// Descriptors (128-byte swizzle): Q and K k-step kc at block kc / 4, +32
+// bytes per step inside it, SBO 1024 (8 rows of 128 bytes); V key-step c at
+// +2048 bytes (16 keys of 128 bytes), LBO 8192 (the second 64-dim block),
+// SBO 1024 (8 keys).
+namespace wg_prefill {
+constexpr int kD = 128, kKeys = 64;
+constexpr int kBlockElems = 64 * kD;                                   // one Q, K or V tile (16 KiB)
+constexpr uint32_t kBlockBytes = kBlockElems * 2, kHalfBytes = kBlockBytes / 2;
+constexpr size_t kSmemBytes = size_t(5) * kBlockBytes + 1024;          // 2 x (K, V), Q; 1024-byte alignment slack
+static_assert(kKeys == Tile<kD>::kKeys, "the host's key chunks assume the mma.sync kernel's key tile");
+}  // namespace wg_prefill
+
+__global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params p) {
+#if defined(KVQ_WGMMA_DEVICE)
+  using namespace wg_prefill;
+  constexpr int D = kD, K = kKeys;
+  extern __shared__ uint4 smem_raw[];
+  // The swizzle atoms must be 1024-byte aligned (descriptor base offset 0).
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  uint16_t* const smem =
+      reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) + ((1024u - (raw_addr & 1023u)) & 1023u));
+  uint16_t* const sq = smem + 4 * kBlockElems;
+  const Sw128Blocks<64> layout;
+
+  const int kvh = blockIdx.x;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
+  const int chunk = blockIdx.z;
+  const int nt = min(p.Tq, p.n - t0);
+  const int G = p.G;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int first_limit = p.pos + t0;
+  const int key_begin = chunk * p.chunk_len;
+  const int key_end = min(first_limit + nt, key_begin + p.chunk_len);
+  const int n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
+
+  RowPair rows;
+  rows.limit_lo = first_limit + (warp * 16 + gid) / G;
+  rows.limit_hi = first_limit + (warp * 16 + gid + 8) / G;
+
+  if (n_tiles > 0) {
+    load_kv_tile<D, K>(p, kvh, key_begin, key_end, smem, smem + kBlockElems, tid, layout);
+    cp_async_commit();
+    stage_queries<D>(p, sq, kvh, t0, nt, tid, layout);
+  }
+  wgmma::fence_proxy_async();  // Q's stores, for the wgmma reads
+  __syncthreads();
+
+  const uint32_t sq_addr = smem_u32(sq);
+  float o[D / 8][4];
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+  float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kt = key_begin + it * K;
+    if (it + 1 < n_tiles) {
+      uint16_t* next = smem + ((it + 1) & 1) * 2 * kBlockElems;
+      load_kv_tile<D, K>(p, kvh, kt + K, key_end, next, next + kBlockElems, tid, layout);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    wgmma::fence_proxy_async();  // this thread's cp.async writes, for the wgmma reads
+    __syncthreads();
+    const uint32_t sk_addr = smem_u32(smem + (it & 1) * 2 * kBlockElems);
+    const uint32_t sv_addr = sk_addr + kBlockBytes;
+
+    // S = Q K^T
+    float s[K / 8][4];
+    float(&s_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+      const uint32_t off = (kc >> 2) * kHalfBytes + (kc & 3) * 32;
+      wgmma::mma_m64n64k16_ss(s_flat, wgmma::desc_sw128(sq_addr + off, 16, 1024),
+                              wgmma::desc_sw128(sk_addr + off, 16, 1024), kc > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s_flat);
+
+    softmax_tile<K, D>(s, o, rows, kt, first_limit, tig);
+
+    // O += P V (the fence after the A fragments and the rescaled O are
+    // written: wgmma reads both registers asynchronously)
+    uint32_t a[K / 16][4];
+#pragma unroll
+    for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, a[c]);
+    wgmma::fence_operands(o_flat);
+    wgmma::fence();
+#pragma unroll
+    for (int c = 0; c < K / 16; ++c)
+      wgmma::mma_m64n128k16_rs_nmajor(o_flat, a[c], wgmma::desc_sw128(sv_addr + c * 2048, kHalfBytes, 1024));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(o_flat);
+    __syncthreads();  // the stage is read (wait<0> above) before the next iteration refills it
+  }
+
+  write_rows<D>(p, o, rows, kvh, t0, nt, chunk, warp, gid, tig);
+#endif  // KVQ_WGMMA_DEVICE
+}
+#endif  // KVQ_WGMMA
+
+// Opts `kernel` into `smem` bytes of dynamic shared memory and returns how
+// many of its CTAs fit on one SM (both once per device: ctx.kernels()).
+int configure_kernel(const DeviceContext& ctx, void (*kernel)(Params), size_t smem) {
+  const void* key = reinterpret_cast<const void*>(kernel);
   KernelResources& kernels = ctx.kernels();
-  kernels.raise_limit(key, Tile<D>::kSmemBytes, [](size_t bytes) {
-    KVQ_CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  kernels.raise_limit(key, smem, [kernel](size_t bytes) {
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   });
-  return kernels.resident_ctas(key, kThreads, Tile<D>::kSmemBytes, [] {
+  return kernels.resident_ctas(key, kThreads, smem, [kernel, smem] {
     int ctas = 0;
-    KVQ_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, prefill_attn_kernel<D>, kThreads, Tile<D>::kSmemBytes));
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, smem));
     return ctas;
   });
 }
@@ -417,7 +592,15 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   const int q_tiles = (n + Tq - 1) / Tq;
   KVQ_CHECK(q_tiles <= 65535, Errc::out_of_range, "GPU prefill attention: ", n,
             " query tokens in one call is too many (lower --prefill-chunk)");
-  const int ctas_per_sm = configure_kernel<D>(ctx);
+  void (*kernel)(Params) = prefill_attn_kernel<D>;
+  size_t smem = Tile<D>::kSmemBytes;
+#if defined(KVQ_WGMMA)
+  if (flash_attention_prefill_wgmma(D, ctx)) {
+    kernel = prefill_attn_wgmma_kernel;
+    smem = wg_prefill::kSmemBytes;
+  }
+#endif
+  const int ctas_per_sm = configure_kernel(ctx, kernel, smem);
 
   // Key chunks: none when the query tiles fill the GPU's CTA slots at least
   // half way; otherwise as many as fill them in one wave, each at least
@@ -460,7 +643,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
     p.part_o = p.part_l + rows * n_chunks;
   }
   const dim3 grid(n_kv, q_tiles, n_chunks);
-  prefill_attn_kernel<D><<<grid, kThreads, Tile<D>::kSmemBytes, stream>>>(p);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
   if (n_chunks > 1) {
     merge_partial_states(p.part_m, p.part_l, p.part_o, int(rows), n_chunks, D, out, stream);
@@ -469,6 +652,17 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
 }
 
 }  // namespace
+
+bool flash_attention_prefill_wgmma(int head_dim, const DeviceContext& ctx) {
+#if defined(KVQ_WGMMA)
+  const cudaDeviceProp& prop = ctx.properties();
+  return head_dim == 128 && ctx.settings.prefill_wgmma && prop.major == 9 && prop.minor == 0;
+#else
+  (void)head_dim;
+  (void)ctx;
+  return false;
+#endif
+}
 
 bool flash_attention_prefill_supported(int n_heads, int n_kv_heads, int head_dim) {
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;

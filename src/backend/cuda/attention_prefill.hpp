@@ -1,8 +1,9 @@
 // Tensor-core causal GQA flash attention for PREFILL (n > 1 query tokens)
 // over the bf16 GPU KV cache (layout: attention.hpp, KvLayerView).
 //
-// FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32 (sm_80+): a CTA of 4
-// warps owns 64 query rows = (token, head) pairs of ONE KV head, so every K/V
+// FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32 (sm_80+), or for
+// head_dim 128 on Hopper the same kernel on warpgroup MMA (wgmma, sm_90a
+// builds): a CTA of 4 warps owns 64 query rows = (token, head) pairs of ONE KV head, so every K/V
 // tile it streams through shared memory serves the whole GQA group; online
 // softmax in registers. Tile, fragment and shared-memory layouts are
 // documented at the top of attention_prefill.cu.
@@ -23,6 +24,11 @@ namespace kvq::cuda {
 // 256 and a GQA group G = n_heads / n_kv_heads of 1..64 (any G, not only
 // divisors of 64: a CTA holds floor(64 / G) tokens).
 bool flash_attention_prefill_supported(int n_heads, int n_kv_heads, int head_dim);
+
+// True when flash_attention_prefill() runs head_dim's prefill on the Hopper
+// (wgmma) kernel on ctx's device: an sm_90a build, a compute-capability 9.0
+// device, head_dim 128 and ctx.settings.prefill_wgmma.
+bool flash_attention_prefill_wgmma(int head_dim, const DeviceContext& ctx = default_context());
 
 // The factor q is multiplied by (in fp32) before its round-to-nearest-even
 // conversion to bf16: scores then come out in log2 units, so softmax is exp2.

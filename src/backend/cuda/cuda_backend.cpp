@@ -86,6 +86,7 @@ KernelSettings kernel_settings(const BackendOptions& o) {
   s.dependent_launches = o.dependent_launches;
   s.gemv_warps = o.gemv_warps;
   s.attn_prefetch_tiles = o.attn_prefetch_tiles;
+  s.prefill_wgmma = o.prefill_wgmma;
   return s;
 }
 
@@ -119,6 +120,10 @@ class CudaBackend final : public Backend {
   // Every prefill chunk dequantizes all weights into GEMM tiles: larger
   // chunks amortize that.
   int default_prefill_chunk() const override { return 2048; }
+  // 8192: TTFT 16k 0.841 -> 0.763 s, 64k 7.02 -> 6.74 s against 2048 (H200,
+  // docs/perf.md, session 15); the scheduler and `kvq eval` (all logits of
+  // a chunk: 5 GB at 8192) keep 2048.
+  int default_session_prefill_chunk() const override { return 8192; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override {
     ctx_.make_current();

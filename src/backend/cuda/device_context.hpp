@@ -43,6 +43,11 @@ struct KernelSettings {
   // store's encode running beside a fused-q launch (flash_decode_splits).
   // Kernel lab knob (an A/B of the split count).
   int decode_split_reserve = 8;
+  // The prefill attention of head_dim 128 on its Hopper kernel (wgmma, in
+  // sm_90a builds on a compute-capability 9.0 device); false: the mma.sync
+  // kernel, for A/B runs and tests (BackendOptions::prefill_wgmma, the CLI's
+  // --no-wgmma-prefill).
+  bool prefill_wgmma = true;
   // Largest thread-block cluster (K slices per m-tile) the tensor-core
   // batched GEMM may use, 1..8. 4 by measurement (H200 lab, bonsai-8b
   // layer, session 13): the O and down launches, which took clusters of 8,
