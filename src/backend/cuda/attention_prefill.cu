@@ -100,8 +100,6 @@ struct Tile {
   static constexpr int kSmemElems = kQInRegs ? 2 * kStageElems : 2 * kStageElems + kQElems;
   static constexpr size_t kSmemBytes = size_t(kSmemElems) * 2;
   static_assert(!kQInRegs || kQElems <= kStageElems, "Q must fit in the stage it aliases");
-  static_assert((kKeys * kRowChunks) % kThreads == 0, "tile loads spread evenly over the threads");
-  static_assert((kRows * kRowChunks) % kThreads == 0, "Q loads spread evenly over the threads");
   static_assert(kRowChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
 };
 
@@ -163,13 +161,14 @@ struct Sw128Blocks {
 
 // K and V rows [kt, kt + kKeys) of KV head kvh into one stage; rows at or past
 // key_end are zero-filled without reading memory.
-template <int D, int kKeys, class Layout>
+template <int D, int kKeys, int kCtaThreads, class Layout>
 __device__ __forceinline__ void load_kv_tile(const Params& p, int kvh, int kt, int key_end, uint16_t* sk,
                                              uint16_t* sv, int tid, Layout layout) {
   constexpr int kRowChunks = D / 8;
+  static_assert((kKeys * kRowChunks) % kCtaThreads == 0, "tile loads spread evenly over the threads");
 #pragma unroll
-  for (int i = 0; i < kKeys * kRowChunks / kThreads; ++i) {
-    const int e = tid + i * kThreads;
+  for (int i = 0; i < kKeys * kRowChunks / kCtaThreads; ++i) {
+    const int e = tid + i * kCtaThreads;
     const int r = e / kRowChunks, c = e % kRowChunks;
     const int key = kt + r;
     const bool inside = key < key_end;
@@ -181,16 +180,17 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, int kvh, int kt, i
   }
 }
 
-// The CTA's 64 query rows -> bf16 (x scale * log2 e) -> shared memory in
-// `layout`; padding rows 0.
-template <int D, class Layout>
+// The CTA's kCtaRows query rows -> bf16 (x scale * log2 e) -> shared memory
+// in `layout`; padding rows 0.
+template <int D, int kCtaRows, int kCtaThreads, class Layout>
 __device__ __forceinline__ void stage_queries(const Params& p, uint16_t* sq, int kvh, int t0, int nt, int tid,
                                               Layout layout) {
   constexpr int kRowChunks = D / 8;
+  static_assert((kCtaRows * kRowChunks) % kCtaThreads == 0, "Q loads spread evenly over the threads");
   const int G = p.G;
 #pragma unroll
-  for (int i = 0; i < kRows * kRowChunks / kThreads; ++i) {
-    const int e = tid + i * kThreads;
+  for (int i = 0; i < kCtaRows * kRowChunks / kCtaThreads; ++i) {
+    const int e = tid + i * kCtaThreads;
     const int r = e / kRowChunks, c = e % kRowChunks;
     const int tq = r / G;
     uint4 packed = make_uint4(0, 0, 0, 0);
@@ -359,9 +359,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   // (A CTA without keys, a key chunk past its tile's last token, only
   // writes its empty partial state.)
   if (n_tiles > 0) {
-    load_kv_tile<D, K>(p, kvh, key_begin, key_end, smem, smem + T::kTileElems, tid, layout);
+    load_kv_tile<D, K, kThreads>(p, kvh, key_begin, key_end, smem, smem + T::kTileElems, tid, layout);
     cp_async_commit();
-    stage_queries<D>(p, sq, kvh, t0, nt, tid, layout);
+    stage_queries<D, kRows, kThreads>(p, sq, kvh, t0, nt, tid, layout);
   }
   __syncthreads();
 
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
     const int kt = key_begin + it * K;
     if (it + 1 < n_tiles) {
       uint16_t* next = smem + ((it + 1) & 1) * T::kStageElems;
-      load_kv_tile<D, K>(p, kvh, kt + K, key_end, next, next + T::kTileElems, tid, layout);
+      load_kv_tile<D, K, kThreads>(p, kvh, kt + K, key_end, next, next + T::kTileElems, tid, layout);
       cp_async_commit();
       cp_async_wait<1>();  // tile `it` has landed, tile it+1 may still be in flight
     } else {
@@ -448,32 +448,57 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
 }
 
 #if defined(KVQ_WGMMA)
-// THE HOPPER KERNEL (head_dim 128, sm_90a): the same CTA, work split,
-// causal mask, softmax and epilogue as prefill_attn_kernel, with the two
-// products on warpgroup MMA (wgmma.cuh), the CTA's 4 warps one warpgroup:
-//   S[64][64]  = Q[64][128] . K_tile^T   8 x m64n64k16, A = Q and B = K from
-//                                         shared memory (both K-major)
+// THE HOPPER KERNEL (head_dim 128, sm_90a): the mma.sync kernel's work split,
+// causal mask, softmax and epilogue, with the products on warpgroup MMA
+// (wgmma.cuh) and 128 query rows per CTA: two warpgroups (8 warps, row
+// 16 w + gid as before), each owning 64 rows, share every K/V tile, which
+// halves the L2 traffic per FLOP of the 64-row CTA (at 64 rows the kernel
+// streamed ~4.6 TB/s of K/V from L2 at ~300 TFLOP/s). Per warpgroup:
+//   S[64][64]  = Q[64][128] . K_tile^T   8 x m64n64k16, A = its Q rows and
+//                                         B = K from shared memory (K-major)
 //   O[64][128] += bf16(P)[64][64] . V    4 x m64n128k16, A = P from registers
 //                                         (the S accumulators, as in the
 //                                         mma.sync kernel), B = V N-major
-// Every tile is 64 rows x 128 dims = two 128-byte-swizzle blocks of
-// [64][64] (Sw128Blocks): stage s holds K at s * 32 KiB and V 16 KiB after
-// it, Q sits after the two stages; 80 KiB + alignment, two CTAs per SM. The
-// warpgroup computes every tile together (no per-warp skip: wgmma is
-// warpgroup-wide; rows past their limit get p = 0 from the mask).
+// PIPELINE: kStages stages of K and V; tile i + 1's S = Q K^T is issued
+// before tile i's softmax and runs on the tensor cores while it does
+// (FlashAttention-3's intra-warpgroup overlap); P V then waits for both.
+// Tile i + kStages is loaded (cp.async) into tile i's stage once tile i's
+// products are done.
+// SHARED MEMORY: every K or V tile is 64 keys x 128 dims = two
+// 128-byte-swizzle blocks of [64][64] (Sw128Blocks<64>), stage s holds K at
+// s * 32 KiB and V 16 KiB after it; Q after the stages is two blocks of
+// [128][64] (Sw128Blocks<128>), warpgroup g's rows 64 g.. in each. One CTA
+// per SM (~200 registers a thread).
 // Descriptors (128-byte swizzle): Q and K k-step kc at block kc / 4, +32
 // bytes per step inside it, SBO 1024 (8 rows of 128 bytes); V key-step c at
 // +2048 bytes (16 keys of 128 bytes), LBO 8192 (the second 64-dim block),
 // SBO 1024 (8 keys).
 namespace wg_prefill {
-constexpr int kD = 128, kKeys = 64;
-constexpr int kBlockElems = 64 * kD;                                   // one Q, K or V tile (16 KiB)
-constexpr uint32_t kBlockBytes = kBlockElems * 2, kHalfBytes = kBlockBytes / 2;
-constexpr size_t kSmemBytes = size_t(5) * kBlockBytes + 1024;          // 2 x (K, V), Q; 1024-byte alignment slack
+constexpr int kD = 128, kKeys = 64, kStages = 4;
+constexpr int kWarpgroups = 2, kCtaThreads = 128 * kWarpgroups, kCtaRows = 64 * kWarpgroups;
+constexpr int kTileElems = kKeys * kD;  // one K or V tile (16 KiB)
+constexpr uint32_t kTileBytes = kTileElems * 2, kTileHalfBytes = kTileBytes / 2;
+constexpr uint32_t kQHalfBytes = kCtaRows * 64 * 2;  // one 64-dim block of Q
+constexpr size_t kSmemBytes = size_t(2 * kStages) * kTileBytes + 2 * kQHalfBytes + 1024;  // + alignment slack
 static_assert(kKeys == Tile<kD>::kKeys, "the host's key chunks assume the mma.sync kernel's key tile");
+
+// S = Q K^T of this warpgroup's rows (Q at sq_addr, its first row's block
+// offset included) and the tile at sk_addr (async: commit, then wait).
+__device__ __forceinline__ void issue_scores(float (&s)[kKeys / 2], uint32_t sq_addr, uint32_t sk_addr) {
+#if defined(KVQ_WGMMA_DEVICE)
+  wgmma::fence();
+#pragma unroll
+  for (int kc = 0; kc < kD / 16; ++kc) {
+    const uint32_t step = (kc & 3) * 32;
+    wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(sq_addr + (kc >> 2) * kQHalfBytes + step, 16, 1024),
+                            wgmma::desc_sw128(sk_addr + (kc >> 2) * kTileHalfBytes + step, 16, 1024), kc > 0);
+  }
+  wgmma::commit();
+#endif
+}
 }  // namespace wg_prefill
 
-__global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params p) {
+__global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma_kernel(Params p) {
 #if defined(KVQ_WGMMA_DEVICE)
   using namespace wg_prefill;
   constexpr int D = kD, K = kKeys;
@@ -482,8 +507,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params 
   const uint32_t raw_addr = smem_u32(smem_raw);
   uint16_t* const smem =
       reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) + ((1024u - (raw_addr & 1023u)) & 1023u));
-  uint16_t* const sq = smem + 4 * kBlockElems;
-  const Sw128Blocks<64> layout;
+  uint16_t* const sq = smem + 2 * kStages * kTileElems;
+  const Sw128Blocks<kKeys> kv_layout;
+  const Sw128Blocks<kCtaRows> q_layout;
 
   const int kvh = blockIdx.x;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
@@ -501,47 +527,53 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params 
   rows.limit_lo = first_limit + (warp * 16 + gid) / G;
   rows.limit_hi = first_limit + (warp * 16 + gid + 8) / G;
 
-  if (n_tiles > 0) {
-    load_kv_tile<D, K>(p, kvh, key_begin, key_end, smem, smem + kBlockElems, tid, layout);
+  // Tile i's stage (arithmetic: a pointer array would go to local memory).
+  auto stage = [smem](int i) { return smem + (i % kStages) * 2 * kTileElems; };
+  // One cp.async group per tile, empty past the last one, so that
+  // wait_group<kStages - 2> always means "the next tile has landed".
+  auto load = [&](int i) {
+    if (i < n_tiles)
+      load_kv_tile<D, K, kCtaThreads>(p, kvh, key_begin + i * K, key_end, stage(i), stage(i) + kTileElems, tid,
+                                      kv_layout);
     cp_async_commit();
-    stage_queries<D>(p, sq, kvh, t0, nt, tid, layout);
-  }
-  wgmma::fence_proxy_async();  // Q's stores, for the wgmma reads
-  __syncthreads();
+  };
 
-  const uint32_t sq_addr = smem_u32(sq);
   float o[D / 8][4];
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
   float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+  float s[K / 8][4], s_next[K / 8][4];
+  float(&s_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s);
+  float(&s_next_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s_next);
+  const uint32_t sq_addr = smem_u32(sq) + (warp >> 2) * (64 * 64 * 2);  // this warpgroup's 64 rows
+
+  if (n_tiles > 0) {
+    load(0);
+    stage_queries<D, kCtaRows, kCtaThreads>(p, sq, kvh, t0, nt, tid, q_layout);
+#pragma unroll
+    for (int i = 1; i < kStages - 1; ++i) load(i);
+    cp_async_wait<kStages - 2>();  // tile 0
+    wgmma::fence_proxy_async();    // Q's stores and this thread's cp.async writes, for the wgmma reads
+    __syncthreads();
+    issue_scores(s_flat, sq_addr, smem_u32(stage(0)));
+  }
 
   for (int it = 0; it < n_tiles; ++it) {
     const int kt = key_begin + it * K;
-    if (it + 1 < n_tiles) {
-      uint16_t* next = smem + ((it + 1) & 1) * 2 * kBlockElems;
-      load_kv_tile<D, K>(p, kvh, kt + K, key_end, next, next + kBlockElems, tid, layout);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    wgmma::fence_proxy_async();  // this thread's cp.async writes, for the wgmma reads
+    const bool has_next = it + 1 < n_tiles;
+    // Tile it + kStages - 1 into the stage tile it - 1 left (free since the
+    // barrier that ended the last iteration).
+    load(it + kStages - 1);
+    // Tile it + 1 has landed (the kStages - 2 newest groups may not have).
+    cp_async_wait<kStages - 2>();
+    wgmma::fence_proxy_async();
     __syncthreads();
-    const uint32_t sk_addr = smem_u32(smem + (it & 1) * 2 * kBlockElems);
-    const uint32_t sv_addr = sk_addr + kBlockBytes;
-
-    // S = Q K^T
-    float s[K / 8][4];
-    float(&s_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s);
-    wgmma::fence();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-      const uint32_t off = (kc >> 2) * kHalfBytes + (kc & 3) * 32;
-      wgmma::mma_m64n64k16_ss(s_flat, wgmma::desc_sw128(sq_addr + off, 16, 1024),
-                              wgmma::desc_sw128(sk_addr + off, 16, 1024), kc > 0);
+    if (has_next) {
+      issue_scores(s_next_flat, sq_addr, smem_u32(stage(it + 1)));
+      wgmma::wait<1>();  // tile it's scores; tile it + 1's may still run
+    } else {
+      wgmma::wait<0>();
     }
-    wgmma::commit();
-    wgmma::wait<0>();
     wgmma::fence_operands(s_flat);
 
     softmax_tile<K, D>(s, o, rows, kt, first_limit, tig);
@@ -553,14 +585,21 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params 
     for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, a[c]);
     wgmma::fence_operands(o_flat);
     wgmma::fence();
+    const uint32_t sv_addr = smem_u32(stage(it)) + kTileBytes;
 #pragma unroll
     for (int c = 0; c < K / 16; ++c)
-      wgmma::mma_m64n128k16_rs_nmajor(o_flat, a[c], wgmma::desc_sw128(sv_addr + c * 2048, kHalfBytes, 1024));
+      wgmma::mma_m64n128k16_rs_nmajor(o_flat, a[c], wgmma::desc_sw128(sv_addr + c * 2048, kTileHalfBytes, 1024));
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(o_flat);
-    __syncthreads();  // the stage is read (wait<0> above) before the next iteration refills it
+    wgmma::fence_operands(s_next_flat);
+    __syncthreads();  // both warpgroups' products of tile it are done: its stage is free
+#pragma unroll
+    for (int nb = 0; nb < K / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nb][e] = s_next[nb][e];
   }
+  cp_async_wait<0>();  // no copy outlives the CTA (the trailing groups are empty)
 
   write_rows<D>(p, o, rows, kvh, t0, nt, chunk, warp, gid, tig);
 #endif  // KVQ_WGMMA_DEVICE
@@ -568,16 +607,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_wgmma_kernel(Params 
 #endif  // KVQ_WGMMA
 
 // Opts `kernel` into `smem` bytes of dynamic shared memory and returns how
-// many of its CTAs fit on one SM (both once per device: ctx.kernels()).
-int configure_kernel(const DeviceContext& ctx, void (*kernel)(Params), size_t smem) {
+// many of its CTAs of `threads` fit on one SM (both once per device:
+// ctx.kernels()).
+int configure_kernel(const DeviceContext& ctx, void (*kernel)(Params), int threads, size_t smem) {
   const void* key = reinterpret_cast<const void*>(kernel);
   KernelResources& kernels = ctx.kernels();
   kernels.raise_limit(key, smem, [kernel](size_t bytes) {
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   });
-  return kernels.resident_ctas(key, kThreads, smem, [kernel, smem] {
+  return kernels.resident_ctas(key, threads, smem, [kernel, threads, smem] {
     int ctas = 0;
-    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, smem));
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem));
     return ctas;
   });
 }
@@ -588,19 +628,22 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
   constexpr int K = Tile<D>::kKeys;
   const int n_kv = layer.n_kv_heads;
   const int G = n_heads / n_kv;
-  const int Tq = kRows / G;
-  const int q_tiles = (n + Tq - 1) / Tq;
-  KVQ_CHECK(q_tiles <= 65535, Errc::out_of_range, "GPU prefill attention: ", n,
-            " query tokens in one call is too many (lower --prefill-chunk)");
   void (*kernel)(Params) = prefill_attn_kernel<D>;
   size_t smem = Tile<D>::kSmemBytes;
+  int threads = kThreads, cta_rows = kRows;
 #if defined(KVQ_WGMMA)
   if (flash_attention_prefill_wgmma(D, ctx)) {
     kernel = prefill_attn_wgmma_kernel;
     smem = wg_prefill::kSmemBytes;
+    threads = wg_prefill::kCtaThreads;
+    cta_rows = wg_prefill::kCtaRows;
   }
 #endif
-  const int ctas_per_sm = configure_kernel(ctx, kernel, smem);
+  const int Tq = cta_rows / G;
+  const int q_tiles = (n + Tq - 1) / Tq;
+  KVQ_CHECK(q_tiles <= 65535, Errc::out_of_range, "GPU prefill attention: ", n,
+            " query tokens in one call is too many (lower --prefill-chunk)");
+  const int ctas_per_sm = configure_kernel(ctx, kernel, threads, smem);
 
   // Key chunks: none when the query tiles fill the GPU's CTA slots at least
   // half way; otherwise as many as fill them in one wave, each at least
@@ -643,7 +686,7 @@ void launch_prefill(const KvLayerView& layer, int pos, int n, const float* q, in
     p.part_o = p.part_l + rows * n_chunks;
   }
   const dim3 grid(n_kv, q_tiles, n_chunks);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p);
   KVQ_CUDA_CHECK_LAUNCH();
   if (n_chunks > 1) {
     merge_partial_states(p.part_m, p.part_l, p.part_o, int(rows), n_chunks, D, out, stream);
