@@ -124,25 +124,31 @@ __device__ __forceinline__ StoreRow token_row(const SeqRows& src, const ExactTar
 
 // dst rows (dst.row(h, t): bf16, D values each) <- token t < n_tokens of
 // every head of the side, found through `src` (the sequence's block table)
-// (unrotated families without a sketch: one thread per value). Exact rows
-// (a window's pages) are copied as they are.
+// (unrotated families without a sketch): one thread per 8 consecutive values
+// of a row, one 16-byte store, 32-bit index math (a 64-bit division per
+// value cost more than its decode). Exact rows (a window's pages) are copied
+// as they are. D % 8 == 0; rows * D / 8 < 2^31 (dequantize_side).
 __global__ void dequantize_kernel(GpuKvSide side, ExactTarget window, int n_tokens, int n_kv, int D, SeqRows src,
                                   uint16_t* __restrict__ dst, SeqRows dst_rows) {
-  const size_t total = size_t(n_kv) * n_tokens * D;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const int d = int(i % D);
-    const int t = int((i / D) % n_tokens);
-    const int h = int(i / (size_t(D) * n_tokens));
-    const StoreRow r = token_row(src, window, h, t);
-    uint16_t& out = dst[dst_rows.row(h, t) * D + d];
-    if (r.exact) {
-      out = reinterpret_cast<const uint16_t*>(window.exact.code)[r.row * D + d];
-      continue;
-    }
-    const uint8_t* code = side.code + side.code_offset(r.row);
-    const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
-    out = ::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d));
+  const int per_row = D / 8;
+  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (i >= n_kv * n_tokens * per_row) return;
+  const int row = i / per_row, d0 = (i - row * per_row) * 8;
+  const int h = row / n_tokens, t = row - h * n_tokens;
+  const StoreRow r = token_row(src, window, h, t);
+  uint4* out = reinterpret_cast<uint4*>(dst + dst_rows.row(h, t) * D + d0);
+  if (r.exact) {
+    *out = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint16_t*>(window.exact.code) + r.row * D + d0);
+    return;
   }
+  const uint8_t* code = side.code + side.code_offset(r.row);
+  const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = uint32_t(::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d0 + 2 * k))) |
+           (uint32_t(::kvq::f32_to_bf16(decode_value_any(side, code, s, D, d0 + 2 * k + 1))) << 16);
+  *out = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Rotated stores and +qjl sides: one warp per (head, token) row decodes it
@@ -185,7 +191,9 @@ void dequantize_side(const GpuKvSide& side, const ExactTarget& window, int n_tok
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, D, src, dst, dst_rows);
   } else {
-    const int grid = int(std::min<size_t>((total + 255) / 256, size_t(ctx.sm_count()) * 16));
+    KVQ_CHECK(D % 8 == 0 && total / 8 < (size_t(1) << 31), Errc::internal, "dequantize_kv_bf16: head_dim ", D, ", ",
+              total, " values");
+    const int grid = int((total / 8 + 255) / 256);
     dequantize_kernel<<<grid, 256, 0, stream>>>(side, window, n_tokens, n_kv, D, src, dst, dst_rows);
   }
   KVQ_CUDA_CHECK_LAUNCH();
