@@ -214,6 +214,38 @@ struct RowPair {
   int limit_lo = 0, limit_hi = 0;            // padding rows: larger, harmless
 };
 
+// A CTA's share of the work (the header's WORK SPLIT) and the calling
+// thread's place in it, for a key tile of K keys: its KV head, query tile
+// (t0, nt valid tokens), key chunk and key range, and its two rows' limits
+// (row 16 warp + gid and + 8).
+template <int K>
+struct CtaWork {
+  int kvh, t0, chunk, nt;
+  int tid, lane, warp, gid, tig;
+  int first_limit;  // last key the tile's first token sees
+  int key_begin, key_end, n_tiles;
+  RowPair rows;
+  __device__ __forceinline__ explicit CtaWork(const Params& p) {
+    kvh = blockIdx.x;
+    t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
+    chunk = blockIdx.z;
+    nt = min(p.Tq, p.n - t0);
+    tid = threadIdx.x;
+    lane = tid & 31;
+    warp = tid >> 5;
+    gid = lane >> 2;
+    tig = lane & 3;
+    // Key range: causal end (the last valid token's position + 1) cut to
+    // the key chunk.
+    first_limit = p.pos + t0;
+    key_begin = chunk * p.chunk_len;
+    key_end = min(first_limit + nt, key_begin + p.chunk_len);
+    n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
+    rows.limit_lo = first_limit + (warp * 16 + gid) / p.G;
+    rows.limit_hi = first_limit + (warp * 16 + gid + 8) / p.G;
+  }
+};
+
 // One key tile's scores s (keys kt .. kt + K - 1, log2 units, the C
 // fragments of S = Q K^T) -> probabilities P = exp2(s - m') in s: the causal
 // mask, the online-softmax update of (m, l) and the rescale of o.
@@ -285,9 +317,10 @@ __device__ __forceinline__ void p_fragment(const float (&s)[K / 8][4], int c, ui
 // Row sums over the quad (each thread summed its own columns), then this
 // thread's part of its two rows: normalised output (one key chunk) or the
 // partial state.
-template <int D>
-__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], RowPair& r, int kvh, int t0,
-                                           int nt, int chunk, int warp, int gid, int tig) {
+template <int D, int K>
+__device__ __forceinline__ void write_rows(const Params& p, const float (&o)[D / 8][4], CtaWork<K>& w) {
+  RowPair& r = w.rows;
+  const int kvh = w.kvh, t0 = w.t0, nt = w.nt, chunk = w.chunk, warp = w.warp, gid = w.gid, tig = w.tig;
   r.l_lo += __shfl_xor_sync(0xffffffffu, r.l_lo, 1);
   r.l_lo += __shfl_xor_sync(0xffffffffu, r.l_lo, 2);
   r.l_hi += __shfl_xor_sync(0xffffffffu, r.l_hi, 1);
@@ -335,24 +368,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
   uint16_t* const sq = smem + (T::kQInRegs ? T::kStageElems : 2 * T::kStageElems);
   const RowMajorSwizzle<D> layout;
 
-  const int kvh = blockIdx.x;
-  const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
-  const int chunk = blockIdx.z;
-  const int nt = min(p.Tq, p.n - t0);  // valid tokens in this tile
-  const int G = p.G;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-
-  // Key range of this CTA: causal end (the last valid token's position + 1)
-  // cut to its key chunk.
-  const int first_limit = p.pos + t0;  // last key the tile's first token sees
-  const int key_begin = chunk * p.chunk_len;
-  const int key_end = min(first_limit + nt, key_begin + p.chunk_len);
-  const int n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
-
-  RowPair rows;
-  rows.limit_lo = first_limit + (warp * 16 + gid) / G;
-  rows.limit_hi = first_limit + (warp * 16 + gid + 8) / G;
+  CtaWork<K> w(p);
+  const int kvh = w.kvh, t0 = w.t0, nt = w.nt, G = p.G;
+  const int tid = w.tid, lane = w.lane, warp = w.warp, tig = w.tig;
+  const int first_limit = w.first_limit, key_begin = w.key_begin, key_end = w.key_end, n_tiles = w.n_tiles;
+  RowPair& rows = w.rows;
   // Last key any valid row of this warp sees (-1: the warp has no valid row).
   const int warp_last_key = (warp * 16) / G < nt ? first_limit + min((warp * 16 + 15) / G, nt - 1) : -1;
 
@@ -444,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
 
-  write_rows<D>(p, o, rows, kvh, t0, nt, chunk, warp, gid, tig);
+  write_rows<D>(p, o, w);
 }
 
 #if defined(KVQ_WGMMA)
@@ -511,21 +531,11 @@ __global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma
   const Sw128Blocks<kKeys> kv_layout;
   const Sw128Blocks<kCtaRows> q_layout;
 
-  const int kvh = blockIdx.x;
-  const int t0 = (gridDim.y - 1 - blockIdx.y) * p.Tq;  // late query tiles first
-  const int chunk = blockIdx.z;
-  const int nt = min(p.Tq, p.n - t0);
-  const int G = p.G;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-  const int first_limit = p.pos + t0;
-  const int key_begin = chunk * p.chunk_len;
-  const int key_end = min(first_limit + nt, key_begin + p.chunk_len);
-  const int n_tiles = key_end > key_begin ? (key_end - key_begin + K - 1) / K : 0;
-
-  RowPair rows;
-  rows.limit_lo = first_limit + (warp * 16 + gid) / G;
-  rows.limit_hi = first_limit + (warp * 16 + gid + 8) / G;
+  CtaWork<K> w(p);
+  const int kvh = w.kvh, t0 = w.t0, nt = w.nt;
+  const int tid = w.tid, warp = w.warp, tig = w.tig;
+  const int first_limit = w.first_limit, key_begin = w.key_begin, key_end = w.key_end, n_tiles = w.n_tiles;
+  RowPair& rows = w.rows;
 
   // Tile i's stage (arithmetic: a pointer array would go to local memory).
   auto stage = [smem](int i) { return smem + (i % kStages) * 2 * kTileElems; };
@@ -601,7 +611,7 @@ __global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma
   }
   cp_async_wait<0>();  // no copy outlives the CTA (the trailing groups are empty)
 
-  write_rows<D>(p, o, rows, kvh, t0, nt, chunk, warp, gid, tig);
+  write_rows<D>(p, o, w);
 #endif  // KVQ_WGMMA_DEVICE
 }
 #endif  // KVQ_WGMMA
