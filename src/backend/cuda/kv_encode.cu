@@ -183,7 +183,7 @@ __global__ void dequantize_rows_kernel(GpuKvSide side, ExactTarget window, int n
 }
 
 void dequantize_side(const GpuKvSide& side, const ExactTarget& window, int n_tokens, int n_kv, int D, SeqRows src,
-                     uint16_t* dst, SeqRows dst_rows, cudaStream_t stream, const DeviceContext& ctx) {
+                     uint16_t* dst, SeqRows dst_rows, cudaStream_t stream) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
   if (is_rotated(side.family) || side.has_qjl) {
@@ -314,10 +314,8 @@ void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
   const SeqRows src = layer.rows(pages);
-  dequantize_side(layer.k, exact_k(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream,
-                  ctx);
-  dequantize_side(layer.v, exact_v(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream,
-                  ctx);
+  dequantize_side(layer.k, exact_k(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.k, dst.rows(), stream);
+  dequantize_side(layer.v, exact_v(layer), n_tokens, layer.n_kv_heads, layer.head_dim, src, dst.v, dst.rows(), stream);
 }
 
 void pack_kv_pages(const GpuKvLayer& layer, const int32_t* pairs_dev, int n, cudaStream_t stream) {
