@@ -1,5 +1,8 @@
 // Tensor-core causal GQA prefill attention (FlashAttention-2 style) over the
-// bf16 cache; API in attention_prefill.hpp.
+// bf16 cache; API in attention_prefill.hpp. Two kernels: prefill_attn_kernel
+// (mma.sync; described here) and, for head_dim 128 in sm_90a builds on a 9.0
+// device, prefill_attn_wgmma_kernel (the same split with 128 rows and 8
+// warps per CTA; THE HOPPER KERNEL below).
 //
 // WORK SPLIT
 //   grid = (n_kv, query tiles, key chunks); block = 4 warps (128 threads).

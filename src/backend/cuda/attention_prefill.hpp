@@ -1,11 +1,11 @@
 // Tensor-core causal GQA flash attention for PREFILL (n > 1 query tokens)
 // over the bf16 GPU KV cache (layout: attention.hpp, KvLayerView).
 //
-// FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32 (sm_80+), or for
-// head_dim 128 on Hopper the same kernel on warpgroup MMA (wgmma, sm_90a
-// builds): a CTA of 4 warps owns 64 query rows = (token, head) pairs of ONE KV head, so every K/V
-// tile it streams through shared memory serves the whole GQA group; online
-// softmax in registers. Tile, fragment and shared-memory layouts are
+// FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32 (sm_80+): a CTA of
+// 4 warps owns 64 query rows = (token, head) pairs of ONE KV head, so every
+// K/V tile it streams through shared memory serves the whole GQA group;
+// online softmax in registers. For head_dim 128 on Hopper (sm_90a builds)
+// the same algorithm on warpgroup MMA (wgmma): 8 warps, 128 rows per CTA. Tile, fragment and shared-memory layouts are
 // documented at the top of attention_prefill.cu.
 //
 // Precision: Q (pre-multiplied by scale * log2 e) and the probabilities P are
