@@ -475,8 +475,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
 // causal mask, softmax and epilogue, with the products on warpgroup MMA
 // (wgmma.cuh) and 128 query rows per CTA: two warpgroups (8 warps, row
 // 16 w + gid as before), each owning 64 rows, share every K/V tile, which
-// halves the L2 traffic per FLOP of the 64-row CTA (at 64 rows the kernel
-// streamed ~4.6 TB/s of K/V from L2 at ~300 TFLOP/s). Per warpgroup:
+// halves the L2 traffic per FLOP of the 64-row CTA (at 64 rows, 32 KiB of
+// K/V per 2.1 MFLOP tile: ~4.6 TB/s from L2 at ~300 TFLOP/s, computed, not
+// measured). Per warpgroup:
 //   S[64][64]  = Q[64][128] . K_tile^T   8 x m64n64k16, A = its Q rows and
 //                                         B = K from shared memory (K-major)
 //   O[64][128] += bf16(P)[64][64] . V    4 x m64n128k16, A = P from registers
