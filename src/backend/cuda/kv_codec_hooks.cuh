@@ -859,4 +859,26 @@ __device__ __forceinline__ float qjl_decode_value(const GpuKvSide& s, int head, 
   return y;
 }
 
+// +qjl: this lane's kNJ values d = lane + 32 k (D = 32 kNJ) of the full
+// reconstruction in the rotated basis, each exactly as qjl_decode_value
+// gives it (the same operations in the same order), the kNJ chains
+// interleaved: one sign read per j serves all of them and their adds
+// overlap instead of running one 128-long chain after another.
+template <int kNJ>
+__device__ __forceinline__ void qjl_decode_lane(const GpuKvSide& s, int head, const uint8_t* code,
+                                                const uint8_t* side, int lane, float (&y)[kNJ]) {
+  constexpr int D = 32 * kNJ;
+#pragma unroll
+  for (int k = 0; k < kNJ; ++k) y[k] = decode_value_any(s, code, side, D, lane + 32 * k);
+  const float c = __fmul_rn(float(1.2533141373155002512 / D), enc::load_f16(side + s.qjl_side_offset));
+  const uint8_t* bits = code + s.qjl_code_offset;
+  const float* S = s.qjl + size_t(head) * D * D + lane;
+#pragma unroll 4
+  for (int j = 0; j < D; ++j) {
+    const float sj = enc::plane_get(bits, j, 1) ? c : -c;
+#pragma unroll
+    for (int k = 0; k < kNJ; ++k) y[k] = __fadd_rn(y[k], __fmul_rn(sj, S[size_t(j) * D + 32 * k]));
+  }
+}
+
 }  // namespace kvq::cuda

@@ -151,6 +151,16 @@ __global__ void dequantize_kernel(GpuKvSide side, ExactTarget window, int n_toke
   *out = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// A +qjl row's values (rotated basis) into y[0, D), D = 32 kNJ.
+template <int kNJ>
+__device__ __forceinline__ void qjl_rows_lane(const GpuKvSide& side, int h, const uint8_t* code, const uint8_t* s,
+                                              int lane, float* y) {
+  float v[kNJ];
+  qjl_decode_lane<kNJ>(side, h, code, s, lane, v);
+#pragma unroll
+  for (int k = 0; k < kNJ; ++k) y[lane + 32 * k] = v[k];
+}
+
 // Rotated stores and +qjl sides: one warp per (head, token) row decodes it
 // in the rotated basis into shared memory (the CPU block's decode_rotated,
 // +qjl: plus its sketch term), un-rotates it in place with the side's
@@ -174,8 +184,14 @@ __global__ void dequantize_rows_kernel(GpuKvSide side, ExactTarget window, int n
   const uint8_t* code = side.code + side.code_offset(r.row);
   const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
   float* y = rows[warp];
-  for (int d = lane; d < D; d += 32)
-    y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
+  if (side.has_qjl && (D == 64 || D == 128 || D == 256)) {
+    if (D == 64) qjl_rows_lane<2>(side, h, code, s, lane, y);
+    else if (D == 128) qjl_rows_lane<4>(side, h, code, s, lane, y);
+    else qjl_rows_lane<8>(side, h, code, s, lane, y);
+  } else {
+    for (int d = lane; d < D; d += 32)
+      y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
+  }
   const RotationKind kind = rotation_kind(side.family);
   if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), y, y, D, lane, true);
   __syncwarp();
