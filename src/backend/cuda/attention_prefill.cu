@@ -251,10 +251,11 @@ struct CtaWork {
 
 // One key tile's scores s (keys kt .. kt + K - 1, log2 units, the C
 // fragments of S = Q K^T) -> probabilities P = exp2(s - m') in s: the causal
-// mask, the online-softmax update of (m, l) and the rescale of o.
-template <int K, int D>
-__device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D / 8][4], RowPair& r, int kt,
-                                             int first_limit, int tig) {
+// mask and the online-softmax update of (m, l). Returns in alpha_lo / _hi
+// the factor exp2(m - m') that the output accumulated so far must take.
+template <int K>
+__device__ __forceinline__ void softmax_scores(float (&s)[K / 8][4], RowPair& r, int kt, int first_limit, int tig,
+                                               float& alpha_lo, float& alpha_hi) {
   // Causal mask: only tiles that reach past the first row's limit (this
   // includes the zero-filled keys past key_end, which lie past every valid
   // row's limit).
@@ -283,7 +284,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D 
   // 0, no NaN.
   const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
   const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
-  const float alpha_lo = fast_exp2(r.m_lo - base_lo), alpha_hi = fast_exp2(r.m_hi - base_hi);
+  alpha_lo = fast_exp2(r.m_lo - base_lo);
+  alpha_hi = fast_exp2(r.m_hi - base_hi);
   r.m_lo = mx_lo;
   r.m_hi = mx_hi;
   float sum_lo = 0.0f, sum_hi = 0.0f;
@@ -298,6 +300,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D 
   }
   r.l_lo = r.l_lo * alpha_lo + sum_lo;
   r.l_hi = r.l_hi * alpha_hi + sum_hi;
+}
+
+// o (this thread's two rows) *= alpha.
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float alpha_lo, float alpha_hi) {
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) {
     o[db][0] *= alpha_lo;
@@ -305,6 +312,15 @@ __device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D 
     o[db][2] *= alpha_hi;
     o[db][3] *= alpha_hi;
   }
+}
+
+// softmax_scores, then the rescale of o.
+template <int K, int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[K / 8][4], float (&o)[D / 8][4], RowPair& r, int kt,
+                                             int first_limit, int tig) {
+  float alpha_lo, alpha_hi;
+  softmax_scores<K>(s, r, kt, first_limit, tig, alpha_lo, alpha_hi);
+  rescale_rows<D>(o, alpha_lo, alpha_hi);
 }
 
 // P of keys 16c .. 16c + 15 as a bf16 A fragment: the C fragments of S
@@ -473,37 +489,53 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attn_kernel(Params p) {
 #if defined(KVQ_WGMMA)
 // THE HOPPER KERNEL (head_dim 128, sm_90a): the mma.sync kernel's work split,
 // causal mask, softmax and epilogue, with the products on warpgroup MMA
-// (wgmma.cuh) and 128 query rows per CTA: two warpgroups (8 warps, row
-// 16 w + gid as before), each owning 64 rows, share every K/V tile, which
-// halves the L2 traffic per FLOP of the 64-row CTA (at 64 rows, 32 KiB of
-// K/V per 2.1 MFLOP tile: ~4.6 TB/s from L2 at ~300 TFLOP/s, computed, not
-// measured). Per warpgroup:
+// (wgmma.cuh), 128 query rows per CTA and FlashAttention-3's warp
+// specialization. Two CONSUMER warpgroups (warps 0-7, row 16 w + gid as
+// before) each own 64 rows and share every K/V tile, which halves the L2
+// traffic per FLOP of the 64-row CTA (at 64 rows, 32 KiB of K/V per 2.1
+// MFLOP tile: ~4.6 TB/s from L2 at ~300 TFLOP/s, computed, not measured).
+// A PRODUCER warpgroup (warps 8-11) streams the tiles with cp.async and
+// does nothing else. Per consumer warpgroup:
 //   S[64][64]  = Q[64][128] . K_tile^T   8 x m64n64k16, A = its Q rows and
 //                                         B = K from shared memory (K-major)
 //   O[64][128] += bf16(P)[64][64] . V    4 x m64n128k16, A = P from registers
 //                                         (the S accumulators, as in the
 //                                         mma.sync kernel), B = V N-major
-// PIPELINE: kStages stages of K and V; tile i + 1's S = Q K^T is issued
-// before tile i's softmax and runs on the tensor cores while it does
-// (FlashAttention-3's intra-warpgroup overlap); P V then waits for both.
-// Tile i + kStages is loaded (cp.async) into tile i's stage once tile i's
-// products are done.
+// PIPELINE: kStages stages of K and V, each with two mbarriers (wgmma.cuh's
+// pipe::): "full" completes when the producer's 128 threads' copies of the
+// tile have landed (cp.async.mbarrier.arrive), "empty" when the 8 consumer
+// warps are done with it; the producer refills a stage once it is empty.
+// No CTA-wide barrier after the start: each warpgroup runs at its own pace.
+// A consumer warpgroup issues tile i + 1's S = Q K^T and tile i's O += P V
+// together, runs tile i + 1's softmax while P V (and the other warpgroup's
+// products) run, then rescales O by tile i + 1's alpha (a warp skips it when
+// every alpha is 1, which is most tiles once the row maxima settle) and
+// packs its P.
+// Measured and not kept (docs/perf.md, session 21): one producer warp (its
+// cp.async issue could not keep up: TTFT 64k 9.5 s), two (6.1 s),
+// FlashAttention-3's ping-pong, the two warpgroups taking strict turns on
+// the tensor cores through named barriers (5.40 s against 5.13 without),
+// and five stages (5.09 s against 5.11, within noise).
 // SHARED MEMORY: every K or V tile is 64 keys x 128 dims = two
 // 128-byte-swizzle blocks of [64][64] (Sw128Blocks<64>), stage s holds K at
 // s * 32 KiB and V 16 KiB after it; Q after the stages is two blocks of
-// [128][64] (Sw128Blocks<128>), warpgroup g's rows 64 g.. in each. One CTA
-// per SM (~200 registers a thread).
+// [128][64] (Sw128Blocks<128>), warpgroup g's rows 64 g.. in each; the
+// 2 kStages mbarriers after Q. One CTA per SM.
 // Descriptors (128-byte swizzle): Q and K k-step kc at block kc / 4, +32
 // bytes per step inside it, SBO 1024 (8 rows of 128 bytes); V key-step c at
 // +2048 bytes (16 keys of 128 bytes), LBO 8192 (the second 64-dim block),
 // SBO 1024 (8 keys).
 namespace wg_prefill {
 constexpr int kD = 128, kKeys = 64, kStages = 4;
-constexpr int kWarpgroups = 2, kCtaThreads = 128 * kWarpgroups, kCtaRows = 64 * kWarpgroups;
+constexpr int kConsumerWarps = 8, kProducerWarps = 4;
+constexpr int kConsumerThreads = 32 * kConsumerWarps, kCtaThreads = kConsumerThreads + 32 * kProducerWarps;
+constexpr int kCtaRows = 16 * kConsumerWarps;
 constexpr int kTileElems = kKeys * kD;  // one K or V tile (16 KiB)
 constexpr uint32_t kTileBytes = kTileElems * 2, kTileHalfBytes = kTileBytes / 2;
 constexpr uint32_t kQHalfBytes = kCtaRows * 64 * 2;  // one 64-dim block of Q
-constexpr size_t kSmemBytes = size_t(2 * kStages) * kTileBytes + 2 * kQHalfBytes + 1024;  // + alignment slack
+constexpr int kQReadyBarrier = 1;                    // named barrier: the consumers' Q is staged
+constexpr size_t kSmemBytes =  // + 1024 bytes of alignment slack
+    size_t(2 * kStages) * kTileBytes + 2 * kQHalfBytes + 2 * kStages * sizeof(uint64_t) + 1024;
 static_assert(kKeys == Tile<kD>::kKeys, "the host's key chunks assume the mma.sync kernel's key tile");
 
 // S = Q K^T of this warpgroup's rows (Q at sq_addr, its first row's block
@@ -532,88 +564,104 @@ __global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma
   uint16_t* const smem =
       reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) + ((1024u - (raw_addr & 1023u)) & 1023u));
   uint16_t* const sq = smem + 2 * kStages * kTileElems;
-  const Sw128Blocks<kKeys> kv_layout;
-  const Sw128Blocks<kCtaRows> q_layout;
+  // Tile i's stage and barriers (arithmetic: a pointer array would go to
+  // local memory); parity(i): which of its stage's uses tile i is, mod 2.
+  const uint32_t bars = smem_u32(sq + kCtaRows * kD);  // full[kStages], then empty[kStages]
+  auto full = [bars](int i) { return bars + uint32_t(i % kStages) * 8u; };
+  auto empty = [bars](int i) { return bars + uint32_t(kStages + i % kStages) * 8u; };
+  auto parity = [](int i) { return uint32_t(i / kStages) & 1u; };
+  auto stage = [smem](int i) { return smem + (i % kStages) * 2 * kTileElems; };
 
   CtaWork<K> w(p);
   const int kvh = w.kvh, t0 = w.t0, nt = w.nt;
-  const int tid = w.tid, warp = w.warp, tig = w.tig;
+  const int tid = w.tid, lane = w.lane, warp = w.warp, tig = w.tig;
   const int first_limit = w.first_limit, key_begin = w.key_begin, key_end = w.key_end, n_tiles = w.n_tiles;
-  RowPair& rows = w.rows;
 
-  // Tile i's stage (arithmetic: a pointer array would go to local memory).
-  auto stage = [smem](int i) { return smem + (i % kStages) * 2 * kTileElems; };
-  // One cp.async group per tile, empty past the last one, so that
-  // wait_group<kStages - 2> always means "the next tile has landed".
-  auto load = [&](int i) {
-    if (i < n_tiles)
-      load_kv_tile<D, K, kCtaThreads>(p, kvh, key_begin + i * K, key_end, stage(i), stage(i) + kTileElems, tid,
-                                      kv_layout);
-    cp_async_commit();
-  };
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      pipe::init(full(s), 32 * kProducerWarps);
+      pipe::init(empty(s), kConsumerWarps);
+    }
+    pipe::fence_init();
+  }
+  __syncthreads();  // the only CTA-wide barrier: the producer leaves early
+
+  if (warp >= kConsumerWarps) {  // the producer
+    const Sw128Blocks<kKeys> kv_layout;
+    for (int i = 0; i < n_tiles; ++i) {
+      if (i >= kStages) pipe::wait(empty(i), parity(i - kStages));
+      load_kv_tile<D, K, 32 * kProducerWarps>(p, kvh, key_begin + i * K, key_end, stage(i), stage(i) + kTileElems,
+                                              tid - kConsumerThreads, kv_layout);
+      pipe::arrive_on_copies(full(i));
+    }
+    pipe::copies_wait_all();
+    return;
+  }
+
+  RowPair& rows = w.rows;
+  stage_queries<D, kCtaRows, kConsumerThreads>(p, sq, kvh, t0, nt, tid, Sw128Blocks<kCtaRows>());
+  wgmma::fence_proxy_async();  // Q's stores, for the wgmma reads
+  pipe::named_sync(kQReadyBarrier, kConsumerThreads);
 
   float o[D / 8][4];
 #pragma unroll
   for (int db = 0; db < D / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
   float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-  float s[K / 8][4], s_next[K / 8][4];
+  float s[K / 8][4];
   float(&s_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s);
-  float(&s_next_flat)[K / 2] = reinterpret_cast<float(&)[K / 2]>(s_next);
+  uint32_t pa[K / 16][4];                                       // tile i's P as A fragments
   const uint32_t sq_addr = smem_u32(sq) + (warp >> 2) * (64 * 64 * 2);  // this warpgroup's 64 rows
+  // Tile i has landed; then the producer's cp.async writes are made visible
+  // to this thread's wgmma reads.
+  auto wait_tile = [&](int i) {
+    pipe::wait(full(i), parity(i));
+    wgmma::fence_proxy_async();
+  };
 
   if (n_tiles > 0) {
-    load(0);
-    stage_queries<D, kCtaRows, kCtaThreads>(p, sq, kvh, t0, nt, tid, q_layout);
-#pragma unroll
-    for (int i = 1; i < kStages - 1; ++i) load(i);
-    cp_async_wait<kStages - 2>();  // tile 0
-    wgmma::fence_proxy_async();    // Q's stores and this thread's cp.async writes, for the wgmma reads
-    __syncthreads();
+    wait_tile(0);
     issue_scores(s_flat, sq_addr, smem_u32(stage(0)));
+    wgmma::wait<0>();
+    wgmma::fence_operands(s_flat);
+    float alpha_lo, alpha_hi;  // o is still 0
+    softmax_scores<K>(s, rows, key_begin, first_limit, tig, alpha_lo, alpha_hi);
+#pragma unroll
+    for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, pa[c]);
   }
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int kt = key_begin + it * K;
     const bool has_next = it + 1 < n_tiles;
-    // Tile it + kStages - 1 into the stage tile it - 1 left (free since the
-    // barrier that ended the last iteration).
-    load(it + kStages - 1);
-    // Tile it + 1 has landed (the kStages - 2 newest groups may not have).
-    cp_async_wait<kStages - 2>();
-    wgmma::fence_proxy_async();
-    __syncthreads();
     if (has_next) {
-      issue_scores(s_next_flat, sq_addr, smem_u32(stage(it + 1)));
-      wgmma::wait<1>();  // tile it's scores; tile it + 1's may still run
-    } else {
-      wgmma::wait<0>();
+      wait_tile(it + 1);
+      issue_scores(s_flat, sq_addr, smem_u32(stage(it + 1)));
     }
-    wgmma::fence_operands(s_flat);
-
-    softmax_tile<K, D>(s, o, rows, kt, first_limit, tig);
-
-    // O += P V (the fence after the A fragments and the rescaled O are
-    // written: wgmma reads both registers asynchronously)
-    uint32_t a[K / 16][4];
-#pragma unroll
-    for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, a[c]);
+    // O += P V of tile it (the fence: wgmma reads o and pa asynchronously)
     wgmma::fence_operands(o_flat);
     wgmma::fence();
     const uint32_t sv_addr = smem_u32(stage(it)) + kTileBytes;
 #pragma unroll
     for (int c = 0; c < K / 16; ++c)
-      wgmma::mma_m64n128k16_rs_nmajor(o_flat, a[c], wgmma::desc_sw128(sv_addr + c * 2048, kTileHalfBytes, 1024));
+      wgmma::mma_m64n128k16_rs_nmajor(o_flat, pa[c], wgmma::desc_sw128(sv_addr + c * 2048, kTileHalfBytes, 1024));
     wgmma::commit();
+
+    float alpha_lo = 1.0f, alpha_hi = 1.0f;
+    if (has_next) {
+      wgmma::wait<1>();  // tile it + 1's scores (committed first); P V may still run
+      wgmma::fence_operands(s_flat);
+      softmax_scores<K>(s, rows, key_begin + (it + 1) * K, first_limit, tig, alpha_lo, alpha_hi);
+    }
     wgmma::wait<0>();
     wgmma::fence_operands(o_flat);
-    wgmma::fence_operands(s_next_flat);
-    __syncthreads();  // both warpgroups' products of tile it are done: its stage is free
+    if (lane == 0) pipe::arrive(empty(it));  // this warp is done with tile it's stage
+    if (has_next) {
+      // Once a row's max settles alpha is 1 (ex2 of 0) tile after tile:
+      // the warp skips the 64 multiplications when all its rows have it.
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f))
+        rescale_rows<D>(o, alpha_lo, alpha_hi);
 #pragma unroll
-    for (int nb = 0; nb < K / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nb][e] = s_next[nb][e];
+      for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, pa[c]);
+    }
   }
-  cp_async_wait<0>();  // no copy outlives the CTA (the trailing groups are empty)
 
   write_rows<D>(p, o, w);
 #endif  // KVQ_WGMMA_DEVICE

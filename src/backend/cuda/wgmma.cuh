@@ -112,3 +112,44 @@ __device__ __forceinline__ void mma_m64n64k16_rs_nmajor(float (&d)[32], const ui
 #endif  // KVQ_WGMMA_DEVICE
 
 }  // namespace kvq::cuda::wgmma
+
+// Pipeline barriers for warp-specialized kernels (PTX ISA 9.7.13.15,
+// mbarrier; 9.7.13.1, bar): a producer fills shared-memory stages and
+// consumers wait on each stage's "full" barrier, then arrive on its "empty"
+// one. Phases alternate: a waiter passes once the barrier's phase with the
+// given parity has completed (the first phase has parity 0).
+namespace kvq::cuda::pipe {
+#if defined(KVQ_WGMMA_DEVICE)
+__device__ __forceinline__ void init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// After the initialising thread's last init, before the CTA barrier that
+// publishes them.
+__device__ __forceinline__ void fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread issued before it has landed
+// (.noinc: the arrival is one of the `arrivals` the barrier was set up for).
+__device__ __forceinline__ void arrive_on_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Named CTA barriers (id 1..15; 0 is __syncthreads) over `threads` threads:
+// sync waits for them all, arrive counts this thread and goes on.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+#endif  // KVQ_WGMMA_DEVICE
+}  // namespace kvq::cuda::pipe
