@@ -419,3 +419,19 @@ TEST_F(CudaOps, RmsNormBf16IsTheRoundedRmsNorm) {
 }
 
 }  // namespace
+
+// swiglu_bf16 writes exactly the bf16 rounding of swiglu's output, on the
+// vectorized path (n a multiple of 4) and the scalar one.
+TEST_F(CudaOps, SwigluBf16IsTheRoundedSwiglu) {
+  for (size_t n : {size_t(1000), size_t(12289), size_t(4 * 12288)}) {
+    const auto g = normal(rng, n, 4.0f), u = normal(rng, n);
+    Guarded dg(n, &g), du(n, &u), dy(n);
+    gpu->swiglu(dg.data(), du.data(), dy.data(), n);
+    const auto y = dy.result();
+    cuda::DeviceBuffer<uint16_t> bf(n);
+    cuda::swiglu_bf16(dg.data(), du.data(), bf.data(), n, nullptr);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = bf.download();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], f32_to_bf16(y[i])) << n << " values, at " << i;
+  }
+}
