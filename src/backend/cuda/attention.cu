@@ -284,7 +284,7 @@ bool runs_decode_instance(const AttentionPlan& plan) {
 // dequantized into the (contiguous) scratch: the bf16 rows prefill attends
 // to (AttentionPlan::dequant_prefix).
 KvLayerView dequantized_prefix(const GpuKvLayer& layer, int len, AttentionScratch& scratch, cudaStream_t stream,
-                               const DeviceContext& ctx, const int32_t* pages) {
+                               const int32_t* pages) {
   // Capacity rounded up so that growing contexts reallocate rarely.
   const int cap = std::min(pages ? layer.capacity() : layer.max_tokens, std::max(len, (len + 4095) / 4096 * 4096));
   const size_t need = size_t(layer.n_kv_heads) * cap * layer.head_dim;
@@ -293,7 +293,7 @@ KvLayerView dequantized_prefix(const GpuKvLayer& layer, int len, AttentionScratc
     scratch.prefix_v.resize(need);
   }
   KvLayerView view{scratch.prefix_k.data(), scratch.prefix_v.data(), layer.n_kv_heads, layer.head_dim, cap};
-  dequantize_kv_bf16(layer, len, view, stream, ctx, pages);
+  dequantize_kv_bf16(layer, len, view, stream, pages);
   return view;
 }
 
@@ -319,7 +319,7 @@ void flash_attention(const GpuKvLayer& layer, int pos, int n, const float* q, in
   // A `none` store is read in place through the table (bf16_view); a store
   // with an exact window is gathered (its window's rows copied as they are).
   const KvLayerView rows = plan.dequant_prefix || layer.has_window()
-                               ? dequantized_prefix(layer, pos + n, scratch, stream, ctx, pages)
+                               ? dequantized_prefix(layer, pos + n, scratch, stream, pages)
                                : bf16_view(layer, pages);
   if (plan.kernel == AttentionKernel::prefill_tc) {
     flash_attention_prefill(rows, pos, n, q, n_heads, scale, out, scratch, stream, 0, ctx);

@@ -109,7 +109,7 @@ bool kv_encode_supported(kv::Family k, kv::Family v, int head_dim);
 // block table `pages`, device memory; null: the identity table) into bf16
 // rows laid out as `dst` (dst.max_tokens >= n_tokens). kv_encode.cu.
 void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
-                        const DeviceContext& ctx = default_context(), const int32_t* pages = nullptr);
+                        const int32_t* pages = nullptr);
 
 // Scratch for the partial (m, l, o) states; grows on demand (a decode step at a
 // given context reuses the same size, so it does not reallocate per step).

@@ -325,7 +325,7 @@ void write_kv_at(const GpuKvLayer& layer, const int* pos_dev, const float* k, co
 }
 
 void dequantize_kv_bf16(const GpuKvLayer& layer, int n_tokens, const KvLayerView& dst, cudaStream_t stream,
-                        const DeviceContext& ctx, const int32_t* pages) {
+                        const int32_t* pages) {
   KVQ_CHECK(n_tokens >= 0 && (pages || n_tokens <= layer.max_tokens) && n_tokens <= dst.max_tokens &&
                 dst.head_dim == layer.head_dim && dst.n_kv_heads == layer.n_kv_heads,
             Errc::internal, "dequantize_kv_bf16: ", n_tokens, " tokens into a view of ", dst.max_tokens);
