@@ -120,10 +120,15 @@ class CudaBackend final : public Backend {
   // Every prefill chunk dequantizes all weights into GEMM tiles: larger
   // chunks amortize that.
   int default_prefill_chunk() const override { return 2048; }
-  // 8192: TTFT 16k 0.841 -> 0.763 s, 64k 7.02 -> 6.74 s against 2048 (H200,
-  // docs/perf.md, session 15); the scheduler and `kvq eval` (all logits of
-  // a chunk: 5 GB at 8192) keep 2048.
-  int default_session_prefill_chunk() const override { return 8192; }
+  // One sequence's chunk (run, chat, the one-sequence bench): fewer chunks
+  // mean fewer passes over the weights' dequantization and, for quantized
+  // stores, over the prefix's (every chunk dequantizes the whole prefix).
+  // H200, 64k prompt (docs/perf.md, sessions 15 and 21): 2048 -> 8192 took
+  // `none` from 7.02 to 6.74 s; 8192 -> 16384 leaves `none` at 4.95-4.97 s
+  // and takes rotor3_sym+qjl 5.82 -> 5.66, k_rotor4+qjl 5.66 -> 5.42,
+  // iso4_sym 5.36 -> 5.15 s, for ~1.5 GB more activations. The scheduler and
+  // `kvq eval` (all logits of a chunk: 5 GB at 8192) keep 2048.
+  int default_session_prefill_chunk() const override { return 16384; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override {
     ctx_.make_current();
