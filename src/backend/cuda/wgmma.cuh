@@ -113,8 +113,8 @@ __device__ __forceinline__ void mma_m64n64k16_rs_nmajor(float (&d)[32], const ui
 
 }  // namespace kvq::cuda::wgmma
 
-// Pipeline barriers for warp-specialized kernels (PTX ISA 9.7.13.15,
-// mbarrier; 9.7.13.1, bar): a producer fills shared-memory stages and
+// Pipeline barriers for warp-specialized kernels (PTX ISA: mbarrier,
+// cp.async.mbarrier.arrive, bar): a producer fills shared-memory stages and
 // consumers wait on each stage's "full" barrier, then arrive on its "empty"
 // one. Phases alternate: a waiter passes once the barrier's phase with the
 // given parity has completed (the first phase has parity 0).
