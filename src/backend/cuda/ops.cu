@@ -387,8 +387,8 @@ __global__ void swiglu_kernel(const float* gate, const float* __restrict__ up, O
 }
 
 // swiglu_kernel four values a thread (16-byte loads: a prefill chunk's
-// gate/up rows are ~100M values a layer); n4 = n / 4, every pointer 16-byte
-// aligned. The same arithmetic per value.
+// gate/up rows are ~100M values a layer); n4 = n / 4, gate and up 16-byte
+// aligned, out aligned to its four values. The same arithmetic per value.
 template <typename Out>
 __global__ void swiglu4_kernel(const float4* gate, const float4* __restrict__ up, Out* out, size_t n4) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
@@ -407,9 +407,9 @@ __global__ void swiglu4_kernel(const float4* gate, const float4* __restrict__ up
 // The vectorized form when n and every pointer allow it.
 template <typename Out>
 void launch_swiglu(const float* gate, const float* up, Out* out, size_t n, cudaStream_t stream) {
-  const bool aligned = ((reinterpret_cast<uintptr_t>(gate) | reinterpret_cast<uintptr_t>(up) |
-                         reinterpret_cast<uintptr_t>(out) * (std::is_same_v<Out, float> ? 1 : 2)) %
-                        16) == 0;
+  constexpr uintptr_t kOutAlign = 4 * sizeof(Out);  // four outputs: a float4 or a uint2
+  const bool aligned = (reinterpret_cast<uintptr_t>(gate) | reinterpret_cast<uintptr_t>(up)) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % kOutAlign == 0;
   if (n % 4 == 0 && aligned) {
     swiglu4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(gate),
                                                             reinterpret_cast<const float4*>(up), out, n / 4);
