@@ -142,13 +142,10 @@ __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// Named CTA barriers (id 1..15; 0 is __syncthreads) over `threads` threads:
-// sync waits for them all, arrive counts this thread and goes on.
+// A named CTA barrier (id 1..15; 0 is __syncthreads) that waits for
+// `threads` threads, a subset of the CTA.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void copies_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 #endif  // KVQ_WGMMA_DEVICE
