@@ -39,6 +39,7 @@
 #include "backend/cuda/cuda_kv_cache.hpp"
 #include "backend/cuda/ops.hpp"
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gpu_test_util.hpp"
 #include "kv/block.hpp"
@@ -183,6 +184,48 @@ TEST_P(CudaKvStore, EncodeIsBitIdenticalToCpu) {
   const CpuSide zero_k{std::vector<uint8_t>(rows * desc.k.code_bytes), std::vector<uint8_t>(rows * desc.k.side_bytes)};
   expect_side_equal(zero_k, store_of(*cache, 0).k, rows, "untouched layer 0");
   EXPECT_EQ(cache->bytes_for_tokens(1), uint64_t(2) * c.n_kv * desc.bytes_per_token_per_head());
+}
+
+// The prefix dequantization that prefill attends to (dequantize_kv_bf16):
+// every row is the bf16 rounding of the CPU block's decode of the same bytes,
+// bit for bit (rotated families un-rotated; +qjl with its sketch term).
+TEST_P(CudaKvStore, DequantizedRowsAreTheCpuDecodeInBf16) {
+  const StoreCase c = GetParam();
+  const int D = c.head_dim, n = 29, max_tokens = 40, layer = 1;
+  Rng rng(uint64_t(D) * 17 + c.n_kv);
+  const kv::CacheShape shape{2, c.n_kv, D, max_tokens};
+  auto cache = cuda::make_cuda_kv_store_for_test(codec(c.codec), shape);
+  const auto desc = kv::describe_codec(kv::resolve_codec(codec(c.codec)), D);
+  const size_t kv_row = size_t(c.n_kv) * D;
+  const auto k = normal(rng, n * kv_row, 2.0f), v = normal(rng, n * kv_row, 2.0f);
+  cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
+  dk.upload(k);
+  dv.upload(v);
+  cache->layer(layer).write(0, n, dk.data(), dv.data());
+  const size_t elems = size_t(c.n_kv) * max_tokens * D;
+  cuda::DeviceBuffer<uint16_t> out_k(elems), out_v(elems);
+  const cuda::KvLayerView view{out_k.data(), out_v.data(), c.n_kv, D, max_tokens};
+  cuda::dequantize_kv_bf16(store_of(*cache, layer), n, view, nullptr);
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got_k = out_k.download(), got_v = out_v.download();
+  for (kv::Side s : {kv::Side::k, kv::Side::v}) {
+    const kv::SideDescriptor& d = s == kv::Side::k ? desc.k : desc.v;
+    const std::vector<float>& x = s == kv::Side::k ? k : v;
+    const std::vector<uint16_t>& got = s == kv::Side::k ? got_k : got_v;
+    for (int h = 0; h < c.n_kv; ++h) {
+      const auto block = kv::make_block(d.spec, D, kv::CodecOptions{}.seed, layer, h, s);
+      std::vector<uint8_t> code(block->layout().code_bytes), side(block->layout().side_bytes);
+      std::vector<float> y(D);
+      for (int t = 0; t < n; ++t) {
+        block->encode(x.data() + t * kv_row + size_t(h) * D, code.data(), side.data());
+        block->decode(code.data(), side.data(), y.data());
+        const size_t row = view.rows().row(h, t) * D;
+        for (int i = 0; i < D; ++i)
+          ASSERT_EQ(got[row + i], f32_to_bf16(y[i]))
+              << c.codec << (s == kv::Side::k ? " K" : " V") << " head " << h << " token " << t << " value " << i;
+      }
+    }
+  }
 }
 
 // The fused q/k norm + RoPE + store writes the same bytes as write_kv of the

@@ -859,25 +859,34 @@ __device__ __forceinline__ float qjl_decode_value(const GpuKvSide& s, int head, 
   return y;
 }
 
-// +qjl: this lane's kNJ values d = lane + 32 k (D = 32 kNJ) of the full
-// reconstruction in the rotated basis, each exactly as qjl_decode_value
-// gives it (the same operations in the same order), the kNJ chains
-// interleaved: one sign read per j serves all of them and their adds
-// overlap instead of running one 128-long chain after another.
-template <int kNJ>
-__device__ __forceinline__ void qjl_decode_lane(const GpuKvSide& s, int head, const uint8_t* code,
-                                                const uint8_t* side, int lane, float (&y)[kNJ]) {
+// +qjl: the sketch terms of kRows rows of one KV head together. y[r][k]
+// holds value d = lane + 32 k (D = 32 kNJ) of row r's base reconstruction
+// in the rotated basis, c[r] its float(sqrt(pi/2) / D) * ||r|| and
+// bits[r][w] its sign bits j = 32 w .. 32 w + 31 (bit j of the plane at bit
+// j - 32 w). Every value gets exactly qjl_decode_value's operations in its
+// order (j ascending, a rounded product and a rounded sum per j); each j's
+// S values (`S_head`: the head's D x D sketch) are loaded once for all the
+// rows, and the kRows x kNJ chains of adds overlap.
+template <int kNJ, int kRows>
+__device__ __forceinline__ void qjl_add_sketch_rows(const float* S_head, int lane, const float (&c)[kRows],
+                                                    const uint32_t (&bits)[kRows][kNJ], float (&y)[kRows][kNJ]) {
   constexpr int D = 32 * kNJ;
+  const float* S = S_head + lane;
 #pragma unroll
-  for (int k = 0; k < kNJ; ++k) y[k] = decode_value_any(s, code, side, D, lane + 32 * k);
-  const float c = __fmul_rn(float(1.2533141373155002512 / D), enc::load_f16(side + s.qjl_side_offset));
-  const uint8_t* bits = code + s.qjl_code_offset;
-  const float* S = s.qjl + size_t(head) * D * D + lane;
-#pragma unroll 4
-  for (int j = 0; j < D; ++j) {
-    const float sj = enc::plane_get(bits, j, 1) ? c : -c;
+  for (int w = 0; w < kNJ; ++w) {
+#pragma unroll 2
+    for (int b = 0; b < 32; ++b) {
+      const int j = 32 * w + b;
+      float sv[kNJ];
 #pragma unroll
-    for (int k = 0; k < kNJ; ++k) y[k] = __fadd_rn(y[k], __fmul_rn(sj, S[size_t(j) * D + 32 * k]));
+      for (int k = 0; k < kNJ; ++k) sv[k] = S[size_t(j) * D + 32 * k];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float sj = ((bits[r][w] >> b) & 1u) ? c[r] : -c[r];
+#pragma unroll
+        for (int k = 0; k < kNJ; ++k) y[r][k] = __fadd_rn(y[r][k], __fmul_rn(sj, sv[k]));
+      }
+    }
   }
 }
 

@@ -151,16 +151,6 @@ __global__ void dequantize_kernel(GpuKvSide side, ExactTarget window, int n_toke
   *out = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// A +qjl row's values (rotated basis) into y[0, D), D = 32 kNJ.
-template <int kNJ>
-__device__ __forceinline__ void qjl_rows_lane(const GpuKvSide& side, int h, const uint8_t* code, const uint8_t* s,
-                                              int lane, float* y) {
-  float v[kNJ];
-  qjl_decode_lane<kNJ>(side, h, code, s, lane, v);
-#pragma unroll
-  for (int k = 0; k < kNJ; ++k) y[lane + 32 * k] = v[k];
-}
-
 // Rotated stores and +qjl sides: one warp per (head, token) row decodes it
 // in the rotated basis into shared memory (the CPU block's decode_rotated,
 // +qjl: plus its sketch term), un-rotates it in place with the side's
@@ -184,25 +174,93 @@ __global__ void dequantize_rows_kernel(GpuKvSide side, ExactTarget window, int n
   const uint8_t* code = side.code + side.code_offset(r.row);
   const uint8_t* s = side.side_bytes ? side.side + side.side_offset(r.row) : nullptr;
   float* y = rows[warp];
-  if (side.has_qjl && (D == 64 || D == 128 || D == 256)) {
-    if (D == 64) qjl_rows_lane<2>(side, h, code, s, lane, y);
-    else if (D == 128) qjl_rows_lane<4>(side, h, code, s, lane, y);
-    else qjl_rows_lane<8>(side, h, code, s, lane, y);
-  } else {
-    for (int d = lane; d < D; d += 32)
-      y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
-  }
+  for (int d = lane; d < D; d += 32)
+    y[d] = side.has_qjl ? qjl_decode_value(side, h, code, s, D, d) : decode_value_any(side, code, s, D, d);
   const RotationKind kind = rotation_kind(side.family);
   if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), y, y, D, lane, true);
   __syncwarp();
   for (int d = lane; d < D; d += 32) out[d] = ::kvq::f32_to_bf16(y[d]);
 }
 
+// +qjl sides with head_dim 64, 128 or 256 (D = 32 kNJ): dequantize_rows_kernel's
+// work, one warp per kQjlRows consecutive tokens of one KV head: every row's
+// base values, then the sketch terms of all of them together
+// (qjl_add_sketch_rows: each j's S values loaded once for the rows, 32
+// independent chains of adds a lane), then per row the inverse rotation in
+// shared memory and the bf16 write. The same operations per value as
+// qjl_decode_value, so the same bits. Exact rows (a window's) are copied.
+constexpr int kQjlRows = 8;
+template <int kNJ>
+__global__ void dequantize_qjl_rows_kernel(GpuKvSide side, ExactTarget window, int n_tokens, int n_kv, SeqRows src,
+                                           uint16_t* __restrict__ dst, SeqRows dst_rows) {
+  constexpr int D = 32 * kNJ;
+  __shared__ float rows[kWarpsPerBlock][kMaxRowD];
+  const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int groups = (n_tokens + kQjlRows - 1) / kQjlRows;  // per KV head
+  const int group = int(blockIdx.x) * kWarpsPerBlock + warp;
+  if (group >= n_kv * groups) return;
+  const int h = group / groups, t0 = (group % groups) * kQjlRows;
+  float y[kQjlRows][kNJ], c[kQjlRows];
+  uint32_t bits[kQjlRows][kNJ];
+  bool packed[kQjlRows];  // warp-uniform
+#pragma unroll
+  for (int r = 0; r < kQjlRows; ++r) {
+    packed[r] = false;
+    c[r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNJ; ++k) y[r][k] = 0.0f, bits[r][k] = 0;
+    const int t = t0 + r;
+    if (t >= n_tokens) continue;
+    const StoreRow sr = token_row(src, window, h, t);
+    if (sr.exact) {
+      const uint16_t* x = reinterpret_cast<const uint16_t*>(window.exact.code) + sr.row * D;
+      uint16_t* out = dst + dst_rows.row(h, t) * D;
+      for (int d = lane; d < D; d += 32) out[d] = x[d];
+      continue;
+    }
+    packed[r] = true;
+    const uint8_t* code = side.code + side.code_offset(sr.row);
+    const uint8_t* s = side.side + side.side_offset(sr.row);  // +qjl keeps its norm in the side bytes
+#pragma unroll
+    for (int k = 0; k < kNJ; ++k) y[r][k] = decode_value_any(side, code, s, D, lane + 32 * k);
+    c[r] = __fmul_rn(float(1.2533141373155002512 / D), enc::load_f16(s + side.qjl_side_offset));
+    const uint8_t* plane = code + side.qjl_code_offset;
+#pragma unroll
+    for (int w = 0; w < kNJ; ++w)
+      bits[r][w] = uint32_t(plane[4 * w]) | (uint32_t(plane[4 * w + 1]) << 8) | (uint32_t(plane[4 * w + 2]) << 16) |
+                   (uint32_t(plane[4 * w + 3]) << 24);
+  }
+  qjl_add_sketch_rows<kNJ, kQjlRows>(side.qjl + size_t(h) * D * D, lane, c, bits, y);
+  const RotationKind kind = rotation_kind(side.family);
+  float* row = rows[warp];
+#pragma unroll
+  for (int r = 0; r < kQjlRows; ++r) {
+    if (!packed[r]) continue;
+#pragma unroll
+    for (int k = 0; k < kNJ; ++k) row[lane + 32 * k] = y[r][k];
+    __syncwarp();
+    if (kind != RotationKind::identity) warp_rotate_row(kind, side.rot_of(h), row, row, D, lane, true);
+    __syncwarp();
+    uint16_t* out = dst + dst_rows.row(h, t0 + r) * D;
+    for (int d = lane; d < D; d += 32) out[d] = ::kvq::f32_to_bf16(row[d]);
+    __syncwarp();  // the row is read before the next one overwrites it
+  }
+}
+
 void dequantize_side(const GpuKvSide& side, const ExactTarget& window, int n_tokens, int n_kv, int D, SeqRows src,
                      uint16_t* dst, SeqRows dst_rows, cudaStream_t stream) {
   const size_t total = size_t(n_kv) * n_tokens * D;
   if (total == 0) return;
-  if (is_rotated(side.family) || side.has_qjl) {
+  if (side.has_qjl && (D == 64 || D == 128 || D == 256)) {
+    const int groups = n_kv * ((n_tokens + kQjlRows - 1) / kQjlRows);
+    const int grid = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (D == 64)
+      dequantize_qjl_rows_kernel<2><<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, src, dst, dst_rows);
+    else if (D == 128)
+      dequantize_qjl_rows_kernel<4><<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, src, dst, dst_rows);
+    else
+      dequantize_qjl_rows_kernel<8><<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, src, dst, dst_rows);
+  } else if (is_rotated(side.family) || side.has_qjl) {
     KVQ_CHECK(D <= kMaxRowD, Errc::internal, "dequantize_kv_bf16: a rotated or +qjl store with head_dim ", D);
     const int rows = n_kv * n_tokens, grid = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     dequantize_rows_kernel<<<grid, kThreads, 0, stream>>>(side, window, n_tokens, n_kv, D, src, dst, dst_rows);
