@@ -629,13 +629,8 @@ __global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma
     for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, pa[c]);
   }
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const bool has_next = it + 1 < n_tiles;
-    if (has_next) {
-      wait_tile(it + 1);
-      issue_scores(s_flat, sq_addr, smem_u32(stage(it + 1)));
-    }
-    // O += P V of tile it (the fence: wgmma reads o and pa asynchronously)
+  // O += P V of tile it (the fence: wgmma reads o and pa asynchronously).
+  auto issue_pv = [&](int it) {
     wgmma::fence_operands(o_flat);
     wgmma::fence();
     const uint32_t sv_addr = smem_u32(stage(it)) + kTileBytes;
@@ -643,24 +638,33 @@ __global__ void __launch_bounds__(wg_prefill::kCtaThreads, 1) prefill_attn_wgmma
     for (int c = 0; c < K / 16; ++c)
       wgmma::mma_m64n128k16_rs_nmajor(o_flat, pa[c], wgmma::desc_sw128(sv_addr + c * 2048, kTileHalfBytes, 1024));
     wgmma::commit();
-
-    float alpha_lo = 1.0f, alpha_hi = 1.0f;
-    if (has_next) {
-      wgmma::wait<1>();  // tile it + 1's scores (committed first); P V may still run
-      wgmma::fence_operands(s_flat);
-      softmax_scores<K>(s, rows, key_begin + (it + 1) * K, first_limit, tig, alpha_lo, alpha_hi);
-    }
+  };
+  // Every tile but the last: tile it + 1's S and tile it's P V in flight
+  // together, the softmax of S while P V runs. The last tile is peeled off
+  // rather than guarded by branches: with S's issue and its wait each under
+  // `if (has_next)`, ptxas could not match them up and serialized every
+  // wgmma of the kernel (C7514).
+  for (int it = 0; it + 1 < n_tiles; ++it) {
+    wait_tile(it + 1);
+    issue_scores(s_flat, sq_addr, smem_u32(stage(it + 1)));
+    issue_pv(it);
+    float alpha_lo, alpha_hi;
+    wgmma::wait<1>();  // tile it + 1's scores (committed first); P V may still run
+    wgmma::fence_operands(s_flat);
+    softmax_scores<K>(s, rows, key_begin + (it + 1) * K, first_limit, tig, alpha_lo, alpha_hi);
     wgmma::wait<0>();
     wgmma::fence_operands(o_flat);
     if (lane == 0) pipe::arrive(empty(it));  // this warp is done with tile it's stage
-    if (has_next) {
-      // Once a row's max settles alpha is 1 (ex2 of 0) tile after tile:
-      // the warp skips the 64 multiplications when all its rows have it.
-      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f))
-        rescale_rows<D>(o, alpha_lo, alpha_hi);
+    // Once a row's max settles alpha is 1 (ex2 of 0) tile after tile: the
+    // warp skips the 64 multiplications when all its rows have it.
+    if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) rescale_rows<D>(o, alpha_lo, alpha_hi);
 #pragma unroll
-      for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, pa[c]);
-    }
+    for (int c = 0; c < K / 16; ++c) p_fragment<K>(s, c, pa[c]);
+  }
+  if (n_tiles > 0) {  // the last tile's P V; no producer waits for its stage
+    issue_pv(n_tiles - 1);
+    wgmma::wait<0>();
+    wgmma::fence_operands(o_flat);
   }
 
   write_rows<D>(p, o, w);
