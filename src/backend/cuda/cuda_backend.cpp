@@ -126,8 +126,10 @@ class CudaBackend final : public Backend {
   // H200, 64k prompt (docs/perf.md, sessions 15 and 21): 2048 -> 8192 took
   // `none` from 7.02 to 6.74 s; 8192 -> 16384 leaves `none` at 4.95-4.97 s
   // and takes rotor3_sym+qjl 5.82 -> 5.66, k_rotor4+qjl 5.66 -> 5.42,
-  // iso4_sym 5.36 -> 5.15 s, for ~1.5 GB more activations. The scheduler and
-  // `kvq eval` (all logits of a chunk: 5 GB at 8192) keep 2048.
+  // iso4_sym 5.36 -> 5.15 s, for ~1.5 GB more activations. 32768 and 65536
+  // gain nothing more in steady state (session 22: rotor3_sym+qjl 5.35 /
+  // 5.32 / 5.28 s, `none` 4.76 / 4.79 / 4.81). The scheduler and `kvq eval`
+  // (all logits of a chunk: 5 GB at 8192) keep 2048.
   int default_session_prefill_chunk() const override { return 16384; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override {
