@@ -16,7 +16,7 @@
 // weight into shared memory) are issued before waiting for the kernel that
 // produces x.
 //
-// Shared memory:
+// Shared memory (staged by gemv_stage.cuh, code sums per 32 values):
 //   float types      float uf[cols]                 u = x (* norm weight)
 //   quantized types  int8 uq[cols] in 16-byte units, unit i stored at
 //                    swz(i) = (i & ~7) | ((i ^ (i >> 3)) & 7) so that the
@@ -43,6 +43,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/gemv_args.cuh"
+#include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/gemv_kquant.hpp"
 #include "backend/cuda/lab_trace.cuh"
@@ -61,19 +62,15 @@ using gemv_detail::kMaxOut;
 using gemv_detail::kMaxWarps;
 using gemv_detail::warp_sum;
 using gemv_detail::load_weights16;
+using gemv_detail::Staged;
 
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 __device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
-
-
-// The staged input, as the per-type dot products read it.
-struct Staged {
-  const float* uf;      // float types
-  const int4* uq;       // quantized: 16-byte units (swizzled)
-  const float* us;      // quantized: scale per 32 values
-  const int* usum;      // quantized: code sum per 32 values
+struct UnitSwizzle {
+  static __device__ __forceinline__ int at(int unit) { return swz(unit); }
 };
+
 
 // --- per-type traits: weights per 16-byte chunk, scales per row, dot of one chunk
 
@@ -203,9 +200,8 @@ __host__ __device__ constexpr int64_t code_row_bytes(TensorType t, int64_t cols)
                                  : cols / 8;
 }
 
-// Shared memory: the staged input, then (with a norm) the norm weight.
 __host__ __device__ constexpr size_t staged_bytes(TensorType t, int cols) {
-  return gemv_quantizes_x(t) ? size_t(cols) + size_t(cols / 32) * 8 : size_t(cols) * 4;
+  return gemv_detail::staged_input_bytes(gemv_quantizes_x(t), 32, cols);
 }
 // Shared memory: the staged input, then (with a norm) the norm weight.
 __host__ __device__ constexpr size_t gemv_smem_bytes(TensorType t, int cols, bool norm) {
@@ -227,95 +223,6 @@ struct Shape {
   static constexpr int kUnroll = !kQ1 ? 4 : !kWide ? 1 : kPair ? 2 : 4;
 };
 constexpr int kQ1NarrowCols = 4096;  // Q1_0 matrices up to this width use the narrow shape
-
-// A warp's pipeline walks (task, step within the task), its tasks strided by
-// the grid's warp count: the position after (task, step).
-struct PipelineStep {
-  int task, step;
-};
-__device__ __forceinline__ PipelineStep next_pipeline_step(int task, int step, int steps_per_task, int stride) {
-  return step + 1 == steps_per_task ? PipelineStep{task + stride, 0} : PipelineStep{task, step + 1};
-}
-
-// Staging reads x as float4s, kStageBatch independent loads per thread at a
-// time (4096 columns: one batch per 256 threads), so it costs about one L2
-// round trip per batch.
-constexpr int kStageBatch = 4;
-
-// The norm weight is a model weight (nothing in flight writes it): each
-// thread copies the float4s it will use into shared memory (cp.async, no
-// registers held) before the kernel waits for its predecessor.
-__device__ __forceinline__ void prefetch_norm(const KernelArgs& a, float4* smem_g) {
-  if (!a.norm) return;
-  const float4* g4 = reinterpret_cast<const float4*>(a.norm);
-  for (int i = threadIdx.x; i < a.cols / 4; i += blockDim.x) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_g + i));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(g4 + i) : "memory");
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Stages u = x (* norm) into shared memory; returns 1/rms (1 without a norm).
-// smem_g holds the norm weight (prefetch_norm; each thread reads back only
-// what it copied itself, so waiting for its own copies is enough). For
-// quantized types the 8 lanes holding one group of 32 values find its amax
-// and code sum by shuffles; codes are round(u / scale).
-template <TensorType T>
-__device__ float stage_input(const KernelArgs& a, unsigned char* smem, const float4* smem_g) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int threads = blockDim.x;
-  const int n4 = a.cols / 4;
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  if (a.norm) asm volatile("cp.async.wait_all;" ::: "memory");
-  float ss = 0.0f;
-  for (int base = 0; base < n4; base += threads * kStageBatch) {
-    float4 v[kStageBatch];
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = base + b * threads + tid;
-      v[b] = i < n4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = base + b * threads + tid;
-      const float4 g = a.norm && i < n4 ? smem_g[i] : make_float4(1.f, 1.f, 1.f, 1.f);
-      ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
-      const float4 u = make_float4(v[b].x * g.x, v[b].y * g.y, v[b].z * g.z, v[b].w * g.w);
-      if constexpr (gemv_quantizes_x(T)) {
-        // cols is a multiple of 256, so all lanes of a warp are in range or none.
-        if (base + b * threads + (tid & ~31) >= n4) continue;
-        float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float scale = amax / 127.0f;
-        int q[4] = {0, 0, 0, 0};
-        if (scale > 0.0f) {
-          q[0] = __float2int_rn(u.x / scale);
-          q[1] = __float2int_rn(u.y / scale);
-          q[2] = __float2int_rn(u.z / scale);
-          q[3] = __float2int_rn(u.w / scale);
-        }
-        // Values 4i..4i+3: byte (4i % 16) of 16-byte unit i / 4.
-        int* uq = reinterpret_cast<int*>(smem);
-        uq[swz(i >> 2) * 4 + (i & 3)] =
-            (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | (int(uint32_t(q[3]) << 24));
-        int sum = q[0] + q[1] + q[2] + q[3];
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((lane & 7) == 0) {
-          const int group = i >> 3;
-          reinterpret_cast<float*>(smem + a.cols)[group] = scale;
-          reinterpret_cast<int*>(smem + a.cols + (a.cols / 32) * 4)[group] = sum;
-        }
-      } else {
-        if (i < n4) reinterpret_cast<float4*>(smem)[i] = u;
-      }
-    }
-  }
-  const float inv_rms = gemv_detail::cta_inv_rms(ss, a, lane, warp, threads / 32);
-  __syncthreads();
-  return inv_rms;
-}
 
 // The weights of one pipeline step: U chunks of R consecutive rows (rows past
 // the matrix end re-read its last row; their results are never stored).
@@ -376,13 +283,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
 
   // A pipeline step is (task, step within the task); the warp walks its tasks
   // (strided over the grid) step by step, loading step k+1 while computing k.
-  auto segment_of = [&](int task) {
-    int seg = 0;
-    if (!kPair) {
-      while (task >= a.task_end[seg]) ++seg;
-    }
-    return seg;
-  };
+  auto segment_of = [&](int task) { return kPair ? 0 : gemv_detail::segment_of(a, task); };
   auto load = [&](RowBatch<T, R, U> (&batch)[kMats], int task, int step) {
     const int seg = segment_of(task);
     const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
@@ -402,39 +303,25 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(KernelArgs a) {
   RowBatch<T, R, U> cur[kMats], next[kMats];
   if (task < a.n_tasks) load(cur, task, 0);
   float4* smem_g = reinterpret_cast<float4*>(smem + staged_bytes(T, a.cols));
-  prefetch_norm(a, smem_g);
+  gemv_detail::prefetch_norm(a, smem_g);
   wait_for_predecessor();
   trace_event(a.trace, 1);
-  const float inv_rms = stage_input<T>(a, smem, smem_g);
+  const float inv_rms = gemv_detail::stage_input<gemv_quantizes_x(T), UnitSwizzle>(a, smem, smem_g);
   trace_event(a.trace, 2);
-  Staged s;
-  s.uf = reinterpret_cast<const float*>(smem);
-  s.uq = reinterpret_cast<const int4*>(smem);
-  s.us = reinterpret_cast<const float*>(smem + a.cols);
-  s.usum = reinterpret_cast<const int*>(smem + a.cols + (a.cols / 32) * 4);
+  const Staged s = gemv_detail::staged_view(smem, a.cols);
 
   float acc[kMats][R] = {};
   while (task < a.n_tasks) {
-    const auto [next_task, next_step] = next_pipeline_step(task, step, steps_per_task, stride);
+    const auto [next_task, next_step] = gemv_detail::next_pipeline_step(task, step, steps_per_task, stride);
     if (next_task < a.n_tasks) load(next, next_task, next_step);
 #pragma unroll
     for (int m = 0; m < kMats; ++m) cur[m].accumulate(s, lane + step * 32 * U, chunks, acc[m]);
     if (next_step == 0) {
       const int seg = segment_of(task);
       const int row0 = (task - (seg ? a.task_end[seg - 1] : 0)) * R;
-      const int rows = a.rows[seg];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float v0 = warp_sum(acc[0][r]) * inv_rms;
-        if constexpr (kPair) {
-          const float v1 = warp_sum(acc[kMats - 1][r]) * inv_rms;
-          if (lane == 0 && row0 + r < rows) a.y[0][row0 + r] = v0 / (1.0f + expf(-v0)) * v1;
-        } else {
-          if (lane == 0 && row0 + r < rows) {
-            float* y = a.y[seg] + row0 + r;
-            *y = a.epilogue == GemvEpilogue::add ? *y + v0 : v0;
-          }
-        }
+        gemv_detail::finish_row<kPair>(a, seg, row0 + r, acc[0][r], acc[kMats - 1][r], inv_rms, lane);
 #pragma unroll
         for (int m = 0; m < kMats; ++m) acc[m][r] = 0.0f;
       }
