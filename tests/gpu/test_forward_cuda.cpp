@@ -9,8 +9,8 @@
 //  - prefill attention (n > 1, attention_prefill.cu) rounds the scaled
 //    queries and the probabilities to bf16 (output error <= 2^-8 max|v| from
 //    P, plus the score shift of the bf16 queries: tests/gpu/prefill_test_util.hpp);
-//  - quantized-weight decode GEMVs round x to int8 per 32 values (<= half a
-//    step, ~0.4% of the group's max);
+//  - quantized-weight decode GEMVs (block types and K-quants) round x to
+//    int8 per 32 values (<= half a step, ~0.4% of the group's max);
 //  - both caches store bf16 K/V, but a K/V value that differs slightly
 //    before rounding can round to a neighbouring bf16 value;
 //  - fp32 sums in a different order everywhere else.
@@ -133,12 +133,17 @@ const E2eCase kCases[] = {
     {"tiny", gguf::TensorType::Q1_0, 0.08, 0.03},        // Bonsai's type: int8-rounded x in the GEMVs
     {"tiny-llama", gguf::TensorType::Q4_0, 0.08, 0.03},  // Q4_0
     {"tiny", gguf::TensorType::Q8_0, 0.08, 0.03},
-    // K-quants: fp32 input in the decode GEMVs, bf16 tiles in prefill.
-    {"tiny", gguf::TensorType::Q4_K, 0.05, 0.02},
-    {"tiny-llama", gguf::TensorType::Q6_K, 0.05, 0.02},
-    {"tiny", gguf::TensorType::Q2_K, 0.05, 0.02},
-    {"tiny", gguf::TensorType::Q3_K, 0.05, 0.02},
-    {"tiny-llama", gguf::TensorType::Q5_K, 0.05, 0.02},
+    // K-quants: int8-rounded x in the decode GEMVs (as the block types), bf16
+    // tiles in prefill. On the H200 (session 23) Q4_K, Q6_K and Q2_K reach
+    // 100-104 % of the block types' 0.08 bound (errors 0.083-0.087 on logits
+    // of 0.1-0.9), Q5_K and Q3_K ~93 %; Q3_K keeps 0.08 because its model's
+    // top-1 margins are small: with 0.10 fewer than a quarter of its steps
+    // would have a top-1 clear enough to compare.
+    {"tiny", gguf::TensorType::Q4_K, 0.10, 0.03},
+    {"tiny-llama", gguf::TensorType::Q6_K, 0.10, 0.03},
+    {"tiny", gguf::TensorType::Q2_K, 0.10, 0.03},
+    {"tiny", gguf::TensorType::Q3_K, 0.08, 0.03},
+    {"tiny-llama", gguf::TensorType::Q5_K, 0.10, 0.03},
 };
 
 std::string e2e_name(const ::testing::TestParamInfo<E2eCase>& info) {

@@ -15,7 +15,7 @@
 // (dp4a); the only difference from the CPU reference is that rounding of u,
 // bounded per element by half a quantization step (tests check that bound).
 // K-quants (Q2_K..Q6_K) have their own kernel (gemv_kquant.hpp) behind the
-// same request: fp32 input, each weight dequantized exactly as on the CPU.
+// same request, with the same int8 input and dp4a over each run of 16 weights.
 // With a norm, u = x * norm_weight is what gets staged and the row's 1/rms is
 // applied to each finished dot product (the same value up to rounding).
 #pragma once
@@ -75,9 +75,13 @@ void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream,
           const DeviceContext& ctx = default_context());
 
 // True when gemv() of this matrix type rounds its input to integers (int8 per
-// 32 values).
+// 32 values, round-to-nearest of u / (amax / 127)): the block types and the
+// K-quants (gemv_kquant.hpp). (gemv_batch() rounds only the block types:
+// gemv_batch_quantizes_x, gemv_batch.hpp.)
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
-  return t == gguf::TensorType::Q8_0 || t == gguf::TensorType::Q4_0 || t == gguf::TensorType::Q1_0;
+  using gguf::TensorType;
+  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0 || t == TensorType::Q2_K ||
+         t == TensorType::Q3_K || t == TensorType::Q4_K || t == TensorType::Q5_K || t == TensorType::Q6_K;
 }
 
 // Bytes the kernel must read from device memory for one product (weights + x),
