@@ -55,8 +55,6 @@ using gguf::TensorType;
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 using gemv_detail::KernelArgs;
 using gemv_detail::kMaxOut;
 using gemv_detail::kMaxWarps;
