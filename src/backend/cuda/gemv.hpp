@@ -74,10 +74,9 @@ void gemv(const GemvRequest& req, cudaStream_t stream, const DeviceContext& ctx 
 void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream,
           const DeviceContext& ctx = default_context());
 
-// True when gemv() of this matrix type rounds its input to integers (int8 per
-// 32 values, round-to-nearest of u / (amax / 127)): the block types and the
-// K-quants (gemv_kquant.hpp). (gemv_batch() rounds only the block types:
-// gemv_batch_quantizes_x, gemv_batch.hpp.)
+// True when gemv() (and gemv_batch()) of this matrix type rounds its input
+// to integers (int8 per 32 values, round-to-nearest of u / (amax / 127)):
+// the block types and the K-quants (gemv_kquant.hpp).
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
   using gguf::TensorType;
   return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0 || t == TensorType::Q2_K ||

@@ -40,18 +40,21 @@
 //     staged (on tile 0 before waiting for the kernel that writes x).
 //   Q4_K/Q5_K/Q6_K: 8 lanes per 256-weight super-block, 32 weights each (two
 //     runs of 16); Q2_K/Q3_K: 4 lanes per super-block, 64 weights (four runs
-//     of 16); a warp step covers 4 (8) super-blocks. Each run is dequantized
-//     once to 16 fp32 weights, bit-identical to the CPU's, then dotted with
-//     the B inputs (pairs at B = 4: gate's record, then up's, for registers).
+//     of 16); a warp step covers 4 (8) super-blocks. Each run's codes become
+//     four words of bytes once (kquant_runs.cuh), then a dp4a sum with each
+//     of the B inputs, scaled in fp32 (pairs at B = 4: gate's record, then
+//     up's, for registers).
 //
 // Shared memory (dynamic, bytes from 0; B = the launch's batch, T = tile_cols):
-//   staged tile, fp32 types (F32/F16/BF16, K-quants):
+//   staged tile, fp32 types (F32/F16/BF16):
 //     float u[B][T]                        u = x (* norm weight)
-//   staged tile, int8 types (Q8_0/Q4_0/Q1_0):
+//   staged tile, int8 types (Q8_0/Q4_0/Q1_0, K-quants):
 //     int8  q[B][T] in 16-byte units, unit i of a row stored at
 //           swz(i) = (i & ~7) | ((i ^ (i >> 3)) & 7) (the 8 lanes of a
-//           shared-memory phase read units 1, 2 or 8 apart: distinct banks);
-//     float scale[B][T / 32], int sum[B][T / 32] (code sum per 32 values)
+//           shared-memory phase read units 1, 2 or 8 apart: distinct banks;
+//           K-quants: their lane mapping's swizzle, kquant_runs.cuh);
+//     float scale[B][T / 32], int sum[B][T / S] (code sum per S values:
+//           32, K-quants 16)
 //   float ss_seg[B][T / 128]               sum of x^2 per 128 staged columns
 //   float ss_total[16], inv_rms[16]        per input row
 //   float sums[slots][N]                   N = matrices x R x B16 per task, B16 the
@@ -70,6 +73,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kquant.cuh"
+#include "backend/cuda/kquant_runs.cuh"
 #include "backend/cuda/occupancy.hpp"
 #include "backend/cuda/stage_int8.cuh"
 #include "core/error.hpp"
@@ -90,7 +94,13 @@ __host__ __device__ constexpr bool is_kquant(TensorType t) {
          t == TensorType::Q6_K;
 }
 __host__ __device__ constexpr bool stages_int8(TensorType t) {
-  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
+  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0 || is_kquant(t);
+}
+// Staged values per code sum (K-quants change scale every 16 weights).
+__host__ __device__ constexpr int sum_span(TensorType t) { return is_kquant(t) ? 16 : 32; }
+// Bytes of one staged input row of `tile` columns.
+__host__ __device__ constexpr size_t staged_data_bytes(TensorType t, int tile) {
+  return stages_int8(t) ? size_t(tile) + size_t(tile / 32) * 4 + size_t(tile / sum_span(t)) * 4 : size_t(tile) * 4;
 }
 // Weights per 16-byte chunk of codes and per fp16 scale (0: no scales), non-K types.
 __host__ __device__ constexpr int weights_per_chunk(TensorType t) {
@@ -110,7 +120,7 @@ __host__ __device__ constexpr int64_t row_scales(TensorType t, int64_t cols) {
 // Shared-memory bytes per staged input row of a tile of `tile` columns
 // (staged values and the sum-of-squares segments).
 __host__ __device__ constexpr size_t staged_row_bytes(TensorType t, int tile) {
-  return (stages_int8(t) ? size_t(tile) + size_t(tile / 32) * 8 : size_t(tile) * 4) + size_t(tile / kSegCols) * 4;
+  return staged_data_bytes(t, tile) + size_t(tile / kSegCols) * 4;
 }
 
 template <TensorType T, int BB, bool kPair>
@@ -168,23 +178,30 @@ __device__ __forceinline__ uint4 load16(const uint8_t* p) {
 
 __device__ __forceinline__ float half_at(const uint16_t* p) { return __half2float(__ushort_as_half(__ldg(p))); }
 __device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
+// Where a type's staged unit lives (the K-quants' lanes read other patterns).
+template <TensorType T>
+__device__ __forceinline__ int unit_at(int unit) {
+  if constexpr (is_kquant(T)) return kq::Runs<T>::Swizzle::at(unit);
+  else return swz(unit);
+}
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-__device__ __forceinline__ int byte_of(const uint4& v, int k) { return int((word_of(v, k >> 2) >> (8 * (k & 3))) & 0xffu); }
 
 // The staged tile as the dot products read it (layout at the top of this file).
 struct Tile {
   const unsigned char* base;
   int cols;   // tile_cols (the row stride)
   int batch;
+  int sum_span;  // staged values per code sum
   __device__ const float4* uf4(int b) const { return reinterpret_cast<const float4*>(base) + size_t(b) * (cols / 4); }
   __device__ const int4* uq(int b) const { return reinterpret_cast<const int4*>(base) + b * (cols / 16); }
   __device__ const float* us(int b) const {
     return reinterpret_cast<const float*>(base + size_t(batch) * cols) + b * (cols / 32);
   }
   __device__ const int* usum(int b) const {
-    return reinterpret_cast<const int*>(base + size_t(batch) * cols + size_t(batch) * (cols / 32) * 4) + b * (cols / 32);
+    return reinterpret_cast<const int*>(base + size_t(batch) * cols + size_t(batch) * (cols / 32) * 4) +
+           b * (cols / sum_span);
   }
 };
 
@@ -235,17 +252,16 @@ __device__ void stage_tile(const BatchArgs& a, unsigned char* smem, int col0, in
         quantize4_int8(u, scale, q);
         // Values lc..lc+3: word (lc / 4) % 4 of 16-byte unit lc / 16 of row b.
         int* uq = reinterpret_cast<int*>(smem) + b * (a.tile_cols / 4);
-        uq[swz(lc >> 4) * 4 + ((lc >> 2) & 3)] = pack_int8x4(q);
+        uq[unit_at<T>(lc >> 4) * 4 + ((lc >> 2) & 3)] = pack_int8x4(q);
+        constexpr int kSpan = sum_span(T);
         int sum = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((lane & 7) == 0) {
-          const int groups = a.tile_cols / 32;
-          float* us = reinterpret_cast<float*>(smem + size_t(a.batch) * a.tile_cols);
-          int* usum = reinterpret_cast<int*>(smem + size_t(a.batch) * a.tile_cols + size_t(a.batch) * groups * 4);
-          us[b * groups + (lc >> 5)] = scale;
-          usum[b * groups + (lc >> 5)] = sum;
-        }
+        for (int o = kSpan / 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const int groups = a.tile_cols / 32, spans = a.tile_cols / kSpan;
+        float* us = reinterpret_cast<float*>(smem + size_t(a.batch) * a.tile_cols);
+        int* usum = reinterpret_cast<int*>(smem + size_t(a.batch) * a.tile_cols + size_t(a.batch) * groups * 4);
+        if ((lane & 7) == 0) us[b * groups + (lc >> 5)] = scale;
+        if ((lane & (kSpan / 4 - 1)) == 0) usum[b * spans + lc / kSpan] = sum;
       } else {
         // Columns past the matrix (a float type's last tile) are staged as 0.
         reinterpret_cast<float4*>(smem)[(size_t(b) * a.tile_cols + lc) / 4] = u;
@@ -418,166 +434,6 @@ __device__ __forceinline__ void accumulate_chunk(const Chunks<NW>& c, const Tile
   }
 }
 
-// ---- K-quants: a lane's part of one super-block record, dequantized in runs of 16 weights.
-// Each weight is the CPU's value bit for bit: (d * sc) * q - dmin * m with every product and
-// the difference rounded separately (__fmul_rn / __fsub_rn are never contracted into an FMA).
-
-template <TensorType T>
-struct KPart;
-
-// Q4_K / Q5_K: lane j (0..7) holds nibble chunk j = qs[32 p + 16 h + t], p = j / 2, h = j % 2:
-// run 0 = low nibbles, weights 64 p + 16 h + t (sub-block 2 p); run 1 = high nibbles, weights
-// 64 p + 32 + 16 h + t (sub-block 2 p + 1). Q5_K's fifth bit of weight i of sub-block s is
-// bit s of qh[i % 32].
-template <bool kQ5>
-struct KPart45 {
-  static constexpr int kLanes = 8, kRuns = 2;
-  struct Data {
-    uint4 head, qs, qh;
-  };
-  static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t*, int j) {
-    Data d;
-    d.head = load16(rec);
-    d.qs = load16(rec + (kQ5 ? 48 : 16) + 16 * j);
-    d.qh = kQ5 ? load16(rec + 16 + 16 * (j % 2)) : make_uint4(0, 0, 0, 0);
-    return d;
-  }
-  static __device__ __forceinline__ int offset(int j, int run) { return 64 * (j / 2) + 32 * run + 16 * (j % 2); }
-  // 6-bit scale and min of sub-block s from the header's sm[12] (bytes 4..15).
-  static __device__ __forceinline__ void scale_min(const uint4& head, int s, int& sc, int& m) {
-    if (s < 4) {
-      sc = byte_of(head, 4 + s) & 63;
-      m = byte_of(head, 8 + s) & 63;
-    } else {
-      sc = (byte_of(head, 8 + s) & 15) | ((byte_of(head, s) >> 6) << 4);
-      m = (byte_of(head, 8 + s) >> 4) | ((byte_of(head, 4 + s) >> 6) << 4);
-    }
-  }
-  static __device__ __forceinline__ void decode(const Data& d, int j, int run, float (&w)[16]) {
-    const int sub = 2 * (j / 2) + run;
-    const float dd = __half2float(__ushort_as_half(uint16_t(d.head.x & 0xffffu)));
-    const float dmin = __half2float(__ushort_as_half(uint16_t(d.head.x >> 16)));
-    int sc, m;
-    scale_min(d.head, sub, sc, m);
-    const float s = __fmul_rn(dd, float(sc)), o = __fmul_rn(dmin, float(m));
-#pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      const int byte = byte_of(d.qs, t);
-      int q = run == 0 ? byte & 15 : byte >> 4;
-      if (kQ5) q |= ((byte_of(d.qh, t) >> sub) & 1) << 4;
-      w[t] = __fsub_rn(__fmul_rn(s, float(q)), o);
-    }
-  }
-};
-template <>
-struct KPart<TensorType::Q4_K> : KPart45<false> {};
-template <>
-struct KPart<TensorType::Q5_K> : KPart45<true> {};
-
-// Q6_K: lane j (0..7) holds ql chunk j = ql[64 h + 32 g2 + l0 + t], h = j / 4, g2 = (j / 2) % 2,
-// l0 = 16 (j % 2): run 0 = low nibbles, weights 128 h + 32 g2 + l0 + t; run 1 = high nibbles,
-// 64 further; their high 2 bits are bits 2 g of qh[32 h + l0 + t] (g = g2, g2 + 2).
-template <>
-struct KPart<TensorType::Q6_K> {
-  static constexpr int kLanes = 8, kRuns = 2;
-  struct Data {
-    uint4 ql, qh, sc;
-    float d;
-  };
-  static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
-    Data d;
-    d.ql = load16(rec + 16 * j);
-    d.qh = load16(rec + 128 + 32 * (j / 4) + 16 * (j % 2));
-    d.sc = load16(rec + 192);
-    d.d = half_at(s);
-    return d;
-  }
-  static __device__ __forceinline__ int offset(int j, int run) {
-    return 128 * (j / 4) + 32 * ((j / 2) % 2) + 16 * (j % 2) + 64 * run;
-  }
-  static __device__ __forceinline__ void decode(const Data& d, int j, int run, float (&w)[16]) {
-    const int g2 = (j / 2) % 2;
-    const float s = __fmul_rn(d.d, float(int8_t(byte_of(d.sc, offset(j, run) / 16))));
-    const int shift = 2 * g2 + 4 * run;
-#pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      const int byte = byte_of(d.ql, t), bits = byte_of(d.qh, t);
-      const int q = (run == 0 ? byte & 15 : byte >> 4) | (((bits >> shift) & 3) << 4);
-      w[t] = __fmul_rn(s, float(q - 32));
-    }
-  }
-};
-
-// Q2_K / Q3_K: lane j (0..3) holds code chunk j = qs[32 n + l0 + t], n = j / 2, l0 = 16 (j % 2):
-// run jj = bits 2 jj of each byte, weights 128 n + 32 jj + l0 + t (sub-block 8 n + 2 jj + l0 / 16).
-// Q3_K's "no -4" bit of such a weight is bit 4 n + jj of hm[l0 + t].
-template <>
-struct KPart<TensorType::Q2_K> {
-  static constexpr int kLanes = 4, kRuns = 4;
-  struct Data {
-    uint4 sm, qs;
-    float d, dmin;
-  };
-  static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
-    Data d;
-    d.sm = load16(rec);
-    d.qs = load16(rec + 16 + 16 * j);
-    d.d = half_at(s);
-    d.dmin = half_at(s + 1);
-    return d;
-  }
-  static __device__ __forceinline__ int offset(int j, int run) { return 128 * (j / 2) + 32 * run + 16 * (j % 2); }
-  static __device__ __forceinline__ void decode(const Data& d, int j, int run, float (&w)[16]) {
-    const int sm = byte_of(d.sm, 8 * (j / 2) + 2 * run + (j % 2));
-    const float s = __fmul_rn(d.d, float(sm & 15)), o = __fmul_rn(d.dmin, float(sm >> 4));
-#pragma unroll
-    for (int t = 0; t < 16; ++t) w[t] = __fsub_rn(__fmul_rn(s, float((byte_of(d.qs, t) >> (2 * run)) & 3)), o);
-  }
-};
-
-template <>
-struct KPart<TensorType::Q3_K> {
-  static constexpr int kLanes = 4, kRuns = 4;
-  struct Data {
-    uint4 hm, qs, sc;
-    float d;
-  };
-  static __device__ __forceinline__ Data load(const uint8_t* rec, const uint16_t* s, int j) {
-    Data d;
-    d.hm = load16(rec + 16 * (j % 2));
-    d.qs = load16(rec + 32 + 16 * j);
-    d.sc = load16(rec + 96);  // 12 scale bytes and the record's 4 bytes of padding
-    d.d = half_at(s);
-    return d;
-  }
-  static __device__ __forceinline__ int offset(int j, int run) { return 128 * (j / 2) + 32 * run + 16 * (j % 2); }
-  static __device__ __forceinline__ void decode(const Data& d, int j, int run, float (&w)[16]) {
-    const int n = j / 2;
-    const int k = 8 * n + 2 * run + (j % 2);
-    const int low = k < 8 ? byte_of(d.sc, k) & 15 : byte_of(d.sc, k - 8) >> 4;
-    const int scale = (low | (((byte_of(d.sc, 8 + k % 4) >> (2 * (k / 4))) & 3) << 4)) - 32;
-    const float s = __fmul_rn(d.d, float(scale));
-#pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      const int q = ((byte_of(d.qs, t) >> (2 * run)) & 3) - (((byte_of(d.hm, t) >> (4 * n + run)) & 1) ? 0 : 4);
-      w[t] = __fmul_rn(s, float(q));
-    }
-  }
-};
-
-// acc + w . u[0..16) (u: 4 float4 in shared memory), summed in order.
-__device__ __forceinline__ float dot16(const float (&w)[16], const float4* u4, float acc) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 u = u4[i];
-    acc = fmaf(w[4 * i], u.x, acc);
-    acc = fmaf(w[4 * i + 1], u.y, acc);
-    acc = fmaf(w[4 * i + 2], u.z, acc);
-    acc = fmaf(w[4 * i + 3], u.w, acc);
-  }
-  return acc;
-}
-
 // ---- the warp's per-task reduction
 
 // Sums each of the N (a power of two) per-lane values over the warp with N - 1
@@ -713,7 +569,7 @@ __global__ void __launch_bounds__(Shape<T, BB, kPair>::kMaxWarps * 32, 1) gemv_b
     const int col0 = tile * a.tile_cols;
     const int ncols = min(a.tile_cols, a.cols - col0);
     const bool first = tile == 0, last = tile == a.n_tiles - 1;
-    const Tile view{smem, a.tile_cols, a.batch};
+    const Tile view{smem, a.tile_cols, a.batch, sum_span(T)};
     auto slot_of = [&](int task) {
       return a.n_tiles == 1 ? sums + warp * N : sums + size_t(task - task_lo) * N;
     };
@@ -765,61 +621,55 @@ __global__ void __launch_bounds__(Shape<T, BB, kPair>::kMaxWarps * 32, 1) gemv_b
         step = next_step;
       }
     } else {
-      using K = KPart<T>;
+      using K = kq::Runs<T>;
       constexpr int kSlots = 32 / K::kLanes;  // super-blocks per warp step
       constexpr int kRec = kq::code_bytes(T), kSc = kq::scale_count(T);
       const int slot_sb = lane / K::kLanes, j = lane % K::kLanes;
       const int sb_lo = col0 / 256, sb_hi = (col0 + ncols) / 256;
       // Pairs at B = 4 load and decode gate and up in turn (both rows'
-      // records and decoded runs next to 2 x 4 sums would spill at 128
-      // registers); from B = 8 they have 255 (Shape::kWideRegs).
+      // records next to 2 x 4 sums would spill at 128 registers); from B = 8
+      // they have 255 (Shape::kWideRegs).
       constexpr bool kKSerial = NW > 1 && BB == 4;
       stage_step<T>(a, smem, col0, ncols, first, last);
       for (int task = task_lo + warp; task < task_hi; task += warps) {
         float acc[NW][BB] = {};
         for (int sb = sb_lo + slot_sb; sb < sb_hi; sb += kSlots) {
-          const int ub = (sb - sb_lo) * 256;  // the super-block's first column in the tile
+          const int tb = sb - sb_lo;  // the super-block's index in the tile
           auto load_part = [&](int n) {
             const uint8_t* codes;
             const uint16_t* scales;
             row_of(task, n, codes, scales);
             return K::load(codes + size_t(sb) * kRec, scales + size_t(sb) * kSc, j);
           };
+          // Run r of the lane against every input: its staged codes, their
+          // group scale and code sum.
+          auto add_run = [&](const typename K::Data& d, int r, float (&acc_n)[BB]) {
+            const int c = K::unit(j, r), unit = 16 * tb + c, at = K::Swizzle::in_block(tb, c);
+            const kq::RunCodes q = K::codes(d, j, r);
+            const kq::RunScale sc = K::scale(d, j, r);
+#pragma unroll
+            for (int b = 0; b < BB; ++b) {
+              if (b >= a.batch) continue;
+              const int dot = kq::dot_run(q, view.uq(b)[at]);
+              acc_n[b] += kq::run_value(sc, dot, view.usum(b)[unit], view.us(b)[unit >> 1]);
+            }
+          };
           if constexpr (kKSerial) {
-            // One matrix's record and 16 decoded weights at a time; each
-            // input is read once per matrix.
+            // One matrix's record at a time; each input is read once per matrix.
 #pragma unroll
             for (int n = 0; n < NW; ++n) {
               const typename K::Data d = load_part(n);
 #pragma unroll
-              for (int run = 0; run < K::kRuns; ++run) {
-                const int off = (ub + K::offset(j, run)) / 4;
-                float w[16];
-                K::decode(d, j, run, w);
-#pragma unroll
-                for (int b = 0; b < BB; ++b) {
-                  if (b >= a.batch) continue;
-                  acc[n][b] = dot16(w, view.uf4(b) + off, acc[n][b]);
-                }
-              }
+              for (int r = 0; r < K::kRuns; ++r) add_run(d, r, acc[n]);
             }
           } else {
             typename K::Data d[NW];
 #pragma unroll
             for (int n = 0; n < NW; ++n) d[n] = load_part(n);
 #pragma unroll
-            for (int run = 0; run < K::kRuns; ++run) {
-              const int off = (ub + K::offset(j, run)) / 4;
-              float w[NW][16];
+            for (int r = 0; r < K::kRuns; ++r)
 #pragma unroll
-              for (int n = 0; n < NW; ++n) K::decode(d[n], j, run, w[n]);
-#pragma unroll
-              for (int b = 0; b < BB; ++b) {
-                if (b >= a.batch) continue;
-#pragma unroll
-                for (int n = 0; n < NW; ++n) acc[n][b] = dot16(w[n], view.uf4(b) + off, acc[n][b]);
-              }
-            }
+              for (int n = 0; n < NW; ++n) add_run(d[n], r, acc[n]);
           }
         }
         finish_task<T, BB, kPair>(a, task, slot_of(task), first, last, inv_rms, acc);
@@ -861,7 +711,7 @@ void launch(BatchArgs a, const LaunchShape& requested, cudaStream_t stream, cons
       std::max(1, std::min((a.n_tasks + shape.warps - 1) / shape.warps, shape.ctas_per_sm * ctx.sm_count()));
   int tasks_per_cta = (a.n_tasks + grid - 1) / grid;
   auto smem_for = [&](int tile, size_t sums) {
-    const size_t data = size_t(a.batch) * (stages_int8(T) ? size_t(tile) + size_t(tile / 32) * 8 : size_t(tile) * 4);
+    const size_t data = size_t(a.batch) * staged_data_bytes(T, tile);
     a.ss_offset = int(data);
     a.rms_offset = int(data + align16(size_t(a.batch) * (tile / kSegCols) * 4));
     a.sums_offset = a.rms_offset + 2 * kGemvBatchMax * int(sizeof(float));

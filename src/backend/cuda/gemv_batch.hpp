@@ -7,18 +7,14 @@
 //   output    y_i[b] = W_i u_b,  y_i[b] += W_i u_b (residual),  or
 //             y[b] = silu(W_gate u_b) * (W_up u_b)               (epilogue)
 //
-// Arithmetic per type: F32/F16/BF16 and K-quants multiply fp32 u by weights
-// that are bit-identical to the CPU reference's dequantized values
-// (K-quants: (d * sc) * q - dmin * m, rounded as the CPU rounds it);
-// Q8_0/Q4_0/Q1_0 stage u as int8 per 32 values (scale = amax / 127, round
-// to nearest) and use dp4a, so each input element differs from the CPU's by
-// at most half its quantization step (the bound tests/gpu/test_gemv.cpp and
-// test_gemv_batch.cpp check). For those types and the float types only the
-// order of the fp32 sums differs from gemv(), so results agree with it
-// within those bounds, not bit for bit. gemv() also rounds the K-quants'
-// input to int8 (gemv_kquant.hpp), this kernel does not yet: there a row
-// decoded alone and the same row in a batch differ by up to that rounding.
-// Identical input rows give bit-identical output rows.
+// Arithmetic per type is gemv()'s: F32/F16/BF16 multiply fp32 u by the
+// weights; Q8_0/Q4_0/Q1_0 and the K-quants stage u as int8 per 32 values
+// (scale = amax / 127, round to nearest) and use dp4a (K-quants: over runs
+// of 16 weights, kquant_runs.cuh), so each input element differs from the
+// CPU's by at most half its quantization step (the bound tests/gpu/
+// test_gemv.cpp and test_gemv_batch.cpp check). Only the order of the fp32
+// sums differs from gemv(), so results agree with it within those bounds,
+// not bit for bit; identical input rows give bit-identical output rows.
 //
 // Any batch >= 1 is accepted: up to kGemvBatchMax rows of x per launch (one
 // read of the weights); a larger batch is split into launches of at most
@@ -37,13 +33,6 @@ namespace kvq::cuda {
 
 // Rows of x one launch reads the weights for.
 constexpr int kGemvBatchMax = 16;
-
-// True when gemv_batch() rounds its input to int8 per 32 values (as
-// gemv_quantizes_x, without the K-quants).
-constexpr bool gemv_batch_quantizes_x(gguf::TensorType t) {
-  using gguf::TensorType;
-  return t == TensorType::Q8_0 || t == TensorType::Q4_0 || t == TensorType::Q1_0;
-}
 
 // One fused batched launch. All matrices have the same type and cols; for
 // swiglu n_out == 2 (gate, up) with equal rows and the result goes to
