@@ -3,8 +3,10 @@
 // fp16 super-scales of Q2_K/Q3_K/Q6_K moved to `scales`). Each weight comes
 // out exactly as the CPU reference computes it (gguf/quant.hpp):
 // (d * sc) * q - (dmin * m) in fp32, so dequantized values are bit-identical.
-// Used by the prefill dequantization and the embedding lookup (ops.cu); the
-// GEMV (gemv_kquant.cu) decodes whole 16-byte chunks with the same formulas.
+// Used by the prefill dequantization and the embedding lookup (ops.cu). The
+// decode GEMVs (gemv_kquant.cu, gemv_batch.cu) do not dequantize: they dot
+// the codes of each run of 16 weights with an int8 input and apply the
+// run's scale and min once (kquant_runs.cuh).
 #pragma once
 
 #include <cstdint>
