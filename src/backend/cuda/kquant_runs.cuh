@@ -16,7 +16,6 @@
 #include <cstdint>
 
 #include "backend/cuda/gemv_args.cuh"
-#include "backend/cuda/kquant.cuh"
 #include "gguf/types.hpp"
 
 namespace kvq::cuda::kq {
