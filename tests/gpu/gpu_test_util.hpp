@@ -42,6 +42,21 @@ struct Guarded {
   cuda::DeviceBuffer<float> buf;
 };
 
+// The rounding step of each of n values u as the decode GEMVs round their
+// input to int8 (cuda::gemv_quantizes_x types): amax / 127 of its group of
+// 32 (the last group may be short). An element's error is at most half its
+// step.
+inline std::vector<float> int8_input_steps(const float* u, size_t n) {
+  std::vector<float> step(n);
+  for (size_t g0 = 0; g0 < n; g0 += 32) {
+    const size_t g1 = std::min(n, g0 + 32);
+    float amax = 0;
+    for (size_t j = g0; j < g1; ++j) amax = std::max(amax, std::fabs(u[j]));
+    for (size_t j = g0; j < g1; ++j) step[j] = amax / 127.0f;
+  }
+  return step;
+}
+
 // n values of N(0, s^2).
 inline std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {
   std::vector<float> v(n);

@@ -12,6 +12,7 @@
 #include "core/half.hpp"
 #include "core/rng.hpp"
 #include "gguf/quant.hpp"
+#include "gpu_test_util.hpp"
 
 using namespace kvq;
 using gguf::TensorType;
@@ -30,21 +31,6 @@ class GemvTest : public ::testing::TestWithParam<Case> {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-// The quantization step of each input element as the GPU rounds it: int8
-// per 32 values (gemv.hpp). The rounding error of an element is at most half
-// its step.
-std::vector<float> input_steps(TensorType t, const std::vector<float>& u) {
-  const size_t group = 32;
-  const float levels = 127.0f;
-  std::vector<float> step(u.size());
-  for (size_t g0 = 0; g0 < u.size(); g0 += group) {
-    float amax = 0;
-    for (size_t j = g0; j < std::min(u.size(), g0 + group); ++j) amax = std::max(amax, std::fabs(u[j]));
-    for (size_t j = g0; j < std::min(u.size(), g0 + group); ++j) step[j] = amax / levels;
-  }
-  return step;
-}
 
 // Runs body(ctx) once per launch variant, each a device context of its own:
 // 16 and 8 warps per CTA.
@@ -86,7 +72,7 @@ void check_gemv(const Case& c, const cuda::DeviceContext& ctx) {
   std::vector<double> ref(c.rows), bound(c.rows);
   // (Only quantized types round x; float types have cols that need not be a
   // multiple of 32, so the last group may be short.)
-  const std::vector<float> step = input_steps(c.type, x);
+  const std::vector<float> step = gputest::int8_input_steps(x.data(), x.size());
   for (int r = 0; r < c.rows; ++r) {
     gguf::dequantize_row(c.type, w.data() + r * rb, row.data(), c.cols);
     double s = 0, mag = 0, qerr = 0;
@@ -182,7 +168,7 @@ void check_fused(const FusedCase& c, const cuda::DeviceContext& ctx) {
   const double inv = c.norm ? 1.0 / std::sqrt(ss / c.cols + eps) : 1.0;
   std::vector<float> u(c.cols);
   for (int j = 0; j < c.cols; ++j) u[j] = c.norm ? x[j] * g[j] : x[j];
-  const std::vector<float> step = input_steps(c.type, u);
+  const std::vector<float> step = gputest::int8_input_steps(u.data(), u.size());
 
   std::vector<cuda::GpuMatrix> mats;
   std::vector<std::vector<double>> ref(n_out), bound(n_out);

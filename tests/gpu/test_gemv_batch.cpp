@@ -57,17 +57,10 @@ TestMatrix random_matrix(Rng& rng, TensorType t, int rows, int cols) {
   return m;
 }
 
-// The GPU's rounding step of each element of u: amax / 127 of its group of
-// 32 (int8 types only; zero otherwise).
+// The GPU's rounding step of each element of u (int8 types only; zero otherwise).
 std::vector<float> input_steps(TensorType t, const float* u, int n) {
-  std::vector<float> step(n, 0.0f);
-  if (!cuda::gemv_quantizes_x(t)) return step;
-  for (int g0 = 0; g0 < n; g0 += 32) {
-    float amax = 0;
-    for (int j = g0; j < std::min(n, g0 + 32); ++j) amax = std::max(amax, std::fabs(u[j]));
-    for (int j = g0; j < std::min(n, g0 + 32); ++j) step[j] = amax / 127.0f;
-  }
-  return step;
+  if (!cuda::gemv_quantizes_x(t)) return std::vector<float>(n, 0.0f);
+  return gputest::int8_input_steps(u, size_t(n));
 }
 
 // Reference W u_b for each row of each matrix and input, with its bound.

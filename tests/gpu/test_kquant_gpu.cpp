@@ -7,7 +7,6 @@
 // bit-exact). Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -52,18 +51,6 @@ std::vector<uint8_t> random_records(TensorType t, int rows, int cols, uint64_t s
   return out;
 }
 
-// Half the int8 rounding step of each element of u as gemv() rounds it:
-// amax / 127 of its group of 32, halved.
-std::vector<double> half_steps(const std::vector<float>& u) {
-  std::vector<double> h(u.size());
-  for (size_t g0 = 0; g0 < u.size(); g0 += 32) {
-    float amax = 0;
-    for (size_t j = g0; j < g0 + 32; ++j) amax = std::max(amax, std::fabs(u[j]));
-    for (size_t j = g0; j < g0 + 32; ++j) h[j] = 0.5 * double(amax / 127.0f);
-  }
-  return h;
-}
-
 class KQuantGpu : public ::testing::Test {
  protected:
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
@@ -79,14 +66,14 @@ TEST_F(KQuantGpu, GemvOnRandomRecordsMatchesCpuReference) {
       const uint64_t rb = gguf::tensor_row_bytes(t, cols);
       std::vector<float> wrow(cols);
       std::vector<double> ref(rows), bound(rows);
-      const std::vector<double> half_step = half_steps(x);
+      const std::vector<float> step = gputest::int8_input_steps(x.data(), x.size());
       for (int r = 0; r < rows; ++r) {
         gguf::dequantize_row(t, w.data() + r * rb, wrow.data(), cols);
         double s = 0, mag = 0, qerr = 0;
         for (int c = 0; c < cols; ++c) {
           s += double(wrow[c]) * x[c];
           mag += std::fabs(double(wrow[c]) * x[c]);
-          qerr += std::fabs(double(wrow[c])) * half_step[c];
+          qerr += std::fabs(double(wrow[c])) * 0.5 * step[c];
         }
         ref[r] = s;
         // x rounded to int8 (<= half a step per element), then fp32 sums.
@@ -156,7 +143,7 @@ TEST_F(KQuantGpu, FusedRequestsOnRandomRecords) {
     const int rows[2] = {45, 45};
     std::vector<float> u(cols);
     for (int c = 0; c < cols; ++c) u[c] = x[c] * g[c];
-    const std::vector<double> half_step = half_steps(u);
+    const std::vector<float> step = gputest::int8_input_steps(u.data(), u.size());
     std::vector<std::vector<double>> ref(2), bound(2);
     std::vector<cuda::GpuMatrix> mats;
     for (int m = 0; m < 2; ++m) {
@@ -170,7 +157,7 @@ TEST_F(KQuantGpu, FusedRequestsOnRandomRecords) {
           const double uc = double(u[c]);
           s += double(wrow[c]) * uc;
           mag += std::fabs(double(wrow[c]) * uc);
-          qerr += std::fabs(double(wrow[c])) * half_step[c];
+          qerr += std::fabs(double(wrow[c])) * 0.5 * step[c];
         }
         ref[m].push_back(s * inv);
         bound[m].push_back(inv * (1.2e-7 * (cols / 32 + 16) * mag + qerr * 1.0001) + 2e-6 * std::fabs(s * inv) + 1e-6);
