@@ -176,7 +176,6 @@ __device__ __forceinline__ uint4 load16(const uint8_t* p) {
   return v;
 }
 
-__device__ __forceinline__ float half_at(const uint16_t* p) { return __half2float(__ushort_as_half(__ldg(p))); }
 __device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
 // Where a type's staged unit lives (the K-quants' lanes read other patterns).
 template <TensorType T>
@@ -184,9 +183,8 @@ __device__ __forceinline__ int unit_at(int unit) {
   if constexpr (is_kquant(T)) return kq::Runs<T>::Swizzle::at(unit);
   else return swz(unit);
 }
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+using kq::half_at;
+using kq::word_of;
 
 // The staged tile as the dot products read it (layout at the top of this file).
 struct Tile {

@@ -4,10 +4,9 @@
 //
 // Staging: every CTA reads x (fp32, from L2), multiplies it by the norm
 // weight when the request has a norm, and writes u into shared memory either
-// as fp32 (float types) or rounded to int8 per group of 32 values (scale =
-// amax / 127 of the group, code = round-to-nearest-even(u / scale), an IEEE
-// division: a reciprocal would change which values round up, and the CPU
-// reference bounds assume this rounding), with the sum of the codes per
+// as fp32 (float types) or rounded to int8 per group of 32 values
+// (stage_int8.cuh's rounding, shared with the batched kernels), with the sum
+// of the codes per
 // kSumSpan values (32, or 16 for the K-quants whose scales and offsets
 // change every 16 weights). Shared memory from 0, bytes:
 //   int8  uq[cols] in 16-byte units, unit i stored at Swizzle::at(i)
@@ -25,6 +24,7 @@
 #include <cstdint>
 
 #include "backend/cuda/gemv_args.cuh"
+#include "backend/cuda/stage_int8.cuh"
 
 namespace kvq::cuda::gemv_detail {
 
@@ -98,21 +98,12 @@ __device__ float stage_input(const KernelArgs& a, unsigned char* smem, const flo
       if constexpr (kInt8) {
         // cols is a multiple of 256, so all lanes of a warp are in range or none.
         if (base + b * threads + (tid & ~31) >= n4) continue;
-        float amax = fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float scale = amax / 127.0f;
-        int q[4] = {0, 0, 0, 0};
-        if (scale > 0.0f) {
-          q[0] = __float2int_rn(u.x / scale);
-          q[1] = __float2int_rn(u.y / scale);
-          q[2] = __float2int_rn(u.z / scale);
-          q[3] = __float2int_rn(u.w / scale);
-        }
+        float scale;
+        int q[4];
+        quantize4_int8(u, scale, q);
         // Values 4i..4i+3: word (i % 4) of 16-byte unit i / 4.
         int* uq = reinterpret_cast<int*>(smem);
-        uq[Swizzle::at(i >> 2) * 4 + (i & 3)] =
-            (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | (int(uint32_t(q[3]) << 24));
+        uq[Swizzle::at(i >> 2) * 4 + (i & 3)] = pack_int8x4(q);
         int sum = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
         for (int o = kSumSpan / 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);

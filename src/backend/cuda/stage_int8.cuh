@@ -1,10 +1,10 @@
-// The int8 staging of an input vector that the dp4a GEMVs (gemv_batch.cu)
-// and the tensor-core batched GEMM (gemm_tc.cu) share, so that both round
+// The int8 staging of an input vector that the dp4a GEMVs (gemv_stage.cuh,
+// gemv_batch.cu) and the tensor-core batched GEMM (gemm_tc.cu) share, so that all round
 // every input value the same way: each group of 32 consecutive values is
 // held by 8 consecutive lanes (4 values each, lane & 7 = position in the
 // group), scale = amax / 127 of the group, q = round-to-nearest(u / scale)
 // (0 for an all-zero group). The tensor-core GEMM's Q1_0 path takes one
-// scale per 128 values instead (span 32: the whole warp). The division is an IEEE division, as in gemv.cu;
+// scale per 128 values instead (span 32: the whole warp). The division is an IEEE division;
 // a cheaper reciprocal would change which values round up.
 #pragma once
 
