@@ -75,7 +75,7 @@ void gemv(const GpuMatrix& w, const float* x, float* y, cudaStream_t stream,
           const DeviceContext& ctx = default_context());
 
 // True when gemv() (and gemv_batch()) of this matrix type rounds its input
-// to integers (int8 per 32 values, round-to-nearest of u / (amax / 127)):
+// to integers (int8 per 32 values, round-to-nearest of u * (127 / amax)):
 // the block types and the K-quants (gemv_kquant.hpp).
 constexpr bool gemv_quantizes_x(gguf::TensorType t) {
   using gguf::TensorType;
