@@ -161,20 +161,10 @@ struct BatchArgs {
   int sums_offset;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Weights are read exactly once: no L1 allocation (as gemv.cu's load_weights16).
-__device__ __forceinline__ uint4 load16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+// The decode GEMV's (gemv_args.cuh, through kquant_runs.cuh): weights are
+// read exactly once, with no L1 allocation.
+using gemv_detail::load_weights16;
+using gemv_detail::warp_sum;
 
 __device__ __forceinline__ int swz(int unit) { return (unit & ~7) | ((unit ^ (unit >> 3)) & 7); }
 // Where a type's staged unit lives (the K-quants' lanes read other patterns).
@@ -208,7 +198,7 @@ struct Tile {
 // (row b, segment): a warp stages a segment with one float4 per lane,
 // kStageBatch items per round so their x loads are in flight together. For
 // int8 types the 8 lanes holding one group of 32 values find its amax and
-// code sum by shuffles (gemv.cu's rounding: q = round(u / (amax / 127))).
+// code sum by shuffles (stage_int8.cuh's rounding: q = round(u * (127 / amax))).
 template <TensorType T>
 __device__ void stage_tile(const BatchArgs& a, unsigned char* smem, int col0, int ncols) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -583,7 +573,7 @@ __global__ void __launch_bounds__(Shape<T, BB, kPair>::kMaxWarps * 32, 1) gemv_b
           const uint16_t* scales;
           row_of(task, n, codes, scales);
           if (i < chunk_hi) {
-            c.w[n] = load16(codes + size_t(i) * 16);
+            c.w[n] = load_weights16(codes + size_t(i) * 16);
             c.d[n] = PS > 0 ? half_at(scales + (i * PC) / PS) : 1.0f;
           } else {
             c.w[n] = make_uint4(0, 0, 0, 0);
