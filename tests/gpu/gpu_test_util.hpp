@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -63,6 +64,24 @@ inline std::vector<float> int8_input_steps(const float* u, size_t n) {
 // 24, synthetic tiny models, 128 teacher-forced steps) the worst errors are
 // 0.085-0.106 (Q2_K 0.106, Q4_K 0.111 on a larger logit).
 constexpr double kInt8LogitAbs = 0.12, kInt8LogitRel = 0.03;
+
+// The index of the largest of n logits and its margin over the second.
+inline std::pair<int, float> top2(const float* l, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (l[i] > l[best]) best = i;
+  float second = -INFINITY;
+  for (int i = 0; i < n; ++i)
+    if (i != best) second = std::max(second, l[i]);
+  return {best, l[best] - second};
+}
+
+// True when a top-1 logit l1 ahead of the second by `margin` stays ahead
+// however both move within abs + rel |logit| (in opposite directions).
+inline bool clear_top1(float l1, float margin, double abs, double rel) {
+  const float l2 = l1 - margin;
+  return margin > 2 * abs + rel * (std::fabs(l1) + std::fabs(l2));
+}
 
 // n values of N(0, s^2).
 inline std::vector<float> normal(Rng& rng, size_t n, float s = 1.0f) {

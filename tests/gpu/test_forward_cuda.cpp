@@ -58,15 +58,8 @@ class CudaForward : public ::testing::TestWithParam<E2eCase> {
 // Decode steps whose CPU top-1 is clear enough to compare (see the check below).
 constexpr int kMinCheckedSteps = 16;
 
-std::pair<int, float> top2(const float* l, int n) {
-  int best = 0;
-  for (int i = 1; i < n; ++i)
-    if (l[i] > l[best]) best = i;
-  float second = -INFINITY;
-  for (int i = 0; i < n; ++i)
-    if (i != best) second = std::max(second, l[i]);
-  return {best, l[best] - second};
-}
+using gputest::clear_top1;
+using gputest::top2;
 
 TEST_P(CudaForward, MatchesCpuPrefillAndGreedyDecode) {
   const E2eCase c = GetParam();
@@ -118,9 +111,7 @@ TEST_P(CudaForward, MatchesCpuPrefillAndGreedyDecode) {
     const auto [cpu_top, margin] = top2(sc.data(), vocab);
     const int gpu_top = top2(sg.data(), vocab).first;
     same += cpu_top == gpu_top;
-    // Both logits may move by their bound in opposite directions.
-    const float l1 = sc[cpu_top], l2 = l1 - margin;
-    if (margin > 2 * c.abs_bound + c.rel_bound * (std::fabs(l1) + std::fabs(l2))) {
+    if (clear_top1(sc[cpu_top], margin, c.abs_bound, c.rel_bound)) {
       ++checked;
       EXPECT_EQ(gpu_top, cpu_top) << "decode step " << s << " (CPU margin " << margin << ")";
     }

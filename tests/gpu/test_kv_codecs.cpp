@@ -730,16 +730,13 @@ TEST_P(CudaCodecForward, TrainedModelTokensMatchCpu) {
   // the RoPE kernel's rounding one step's choice was the CPU's 6th; its decode
   // over the same bytes still matches the CPU to 1e-4, CudaCodecDecode.)
   const bool exact = name == "k8v8";
-  auto clear_top1 = [&](int32_t top) {
-    float second = -INFINITY;
-    for (int i = 0; i < vocab; ++i)
-      if (i != top) second = std::max(second, lc[size_t(i)]);
-    const float l1 = lc[size_t(top)];
-    return l1 - second > 2 * gputest::kInt8LogitAbs + gputest::kInt8LogitRel * (std::fabs(l1) + std::fabs(second));
+  auto clear = [&] {
+    const auto [top, margin] = gputest::top2(lc.data(), vocab);
+    return gputest::clear_top1(lc[size_t(top)], margin, gputest::kInt8LogitAbs, gputest::kInt8LogitRel);
   };
   int32_t cpu_next = best(lc), gpu_next = best(lg);
   int clear_steps = 0;
-  if (exact && clear_top1(cpu_next)) {
+  if (exact && clear()) {
     ++clear_steps;
     EXPECT_EQ(gpu_next, cpu_next) << "first token after the prompt";
   }
@@ -752,7 +749,7 @@ TEST_P(CudaCodecForward, TrainedModelTokensMatchCpu) {
     cpu_model->forward(&fed, 1, pos, *cpu_cache, lc.data(), false);
     cpu_next = best(lc);
     gpu_next = gpu_model->forward_argmax(fed, pos, *gpu_cache, vocab);
-    if (exact && clear_top1(cpu_next)) {
+    if (exact && clear()) {
       ++clear_steps;
       EXPECT_EQ(gpu_next, cpu_next) << name << ": step " << s;
     }
