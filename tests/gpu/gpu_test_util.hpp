@@ -65,6 +65,10 @@ inline std::vector<float> int8_input_steps(const float* u, size_t n) {
 // 0.085-0.106 (Q2_K 0.106, Q4_K 0.111 on a larger logit).
 constexpr double kInt8LogitAbs = 0.12, kInt8LogitRel = 0.03;
 
+// The fewest decode steps with a clear top-1 (clear_top1) that an end-to-end
+// token comparison must have checked: fewer would make it near vacuous.
+constexpr int kMinClearSteps = 16;
+
 // The index of the largest of n logits and its margin over the second.
 inline std::pair<int, float> top2(const float* l, int n) {
   int best = 0;

@@ -55,9 +55,6 @@ class CudaForward : public ::testing::TestWithParam<E2eCase> {
   void SetUp() override { KVQ_SKIP_WITHOUT_GPU(); }
 };
 
-// Decode steps whose CPU top-1 is clear enough to compare (see the check below).
-constexpr int kMinCheckedSteps = 16;
-
 using gputest::clear_top1;
 using gputest::top2;
 
@@ -120,7 +117,7 @@ TEST_P(CudaForward, MatchesCpuPrefillAndGreedyDecode) {
   std::printf("[ %s ] max |logit diff| %.4g (%.0f%% of the bound), top-1 identical %d/%d, checked %d\n",
               c.shape.c_str(), worst, 100 * worst_rel_excess, same, steps, checked);
   // A comparison that checks no step would be vacuous.
-  EXPECT_GE(checked, kMinCheckedSteps) << "too few decode steps had a clear top-1 to compare";
+  EXPECT_GE(checked, gputest::kMinClearSteps) << "too few decode steps had a clear top-1 to compare";
 }
 
 // The quantized-weight cases round x to int8 in the decode GEMVs (block
